@@ -1,0 +1,1 @@
+"""telescope.cli: the ``telescope`` command."""

@@ -1,0 +1,53 @@
+"""User-facing error handling: one clear message and exit code 2, a traceback only with --debug."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from telescope.core.config import ConfigError
+from telescope.core.plugins import PluginLoadError
+from telescope.core.registry import DuplicateComponentError, UnavailableComponentError, UnknownComponentError
+
+__all__ = ["USER_ERRORS", "err_console", "user_errors"]
+
+#: Exceptions that mean "the user can fix this": printed plainly, exit code 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    PluginLoadError,
+    DuplicateComponentError,
+    UnknownComponentError,
+    UnavailableComponentError,
+)
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def debug_enabled() -> bool:
+    """True when --debug was given (or TELESCOPE_DEBUG=1)."""
+    return os.environ.get("TELESCOPE_DEBUG") == "1" or "--debug" in sys.argv
+
+
+def user_errors(func: F) -> F:
+    """Turn user errors raised by a command into a message and exit code 2."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except USER_ERRORS as exc:
+            if debug_enabled():
+                err_console.print_exception()
+            err_console.print(f"[bold red]error:[/] {exc}", markup=True)
+            if not debug_enabled():
+                err_console.print("[dim](run with --debug for the traceback)[/]")
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]

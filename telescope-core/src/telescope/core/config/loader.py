@@ -1,0 +1,137 @@
+"""Three-layer loading: packaged defaults -> run YAML -> CLI overrides.
+
+Top-level keys of a later layer replace those of an earlier one (the schema is flat; a
+list such as ``environments`` is replaced whole, never merged element by element).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from telescope.core.config.errors import ConfigError
+from telescope.core.registry import did_you_mean
+
+__all__ = [
+    "DEFAULTS_SOURCE",
+    "CLI_SOURCE",
+    "Layers",
+    "load_yaml_file",
+    "parse_overrides",
+    "parse_yaml_value",
+    "resolve_layers",
+]
+
+DEFAULTS_SOURCE = "defaults"
+CLI_SOURCE = "cli"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads 1e-6 / 5e-7 as floats (YAML 1.1 would read them as strings)."""
+
+
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def parse_yaml_value(text: str) -> Any:
+    """Parse one CLI value as YAML (so lists, dicts, null, booleans and 1e-6 work)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def load_yaml_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file, bad YAML or a non-mapping is a ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist (check the path)", source=str(p))
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"'{p}' is not valid YAML{where}: {problem}", source=str(p)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"'{p}' must be a YAML mapping of field: value, got a {type(data).__name__}", source=str(p)
+        )
+    return data
+
+
+def load_defaults() -> dict[str, Any]:
+    """The packaged ``default_train.yaml``."""
+    text = resources.files("telescope.core.config").joinpath("default_train.yaml").read_text("utf-8")
+    return yaml.load(text, Loader=_Loader) or {}
+
+
+def parse_overrides(args: list[str], known_fields: list[str]) -> dict[str, Any]:
+    """Parse ``--field value`` / ``--field=value`` pairs (dashes in names become underscores)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"override '{arg}': expected --field value (e.g. --learning_rate 5e-7)")
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override --{key}: missing value (e.g. --{key} VALUE)")
+            i += 1
+            value = args[i]
+        if key not in known_fields:
+            raise ConfigError(f"override --{key}: unknown field.{did_you_mean(key, known_fields)}".rstrip())
+        try:
+            out[key] = parse_yaml_value(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override --{key}: value {value!r} is not valid YAML ({exc})") from None
+        i += 1
+    return out
+
+
+@dataclass
+class Layers:
+    """The merged raw config and which layer set each top-level key."""
+
+    merged: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def user_keys(self) -> set[str]:
+        """Keys set by the run YAML or the CLI (not by the defaults)."""
+        return {k for k, s in self.sources.items() if s != DEFAULTS_SOURCE}
+
+
+def resolve_layers(
+    path: str | Path | None,
+    overrides: list[str] | dict[str, Any] | None,
+    known_fields: list[str],
+) -> Layers:
+    """Merge the three layers, recording the source of every key."""
+    layers = Layers(merged={})
+    stack: list[tuple[str, dict[str, Any]]] = [(DEFAULTS_SOURCE, load_defaults())]
+    if path is not None:
+        stack.append((str(path), load_yaml_file(path)))
+    if isinstance(overrides, dict):
+        stack.append((CLI_SOURCE, dict(overrides)))
+    elif overrides:
+        stack.append((CLI_SOURCE, parse_overrides(list(overrides), known_fields)))
+    for source, data in stack:
+        for key, value in data.items():
+            layers.merged[key] = value
+            layers.sources[key] = source
+    return layers

@@ -1,0 +1,387 @@
+"""The flat run configuration: every field of the seed table, with its default and range.
+
+Field names are globally unique and match the product documentation exactly. Python
+defaults equal the shipped ``default_train.yaml`` (a test keeps the two identical).
+Model-level checks (types, ranges, cross-field rules that need no registry) live here;
+checks against installed plugins live in ``telescope.core.config.validate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from telescope.core.config.entries import EnvironmentEntry, EvalEntry
+
+__all__ = ["TelescopeConfig"]
+
+Dtype = Literal["float32", "float16", "bfloat16"]
+Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+DEFAULT_CODE_EXCLUDE = [".git", ".venv", "__pycache__", "*.egg-info", "runs", "wandb", "node_modules"]
+
+
+class TelescopeConfig(BaseModel):
+    """A complete, resolved Telescope run configuration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+
+    # --- General -------------------------------------------------------------------
+    debug: bool = False
+    """Enable debug mode (full tracebacks, verbose worker logs)."""
+    seed: int = 0
+    """Seed for every random choice (sampling of prompts, environments, model init)."""
+    run_dir: str | None = None
+    """Run directory for logs, rollouts and checkpoints. null = runs/<wandb_run_name>."""
+
+    # --- Model ---------------------------------------------------------------------
+    model: str = "Qwen/Qwen2.5-3B"
+    """Hugging Face model identifier, local path, or a built-in demo model (telescope/tiny-*)."""
+    model_dtype: Dtype = "float32"
+    """Model weight precision."""
+    mixed_precision_dtype: Dtype | None = "bfloat16"
+    """FSDP mixed precision compute dtype. null to disable."""
+
+    # --- Environments and evals ----------------------------------------------------
+    environments: list[EnvironmentEntry] = Field(min_length=1)
+    """Training environments (at least one)."""
+    evals: list[EvalEntry] = Field(default_factory=list)
+    """Evals run before, during and after training."""
+
+    # --- Workers -------------------------------------------------------------------
+    inference_num_workers: int = Field(default=2, ge=1)
+    """Number of inference workers (GPUs for vLLM). Must be divisible by inference_tensor_parallel_size."""
+    inference_tensor_parallel_size: int = Field(default=1, ge=1)
+    """Tensor parallelism degree for each inference server."""
+    trainer_num_workers: int = Field(default=2, ge=1)
+    """Number of FSDP/Megatron trainer workers."""
+    inference_engine: Literal["auto", "vllm", "transformers"] = "auto"
+    """Inference engine: vllm (GPU), transformers (embedded, runs anywhere), auto = vllm when usable."""
+
+    # --- Orchestrator --------------------------------------------------------------
+    max_concurrent_prompts_per_server: int = Field(default=32, ge=1)
+    """Max concurrent prompts per inference server."""
+    prompts_batch_size_for_trainer: int = Field(default=16, ge=1)
+    """Number of prompt groups per training batch."""
+    number_of_steps: int = Field(default=300, ge=1)
+    """Total training steps."""
+    max_async_rollout: int = Field(default=2, ge=0)
+    """How many training steps inference can run ahead. 0 = fully synchronous."""
+    discard_group_zero_advantage: bool = True
+    """Drop groups where all samples got identical rewards (no learning signal)."""
+    enable_prompt_prefetch: bool = True
+    """Prefetch prompts from the dataset."""
+    prompt_prefetch_buffer_size: int = Field(default=24, ge=1)
+    """Number of prompts to prefetch."""
+    enable_individual_sample_lanes: bool = True
+    """Each sample gets its own lane slot instead of one per group."""
+    free_lane_after_generation: bool = True
+    """Free the inference lane when generation completes, before reward computation."""
+    max_off_policy_steps: int = Field(default=8, ge=-1)
+    """Cancel in-flight rollouts after this many weight updates (-1 disables cancellation)."""
+
+    # --- Trainer -------------------------------------------------------------------
+    learning_rate: float = Field(default=1.0e-6, gt=0)
+    """Learning rate (must be > 0)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Weight decay coefficient."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Maximum gradient norm for clipping."""
+    lr_scheduler: Literal["none", "constant", "linear", "cosine"] = "constant"
+    """LR schedule: none = fixed; constant = warmup then constant; linear/cosine = warmup then decay."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Number of linear warmup steps."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Minimum LR as a fraction of learning_rate for linear/cosine decay. Range: [0, 1]."""
+    train_backend: str = "fsdp"
+    """Training backend (a registered trainer backend: fsdp, megatron, ...)."""
+
+    # --- Algorithm -----------------------------------------------------------------
+    algorithm: str = "grpo"
+    """RL algorithm (a registered algorithm: grpo, rloo, reinforce_pp, dr_grpo, cispo, gspo, sapo, ...)."""
+    number_of_minibatches: int = Field(default=1, ge=1)
+    """PPO-style gradient steps per rollout batch. >1 enables multiple update passes."""
+    advantage_norm: Literal["group", "batch"] = "group"
+    """Normalize advantages within each prompt group or across the training batch."""
+    use_ppo_clip: bool = False
+    """Apply PPO ratio clipping. Incompatible with cispo, gspo, sapo."""
+    ppo_clip_ref_logprobs: Literal["rollout", "batch"] = "rollout"
+    """Reference logprobs for PPO clipping: rollout = inference logprobs; batch = recomputed by the trainer."""
+    clip_low: float = Field(default=0.4, ge=0, le=1)
+    """PPO clip lower bound: ratio is clamped to 1 - clip_low. Range: [0, 1]."""
+    clip_high: float = Field(default=0.5, ge=0)
+    """PPO clip upper bound: ratio is clamped to 1 + clip_high."""
+    sapo_tau_pos: float = Field(default=1.0, gt=0)
+    """SAPO sigmoid sharpness for positive advantages."""
+    sapo_tau_neg: float = Field(default=1.05, gt=0)
+    """SAPO sigmoid sharpness for negative advantages."""
+    dr_grpo_loss_agg_mode: Literal["token_mean", "token_sum_norm"] = "token_mean"
+    """DR-GRPO loss aggregation. token_sum_norm removes response-level length bias."""
+    use_tis: bool = False
+    """Truncated importance sampling for inference/trainer logprob correction."""
+    tis_cap: float = Field(default=2.0, gt=0)
+    """Max importance weight for TIS."""
+    tis_logprob_clamp: float = Field(default=20.0, gt=0)
+    """Logprob clamping threshold for TIS."""
+    entropy_chunk_size: int = Field(default=1024, ge=1)
+    """Chunk size (tokens) for logprob and entropy computation."""
+
+    # --- Rollout / sampling --------------------------------------------------------
+    group_size: int = Field(default=8, ge=1)
+    """Number of completions sampled per prompt."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling probability. null = disabled."""
+    max_tokens: int = Field(default=3700, ge=1)
+    """Maximum generation tokens per completion."""
+    interleaved_rollouts: bool = True
+    """Exact token reuse across turns: avoids re-tokenization mismatches in multi-turn environments."""
+
+    # --- Sequence packing ----------------------------------------------------------
+    seq_len: int = Field(default=4096, ge=1)
+    """Maximum sequence length for packing."""
+    pad_to_multiple_of: int = Field(default=64, ge=1)
+    """Pad packed sequences to this alignment."""
+
+    # --- Inference server ----------------------------------------------------------
+    inference_host: str = "0.0.0.0"
+    """Host address for inference servers."""
+    inference_base_port: int = Field(default=8100, ge=1, le=65535)
+    """Base port for inference servers."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of GPU memory allocated to vLLM. Range: (0, 1]."""
+    max_model_len: int = Field(default=4096, ge=1)
+    """Maximum context length for the inference engine."""
+    vllm_scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    """priority = turn-aware scheduling for multi-turn; fcfs = first-come-first-served."""
+    enable_thinking: bool = False
+    """Pass enable_thinking=True to apply_chat_template() for models with native thinking support."""
+    chat_template: str | None = None
+    """Jinja2 chat template overriding the tokenizer's own (required for base models without one)."""
+
+    # --- Checkpointing -------------------------------------------------------------
+    checkpoint_every: int | bool = False
+    """Save every N steps. 0 or false to disable."""
+    checkpoint_save_training_state: bool = True
+    """Include optimizer/scheduler state for resume. false = weights only."""
+    resume_from_checkpoint: bool | int = False
+    """true = resume from the latest checkpoint; an integer = resume from that step."""
+    checkpoint_dir: str | None = None
+    """Custom checkpoint path. Default: RUN_DIR/checkpoints."""
+    checkpoint_keep_last: int | None = Field(default=None, ge=1)
+    """Keep only the N most recent checkpoints."""
+    checkpoint_keep_every: int | None = Field(default=None, ge=1)
+    """Always keep checkpoints at these step multiples."""
+
+    # --- Evals ---------------------------------------------------------------------
+    eval_before_training: bool = True
+    """Run evaluations before training starts."""
+    eval_after_training: bool = True
+    """Run evaluations after training ends."""
+    eval_num_servers: int = Field(default=1, ge=0)
+    """Dedicated eval servers reserved from the inference pool. 0 = no periodic evals during training."""
+    eval_start_end_use_all_servers: bool = True
+    """Use all inference servers for start/end evals."""
+
+    # --- Logging -------------------------------------------------------------------
+    use_wandb: bool = True
+    """Enable Weights & Biases logging."""
+    wandb_project: str = "telescope"
+    """W&B project name."""
+    wandb_run_name: str = "telescope_run"
+    """W&B run name (also names the default run directory)."""
+    wandb_tags: list[str] = Field(default_factory=lambda: ["telescope"])
+    """W&B tags."""
+    wandb_upload_code: bool = True
+    """Upload source code to W&B."""
+    wandb_upload_logs: bool = True
+    """Upload trainer/inference logs to W&B."""
+    wandb_upload_logs_detailed: bool = False
+    """Include detailed logs in the W&B upload."""
+    wandb_upload_logs_stdout: bool = False
+    """Include stdout logs in the W&B upload."""
+    wandb_code_max_file_size_mb: float = Field(default=2.0, gt=0)
+    """Max file size for code upload."""
+    wandb_code_exclude_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_CODE_EXCLUDE))
+    """Glob patterns to exclude from code upload."""
+    system_metrics_collection_interval_seconds: float = Field(default=1.0, gt=0)
+    """System metrics collection interval."""
+    torch_memory_sample_interval_seconds: float = Field(default=0.1, gt=0)
+    """PyTorch memory sampling interval."""
+    event_tail_window_seconds: int = Field(default=60, ge=1)
+    """Tail window for event aggregation."""
+    event_block_duration_seconds: int = Field(default=1800, ge=1)
+    """Duration of event blocks."""
+    event_upload_interval_seconds: int = Field(default=5, ge=1)
+    """Event upload interval."""
+    metrics_logger_interval_seconds: float = Field(default=2.0, gt=0)
+    """Metrics logger flush interval."""
+    ray_torch_memory_drain_interval_seconds: float = Field(default=0.5, gt=0)
+    """Interval for draining Ray torch memory metrics."""
+    rollout_block_size: int = Field(default=500, ge=1)
+    """Block size for rollout event grouping."""
+    track_gpu_events: bool = True
+    """Track GPU utilization events."""
+
+    # --- Ray cluster ---------------------------------------------------------------
+    ray_address: str = "auto"
+    """Ray cluster address."""
+    ray_auto_start_local: bool = True
+    """Auto-start a local Ray cluster if none is running."""
+    ray_namespace: str = "telescope"
+    """Ray namespace."""
+    ray_log_to_driver: bool = True
+    """Forward worker logs to the driver process."""
+    ray_runtime_env: dict[str, Any] | None = None
+    """Custom Ray runtime environment."""
+    ray_disable_runtime_env_hook: bool = True
+    """Disable Ray's runtime environment hook."""
+    ray_pin_py_executable: bool = True
+    """Pin the Python executable path in workers."""
+    ray_propagate_active_venv: bool = True
+    """Propagate the active virtualenv to workers."""
+    ray_propagate_run_dir: bool = True
+    """Propagate the run directory to workers."""
+    ray_broadcast_init_timeout_s: int = Field(default=300, ge=1)
+    """Timeout for weight broadcast initialization."""
+    ray_broadcast_prefer_loopback_if_single_node: bool = True
+    """Prefer the loopback interface for single-node broadcasts."""
+    ray_shutdown_on_exit: bool = False
+    """Shut down the Ray cluster on exit."""
+    ray_inference_cpus_per_worker: float = Field(default=4.0, gt=0)
+    """CPU cores allocated per inference worker (fractions allowed)."""
+    ray_trainer_cpus_per_worker: float = Field(default=4.0, gt=0)
+    """CPU cores allocated per trainer worker (fractions allowed)."""
+    ray_inference_placement_strategy: Placement = "PACK"
+    """Placement strategy for inference workers."""
+    ray_trainer_placement_strategy: Placement = "PACK"
+    """Placement strategy for trainer workers."""
+    ray_placement_timeout_s: int = Field(default=900, ge=1)
+    """Timeout for Ray placement group creation."""
+
+    # --- Weight broadcasting -------------------------------------------------------
+    weight_broadcast_mode: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
+    """Strategy for broadcasting updated weights to inference servers."""
+    weight_broadcast_bucket_mb: int = Field(default=256, ge=1)
+    """Bucket size in MB for flattened broadcast."""
+    weight_broadcast_cpu_staging: bool = False
+    """Use a CPU staging buffer for weight transfers."""
+    weight_broadcast_pin_memory: bool = True
+    """Use pinned CPU memory for faster H2D transfers."""
+    weight_broadcast_free_grad_buffers: bool = True
+    """Free Megatron gradient buffers during broadcast."""
+    weight_sync_verify: bool = True
+    """Fingerprint the weights on both sides of every sync; a mismatch stops the run."""
+
+    # --- Megatron ------------------------------------------------------------------
+    megatron_tensor_parallel_size: int = Field(default=1, ge=1)
+    """Tensor parallelism degree."""
+    megatron_pipeline_parallel_size: int = Field(default=1, ge=1)
+    """Pipeline parallelism degree."""
+    megatron_context_parallel_size: int = Field(default=1, ge=1)
+    """Context parallelism degree."""
+    megatron_expert_parallel_size: int = Field(default=1, ge=1)
+    """Expert parallelism degree (MoE models)."""
+    megatron_global_batch_size: int | None = Field(default=None, ge=1)
+    """Global batch size. Defaults to prompts_batch_size_for_trainer."""
+    megatron_disable_unified_memory_jit: bool = True
+    """Disable unified memory JIT."""
+    megatron_optimizer_cpu_offload: bool = False
+    """Offload optimizer states to CPU."""
+    megatron_optimizer_offload_fraction: float = Field(default=1.0, ge=0, le=1)
+    """Fraction of optimizer state to offload. Range: [0, 1]."""
+    megatron_overlap_cpu_optimizer_d2h_h2d: bool = True
+    """Overlap CPU optimizer D2H/H2D transfers."""
+    megatron_use_precision_aware_optimizer: bool = False
+    """Use the precision-aware optimizer."""
+    megatron_main_grads_dtype: Dtype = "float32"
+    """Data type for main gradients."""
+    megatron_main_params_dtype: Dtype = "float32"
+    """Data type for main parameters."""
+    megatron_exp_avg_dtype: Dtype = "float32"
+    """Data type for the Adam exponential average."""
+    megatron_exp_avg_sq_dtype: Dtype = "float32"
+    """Data type for the Adam exponential average squared."""
+    megatron_grad_reduce_in_fp32: bool = True
+    """Reduce gradients in FP32. false halves grad buffer memory."""
+    megatron_gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass."""
+    megatron_sequence_parallel: bool = True
+    """Shard the sequence dimension in LayerNorm/dropout (takes effect only with TP > 1)."""
+    megatron_use_distributed_optimizer: bool = True
+    """Shard optimizer states across DP ranks (takes effect only with DP > 1)."""
+    megatron_overlap_grad_reduce: bool = False
+    """Overlap gradient allreduce with backward compute."""
+    megatron_use_transformer_engine: bool = False
+    """Use the TransformerEngine layer spec (fused attention, FP8-ready)."""
+    megatron_fp8: bool = False
+    """Enable FP8 compute (requires TransformerEngine and a Hopper GPU)."""
+
+    # --- vLLM tracing --------------------------------------------------------------
+    enable_vllm_tracing: bool = True
+    """Enable OpenTelemetry tracing for vLLM."""
+    otlp_receiver_port: int = Field(default=4318, ge=1, le=65535)
+    """OTLP HTTP receiver port. Range: [1, 65535]."""
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _checkpoint_every(cls, value: int | bool) -> int | bool:
+        if value is True:
+            raise ValueError(
+                "true is not an interval: give the number of steps between checkpoints, or false"
+            )
+        if not isinstance(value, bool) and value < 0:
+            raise ValueError("must be >= 0 (0 or false disables checkpointing)")
+        return value
+
+    @field_validator("resume_from_checkpoint")
+    @classmethod
+    def _resume(cls, value: bool | int) -> bool | int:
+        if not isinstance(value, bool) and value < 0:
+            raise ValueError("must be true (latest), false, or a step number >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> TelescopeConfig:
+        problems = _cross_field_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def resolved_run_dir(self) -> str:
+        """The run directory: run_dir, or runs/<wandb_run_name>."""
+        return self.run_dir or f"runs/{self.wandb_run_name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (what workers and servers receive)."""
+        return self.model_dump(mode="json")
+
+
+def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
+    """Rules of the seed docs that need no plugin registry (each names the fields and the fix)."""
+    problems = []
+    if cfg.inference_num_workers % cfg.inference_tensor_parallel_size:
+        problems.append(
+            f"inference_num_workers ({cfg.inference_num_workers}) must be divisible by "
+            f"inference_tensor_parallel_size ({cfg.inference_tensor_parallel_size})"
+        )
+    if cfg.use_tis and cfg.use_ppo_clip and cfg.ppo_clip_ref_logprobs == "rollout":
+        problems.append(
+            "use_tis: true with use_ppo_clip: true and ppo_clip_ref_logprobs: rollout double-counts the "
+            "importance-sampling correction; set ppo_clip_ref_logprobs: batch"
+        )
+    if cfg.free_lane_after_generation and not cfg.enable_individual_sample_lanes:
+        problems.append(
+            "free_lane_after_generation: true requires enable_individual_sample_lanes: true "
+            "(set one of them accordingly)"
+        )
+    for i, env in enumerate(cfg.environments):
+        if env.reward_min is not None and env.reward_max is not None and env.reward_min >= env.reward_max:
+            problems.append(
+                f"environments[{i}] ({env.name}): reward_min ({env.reward_min}) must be below "
+                f"reward_max ({env.reward_max})"
+            )
+    return problems

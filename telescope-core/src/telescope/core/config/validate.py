@@ -1,0 +1,91 @@
+"""Checks against the installed plugins: component names, their kwargs, algorithm rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from telescope.core.config.errors import problems_from_validation_error
+from telescope.core.config.schema import TelescopeConfig
+from telescope.core.registry import Registry, UnknownComponentError
+
+__all__ = ["default_advantage_norm", "registry_problems"]
+
+
+def default_advantage_norm(raw: dict[str, Any], registry: Registry) -> str | None:
+    """The advantage_norm the named algorithm wants when the user did not choose one."""
+    name = raw.get("algorithm")
+    if isinstance(name, str) and registry.has("algorithm", name):
+        value = registry.get("algorithm", name).meta.get("default_advantage_norm")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
+    """Every problem of ``cfg`` that needs the registry to see (empty when valid)."""
+    problems = _algorithm_problems(cfg, registry)
+    problems += _selectable(registry, "trainer_backend", cfg.train_backend, "train_backend")
+    if cfg.inference_engine != "auto":
+        problems += _selectable(registry, "inference_engine", cfg.inference_engine, "inference_engine")
+    for i, env in enumerate(cfg.environments):
+        problems += _entry_problems(registry, ("environment",), env.name, env.kwargs, f"environments[{i}]")
+    for i, ev in enumerate(cfg.evals):
+        problems += _entry_problems(registry, ("eval", "environment"), ev.name, ev.kwargs, f"evals[{i}]")
+    return problems
+
+
+def _selectable(registry: Registry, kind: str, name: str, field: str) -> list[str]:
+    try:
+        component = registry.get(kind, name)
+    except UnknownComponentError as exc:
+        return [f"{field}: {exc}"]
+    if not component.available:
+        return [
+            f"{field}: '{name}' (from {component.plugin.distribution}) is installed but unavailable: "
+            f"{component.unavailable}"
+        ]
+    return []
+
+
+def _algorithm_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
+    problems = _selectable(registry, "algorithm", cfg.algorithm, "algorithm")
+    if problems:
+        return problems
+    meta = registry.get("algorithm", cfg.algorithm).meta
+    if cfg.use_ppo_clip and not meta.get("supports_ppo_clip", True):
+        problems.append(
+            f"use_ppo_clip: true is invalid with algorithm '{cfg.algorithm}', which applies its own ratio "
+            "weighting; set use_ppo_clip: false or use grpo, rloo, reinforce_pp or dr_grpo"
+        )
+    allowed = tuple(meta.get("advantage_norms", ("group", "batch")))
+    if cfg.advantage_norm not in allowed:
+        problems.append(
+            f"advantage_norm: '{cfg.advantage_norm}' is invalid with algorithm '{cfg.algorithm}'; "
+            f"allowed: {', '.join(allowed)} (set advantage_norm: {allowed[0]})"
+        )
+    return problems
+
+
+def _entry_problems(
+    registry: Registry, kinds: tuple[str, ...], name: str, kwargs: dict[str, Any], where: str
+) -> list[str]:
+    component = next((registry.get(k, name) for k in kinds if registry.has(k, name)), None)
+    if component is None:
+        valid = sorted({n for k in kinds for n in registry.names(k)})
+        try:
+            registry.get(kinds[0], name)
+        except UnknownComponentError as exc:
+            msg = str(exc)
+        if len(kinds) > 1:
+            msg += f" Environments usable as evals: {', '.join(valid) or '(none)'}."
+        return [f"{where}.name: {msg}"]
+    if not component.available:
+        return [f"{where}.name: '{name}' is installed but unavailable: {component.unavailable}"]
+    try:
+        component.validate_kwargs(kwargs)
+    except ValidationError as exc:
+        return problems_from_validation_error(exc, prefix=f"{where}.kwargs.")
+    except TypeError as exc:
+        return [f"{where}.kwargs: {exc}"]
+    return []

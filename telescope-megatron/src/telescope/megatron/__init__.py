@@ -1,0 +1,1 @@
+"""telescope.megatron: the Megatron-Core trainer backend."""

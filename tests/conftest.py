@@ -1,0 +1,32 @@
+"""Shared pytest setup: `gpu` tests need CUDA, `slow` tests need TELESCOPE_RUN_SLOW=1 or --run-slow."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow") or os.environ.get("TELESCOPE_RUN_SLOW") == "1"
+    has_gpu: bool | None = None
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: set TELESCOPE_RUN_SLOW=1 or pass --run-slow"))
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                has_gpu = _cuda_available()
+            if not has_gpu:
+                item.add_marker(pytest.mark.skip(reason="gpu: no CUDA device here"))

@@ -1,0 +1,94 @@
+"""Every field of the seed configuration table exists with its exact name and default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from telescope.core.config import EnvironmentEntry, EvalEntry, TelescopeConfig, load_config
+from telescope.core.config.loader import load_defaults
+
+TABLE = Path(__file__).parent.parent / "data" / "seed_config_table.txt"
+ADDED_FIELDS = {"seed": 0, "inference_engine": "auto", "run_dir": None, "weight_sync_verify": True}
+
+
+def _parse_table() -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
+    """(top-level, environment entry, eval entry) defaults as the seed doc states them."""
+    top: dict[str, object] = {}
+    blocks: list[dict[str, object]] = []
+    current = top
+    for line in TABLE.read_text().splitlines():
+        parts = line.rstrip(" |").split(" | ")
+        name, default = parts[0], parts[-2]
+        if name == "name":  # an entry table starts (environments, then evals)
+            current = {}
+            blocks.append(current)
+        elif name in ("inference_num_workers", "use_wandb"):  # first fields after each entry table
+            current = top
+        current[name] = "<required>" if default == "required" else yaml.safe_load(default)
+    return top, blocks[0], blocks[1]
+
+
+SEED_TOP, SEED_ENV, SEED_EVAL = _parse_table()
+
+
+def test_table_parsed_completely() -> None:
+    assert len(SEED_TOP) >= 120
+    assert set(SEED_ENV) == {"name", "weight", "reward_min", "reward_max", "kwargs"}
+    assert "eval_every" in SEED_EVAL and "pass_k" in SEED_EVAL
+
+
+@pytest.mark.parametrize("name", sorted(SEED_TOP))
+def test_seed_field_exists_with_default(name: str) -> None:
+    assert name in TelescopeConfig.model_fields, f"seed field {name} missing from the schema"
+    default = TelescopeConfig.model_fields[name].get_default(call_default_factory=True)
+    expected = SEED_TOP[name]
+    if name == "wandb_code_exclude_patterns":  # the doc elides the list: [".git", ".venv", ...]
+        assert default[:2] == [".git", ".venv"]
+    else:
+        assert default == expected and type(default) is type(expected), (name, default, expected)
+
+
+def test_entry_defaults_match_seed() -> None:
+    for model, seed in ((EnvironmentEntry, SEED_ENV), (EvalEntry, SEED_EVAL)):
+        assert set(model.model_fields) == set(seed)
+        for name, expected in seed.items():
+            if expected == "<required>":
+                assert model.model_fields[name].is_required()
+            else:
+                assert model.model_fields[name].get_default(call_default_factory=True) == expected
+
+
+def test_only_documented_additions() -> None:
+    extra = set(TelescopeConfig.model_fields) - set(SEED_TOP) - {"environments", "evals"}
+    assert extra == set(ADDED_FIELDS)
+    for name, default in ADDED_FIELDS.items():
+        assert TelescopeConfig.model_fields[name].get_default() == default
+
+
+def test_packaged_defaults_yaml_equals_schema_defaults() -> None:
+    shipped = load_defaults()
+    schema = {
+        k: f.get_default(call_default_factory=True)
+        for k, f in TelescopeConfig.model_fields.items()
+        if k != "environments"
+    }
+    assert shipped == schema
+
+
+def test_every_field_documented() -> None:
+    for model in (TelescopeConfig, EnvironmentEntry, EvalEntry):
+        for name, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{name} has no docstring"
+
+
+def test_resolved_config_is_frozen_and_round_trips() -> None:
+    cfg = load_config(None, {"environments": [{"name": "x", "kwargs": {"a": [1, 2]}}], "top_p": 0.9})
+    with pytest.raises(ValidationError):
+        cfg.learning_rate = 1.0  # type: ignore[misc]
+    again = TelescopeConfig.model_validate(yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
+    assert again == cfg
+    assert cfg.resolved_run_dir == "runs/telescope_run"
