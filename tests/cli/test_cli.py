@@ -58,8 +58,11 @@ def test_config_show_sources(tmp_path: Path) -> None:
     path = write(tmp_path, {**GOOD, "group_size": 4})
     result = invoke("config", "show", str(path), "--sources", "--seq_len", "1024")
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line.split()[-1] for line in result.stdout.splitlines() if line.strip()}
+    rows = {
+        line.split(":")[0]: line.rsplit("# ", 1)[1] for line in result.stdout.splitlines() if line.strip()
+    }
     assert rows["seq_len"] == "cli" and rows["group_size"] == str(path) and rows["top_p"] == "defaults"
+    assert yaml.safe_load(result.stdout)["seq_len"] == 1024  # the annotated output is still YAML
 
 
 def test_examples_show(tmp_path: Path) -> None:

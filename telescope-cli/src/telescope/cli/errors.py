@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -30,9 +29,9 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def debug_enabled() -> bool:
-    """True when --debug was given (or TELESCOPE_DEBUG=1)."""
-    return os.environ.get("TELESCOPE_DEBUG") == "1" or "--debug" in sys.argv
+def debug_enabled(flag: object = False) -> bool:
+    """True when the command's --debug flag is set (or TELESCOPE_DEBUG=1)."""
+    return bool(flag) or os.environ.get("TELESCOPE_DEBUG") == "1"
 
 
 def user_errors(func: F) -> F:
@@ -43,10 +42,11 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except USER_ERRORS as exc:
-            if debug_enabled():
+            debug = debug_enabled(kwargs.get("debug"))
+            if debug:
                 err_console.print_exception()
             err_console.print(f"[bold red]error:[/] {exc}", markup=True)
-            if not debug_enabled():
+            if not debug:
                 err_console.print("[dim](run with --debug for the traceback)[/]")
             raise typer.Exit(code=2) from None
 

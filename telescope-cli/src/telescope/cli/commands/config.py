@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Table
 
 from telescope.cli.context import load_run
 from telescope.cli.errors import user_errors
@@ -30,13 +28,10 @@ def show(
     if not sources:
         typer.echo(config_to_yaml(run.cfg), nl=False)
         return
-    table = Table("field", "value", "set by", box=None, pad_edge=False)
+    # YAML with the source of each value as a comment: still loadable, never truncated.
     for key, value in run.cfg.to_dict().items():
-        shown = (
-            yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
-        )
-        table.add_row(key, shown, run.layers.sources.get(key, "defaults"))
-    Console(soft_wrap=True).print(table)
+        line = yaml.safe_dump({key: value}, default_flow_style=True, width=10_000).strip()[1:-1]
+        typer.echo(f"{line}  # {run.layers.sources.get(key, 'defaults')}")
 
 
 @app.command("validate", context_settings=CONTEXT)

@@ -1,0 +1,277 @@
+"""Environment base classes and the kwargs models every environment extends."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from telescope.core.env.chat import ChatOptions, render_messages
+from telescope.core.env.types import (
+    ChatMessage,
+    EvalMetricsResult,
+    RewardResult,
+    RolloutState,
+    Sample,
+    info_turn,
+)
+
+__all__ = [
+    "Environment",
+    "EnvironmentKwargs",
+    "MultiTurnEnvironment",
+    "MultiTurnKwargs",
+    "SingleTurnEnvironment",
+    "SingleTurnKwargs",
+]
+
+
+class EnvironmentKwargs(BaseModel):
+    """Kwargs every environment accepts; subclass it (unknown keys are config errors)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    system_prompt: str | None = None
+    """System message sent before the task (null = none, or the environment's default)."""
+    reward_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a whole reward computation may take before it scores 0 (reward_timeout)."""
+
+
+class SingleTurnKwargs(EnvironmentKwargs):
+    """Kwargs of single-turn environments."""
+
+    instruction_prompt: str | None = None
+    """Text placed before the question in the user message (null = the environment's default)."""
+    add_thinking_prefix: bool = False
+    """Start the assistant turn with '<think>' so the model continues its reasoning."""
+
+
+class MultiTurnKwargs(EnvironmentKwargs):
+    """Kwargs of multi-turn environments."""
+
+    max_turns: int = Field(default=10, ge=1)
+    """Maximum number of model turns per rollout."""
+
+
+class Environment(ABC):
+    """A task: a dataset of ``Sample``s and a reward.
+
+    Subclasses set ``kwargs_model`` and implement ``load_dataset`` and ``compute_reward``.
+    The registry name is the one canonical identifier (``name``), set by the factory.
+    """
+
+    kwargs_model: ClassVar[type[EnvironmentKwargs]] = EnvironmentKwargs
+    default_name: ClassVar[str] = ""
+    default_system_prompt: ClassVar[str | None] = None
+    eos_token: str = "<|endoftext|>"
+    reward_min: float | None = None
+    reward_max: float | None = None
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {}
+    tags_options: ClassVar[dict[str, list[str]]] = {}
+    is_multi_turn: ClassVar[bool] = False
+
+    def __init__(self, kwargs: EnvironmentKwargs | None = None, *, name: str | None = None) -> None:
+        if kwargs is None:
+            kwargs = self.kwargs_model()
+        if not isinstance(kwargs, self.kwargs_model):
+            raise TypeError(
+                f"{type(self).__name__} takes kwargs of type {self.kwargs_model.__name__}, "
+                f"got {type(kwargs).__name__}"
+            )
+        self.kwargs = kwargs
+        self.name = name or self.default_name or type(self).__name__
+        self._samples: list[Sample] | None = None
+
+    @classmethod
+    def from_kwargs(cls, kwargs: EnvironmentKwargs | None = None, **extra: Any) -> Environment:
+        """Registry factory: ``factory(kwargs=<validated model>)``."""
+        return cls(kwargs, **extra)
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The configured system prompt, else the environment's default."""
+        configured = self.kwargs.system_prompt
+        return configured if configured is not None else self.default_system_prompt
+
+    @abstractmethod
+    def load_dataset(self, num_samples: int = -1) -> list[Sample]:
+        """Return the samples (the first ``num_samples``; -1 = all) and keep them."""
+
+    def samples(self) -> list[Sample]:
+        """The loaded samples (loads them on first use)."""
+        if self._samples is None:
+            self._samples = self.load_dataset()
+        return self._samples
+
+    def get_sample(self, idx: int) -> Sample:
+        """Sample ``idx`` of the loaded dataset."""
+        return self.samples()[idx]
+
+    def __len__(self) -> int:
+        return len(self.samples())
+
+    async def prepare_resources(self) -> None:  # noqa: B027 - optional hook
+        """Start anything the reward needs (sandbox pools, ...) before rollouts begin."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what ``prepare_resources`` started."""
+
+    async def score(self, target: str | RolloutState, sample: Sample, eos_token: str = "") -> RewardResult:
+        """``compute_reward`` under the ``reward_timeout_s`` deadline; never raises.
+
+        ``target`` is the completion text (single-turn) or the rollout state (multi-turn).
+        A failure scores 0 with ``reward_error``/``reward_timeout`` set.
+        """
+        timeout = self.kwargs.reward_timeout_s
+        try:
+            call = self._reward_call(target, sample, eos_token)
+            return await asyncio.wait_for(call, timeout=timeout)
+        except TimeoutError:
+            return _failed_reward("reward_timeout", f"compute_reward took longer than {timeout}s")
+        except Exception as exc:  # noqa: BLE001 - rewards never crash a run
+            return _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
+
+    async def evaluate(
+        self, target: str | RolloutState, sample: Sample, eos_token: str = ""
+    ) -> EvalMetricsResult:
+        """``compute_eval_metrics`` with the same guarantees as ``score``."""
+        try:
+            return await asyncio.wait_for(
+                self._eval_call(target, sample, eos_token), timeout=self.kwargs.reward_timeout_s
+            )
+        except Exception as exc:  # noqa: BLE001 - includes timeouts
+            failed = _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
+            return EvalMetricsResult(metrics=failed.sample_metrics, info_turns=failed.info_turns)
+
+    async def _reward_call(self, target: Any, sample: Sample, eos_token: str) -> RewardResult:
+        return await self.compute_reward(target, sample, eos_token)  # type: ignore[call-arg]
+
+    async def _eval_call(self, target: Any, sample: Sample, eos_token: str) -> EvalMetricsResult:
+        return await self.compute_eval_metrics(target, sample, eos_token)  # type: ignore[call-arg]
+
+    @abstractmethod
+    async def compute_reward(self, *args: Any, **kwargs: Any) -> RewardResult:
+        """Score one completion (single-turn) or one rollout (multi-turn)."""
+
+    async def compute_eval_metrics(self, *args: Any, **kwargs: Any) -> EvalMetricsResult:
+        """Eval metrics; by default the reward's sample metrics."""
+        result = await self.compute_reward(*args, **kwargs)
+        return EvalMetricsResult(
+            metrics=dict(result.sample_metrics),
+            golden_answers=result.golden_answers,
+            info_turns=result.info_turns,
+            sample_tags=result.sample_tags,
+        )
+
+
+def _failed_reward(key: str, message: str) -> RewardResult:
+    metrics = {"reward_error": 0.0, "reward_timeout": 0.0}
+    metrics[key] = 1.0
+    return RewardResult(0.0, metrics, info_turns=[info_turn(key, message, kind="stderr")])
+
+
+class SingleTurnEnvironment(Environment):
+    """One prompt, one completion, one reward."""
+
+    kwargs_model: ClassVar[type[EnvironmentKwargs]] = SingleTurnKwargs
+    default_instruction_prompt: ClassVar[str | None] = None
+
+    @property
+    def instruction_prompt(self) -> str | None:
+        """The configured instruction, else the environment's default."""
+        configured = getattr(self.kwargs, "instruction_prompt", None)
+        return configured if configured is not None else self.default_instruction_prompt
+
+    def build_messages(self, sample: Sample) -> list[ChatMessage]:
+        """System prompt (optional), then the user message (instruction + question)."""
+        messages: list[ChatMessage] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        if isinstance(sample.prompt, list):
+            return messages + [dict(m) for m in sample.prompt]
+        instruction = self.instruction_prompt
+        content = f"{instruction}\n\n{sample.prompt}" if instruction else str(sample.prompt)
+        messages.append({"role": "user", "content": content})
+        return messages
+
+    def format_prompt(
+        self,
+        sample: Sample,
+        tokenizer: Any,
+        chat: ChatOptions | None = None,
+        *,
+        add_thinking_prefix: bool | None = None,
+    ) -> str:
+        """The prompt text for ``sample`` through ``tokenizer``'s chat template."""
+        messages = self.build_messages(sample)
+        prefix = (
+            getattr(self.kwargs, "add_thinking_prefix", False)
+            if add_thinking_prefix is None
+            else add_thinking_prefix
+        )
+        if prefix:
+            messages.append({"role": "assistant", "content": "<think>"})
+        return render_messages(tokenizer, messages, chat, continue_final_message=bool(prefix))
+
+    @abstractmethod
+    async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:  # type: ignore[override]
+        """Score one completion of ``sample``."""
+
+
+class MultiTurnEnvironment(Environment):
+    """A conversation: the environment answers each model turn until ``is_done``."""
+
+    kwargs_model: ClassVar[type[EnvironmentKwargs]] = MultiTurnKwargs
+    is_multi_turn: ClassVar[bool] = True
+
+    @property
+    def max_turns(self) -> int:
+        """Turn limit from the kwargs."""
+        return int(getattr(self.kwargs, "max_turns", 10))
+
+    def create_initial_state(self, sample: Sample) -> RolloutState:
+        """A fresh state for one rollout of ``sample``."""
+        return RolloutState(sample=sample, env_name=self.name)
+
+    def get_initial_prompt(self, sample: Sample) -> list[ChatMessage]:
+        """System prompt (optional), then the sample's prompt as messages."""
+        messages: list[ChatMessage] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        if isinstance(sample.prompt, list):
+            return messages + [dict(m) for m in sample.prompt]
+        return messages + [{"role": "user", "content": str(sample.prompt)}]
+
+    def format_messages(
+        self, messages: list[ChatMessage], tokenizer: Any, chat: ChatOptions | None = None
+    ) -> str:
+        """Render a turn's messages with a generation prompt."""
+        return render_messages(tokenizer, messages, chat)
+
+    @abstractmethod
+    async def env_response(self, messages: list[ChatMessage], state: RolloutState) -> list[ChatMessage]:
+        """The environment's reply to the latest assistant message (may be ``[]``)."""
+
+    def is_done(self, state: RolloutState) -> tuple[bool, str | None]:
+        """Whether the rollout ends now, and why."""
+        if state.num_turns >= self.max_turns:
+            return True, "max_turns_reached"
+        return False, None
+
+    def get_next_prompt_messages(
+        self, state: RolloutState, env_messages: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        """The next turn's prompt: the conversation so far plus the environment's reply."""
+        return [*state.last_messages(), *env_messages]
+
+    @abstractmethod
+    async def compute_reward(self, state: RolloutState, eos_token: str = "") -> RewardResult:  # type: ignore[override]
+        """Score a finished rollout."""
+
+    async def _reward_call(self, target: Any, sample: Sample, eos_token: str) -> RewardResult:
+        return await self.compute_reward(target, eos_token)
+
+    async def _eval_call(self, target: Any, sample: Sample, eos_token: str) -> EvalMetricsResult:
+        return await self.compute_eval_metrics(target, eos_token)

@@ -1,0 +1,198 @@
+"""i3_code: code generation scored by running the task's tests in a sandbox.
+
+The sandbox provider is resolved by name through the registry (kind ``sandbox_provider``);
+``local`` (telescope-sandboxes, bubblewrap) is the default. Reward = 1 when every test
+passes (stdin or function-call mode), else 0; ``pass_rate`` and timings are metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from telescope.core.env import (
+    RewardResult,
+    Sample,
+    SingleTurnEnvironment,
+    info_turn,
+)
+from telescope.core.env.data import load_rows, select_rows
+from telescope.core.env.parsers import extract_code_block, strip_eos, strip_think_tags
+from telescope.envs.kwargs import I3CodeKwargs
+
+__all__ = ["I3CodeEnvironment", "I3CodeKwargs", "parse_runner_output"]
+
+RUNNER_SOURCE = (Path(__file__).resolve().parent / "i3_code_runner.py").read_text(encoding="utf-8")
+
+
+def parse_runner_output(stdout: str, exit_code: int | None) -> list[dict[str, Any]] | None:
+    """The runner's per-test records, or None when it failed (infrastructure error)."""
+    if exit_code != 0:
+        return None
+    try:
+        return list(json.loads(stdout.strip().splitlines()[-1])["results"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+class I3CodeEnvironment(SingleTurnEnvironment):
+    """INTELLECT-3-RL code tasks (``PrimeIntellect/INTELLECT-3-RL``, subset code)."""
+
+    kwargs_model: ClassVar[type[I3CodeKwargs]] = I3CodeKwargs  # type: ignore[assignment]
+    default_name = "i3_code"
+    default_instruction_prompt = "Solve the programming task below in a Python markdown code block."
+    default_dataset = "PrimeIntellect/INTELLECT-3-RL"
+    reward_min = 0.0
+    reward_max = 1.0
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
+        "passed": {"min": 0.0, "max": 1.0, "invert": False},
+        "pass_rate": {"min": 0.0, "max": 1.0, "invert": False},
+    }
+
+    def __init__(self, kwargs: I3CodeKwargs | None = None, *, registry: Any = None, **extra: Any) -> None:
+        super().__init__(kwargs, **extra)
+        self._registry = registry
+        self._provider: Any = None
+        self._pool: Any = None
+        self._pool_lock: asyncio.Lock | None = None
+
+    @property
+    def code_kwargs(self) -> I3CodeKwargs:
+        """The kwargs, typed."""
+        return self.kwargs  # type: ignore[return-value]
+
+    def load_dataset(self, num_samples: int = -1) -> list[Sample]:
+        """Rows with ``info.tests`` (inputs, outputs, fn_name), filtered and subsampled."""
+        from telescope.envs.sample_data import sample_path
+
+        kw = self.code_kwargs
+        rows = load_rows(dataset_name=kw.dataset_name or self.default_dataset, subset=kw.dataset_subset,
+                         split=kw.dataset_split or "train", data_files=kw.data_files,
+                         sample_file=sample_path("i3_code.jsonl"), use_sample=kw.sample_data)  # fmt: skip
+        rng = random.Random(kw.seed)
+        samples = [s for s in (self._row_to_sample(r, rng) for r in rows) if s is not None]
+        limit = num_samples if num_samples >= 0 else kw.num_samples
+        self._samples = select_rows(samples, num_samples=limit, shuffle=kw.shuffle, seed=kw.seed)
+        return self._samples
+
+    def _row_to_sample(self, row: dict[str, Any], rng: random.Random) -> Sample | None:
+        kw = self.code_kwargs
+        if kw.difficulty_key is not None:
+            level = row.get(kw.difficulty_key)
+            if level is None or not kw.min_difficulty <= float(level) <= kw.max_difficulty:
+                return None
+        info = json.loads(row["info"]) if isinstance(row["info"], str) else row["info"]
+        tests = json.loads(info["tests"]) if isinstance(info["tests"], str) else info["tests"]
+        pairs = list(zip(tests["inputs"], tests["outputs"], strict=True))
+        if len(pairs) > kw.max_num_tests:
+            pairs = rng.sample(pairs, kw.max_num_tests)
+        verification = {
+            "fn_name": tests.get("fn_name") or "",
+            "inputs": [p[0] for p in pairs],
+            "outputs": [p[1] for p in pairs],
+        }
+        question = row.get("question") or row.get("prompt")
+        return Sample(str(question), "", {"verification_info": verification, "num_test_cases": len(pairs)})
+
+    async def _get_pool(self) -> Any:
+        from telescope.core.sandbox import SandboxConfig, SandboxPool
+
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if self._pool is None:
+                kw = self.code_kwargs
+                registry = self._registry
+                if registry is None:
+                    from telescope.core.plugins import load_plugins
+
+                    registry = load_plugins()[1]
+                self._provider = registry.create("sandbox_provider", kw.provider, kw.provider_kwargs)
+                config = SandboxConfig.model_validate({
+                    "image": kw.docker_image, "cpu": kw.cpu, "memory_mb": kw.memory_mb,
+                    "disk_size_gb": kw.disk_size_gb, "timeout_seconds": kw.timeout_minutes * 60, "name": "i3-code",
+                })  # fmt: skip
+                self._pool = await SandboxPool(self._provider, config, size=kw.pool_size,
+                                               max_sandboxes=max(kw.pool_size, 1)).start()  # fmt: skip
+            return self._pool
+
+    async def prepare_resources(self) -> None:
+        """Start warming the sandbox pool."""
+        await self._get_pool()
+
+    async def close(self) -> None:
+        """Destroy the pool's sandboxes."""
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def _run_tests(self, code: str, meta: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """One attempt: upload the bundle into a fresh directory, run, clean up."""
+        from telescope.core.sandbox import SandboxError
+
+        kw, info = self.code_kwargs, meta["verification_info"]
+        bundle = {"mode": "func" if info["fn_name"] else "stdin", "code": code, "fn_name": info["fn_name"],
+                  "inputs": info["inputs"], "outputs": info["outputs"], "timeout": kw.timeout_per_test,
+                  "workers": kw.runner_workers}  # fmt: skip
+        pool, workdir = await self._get_pool(), f"run_{uuid.uuid4().hex[:12]}"
+        handle = await pool.acquire(timeout=600)
+        discard = True
+        try:
+            provider = self._provider
+            await provider.upload_bytes(handle, f"{workdir}/runner.py", RUNNER_SOURCE.encode())
+            await provider.upload_bytes(handle, f"{workdir}/bundle.json", json.dumps(bundle).encode())
+            n = len(info["inputs"])
+            timeout = max(kw.timeout_per_test * n / kw.runner_workers + 30, 60)
+            result = await provider.execute(
+                handle, "python3 runner.py bundle.json", timeout=timeout, working_dir=workdir
+            )
+            await provider.execute(handle, f"rm -rf {workdir}", timeout=30)
+            discard = False
+            return parse_runner_output(result.stdout, result.exit_code)
+        except SandboxError:
+            return None
+        finally:
+            await pool.release(handle, discard=discard)
+
+    async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        """1.0 when the extracted code passes every test."""
+        start = time.monotonic()
+        text = strip_eos(completion, eos_token or self.eos_token)
+        code = (
+            None
+            if "<think>" in text and "</think>" not in text
+            else extract_code_block(strip_think_tags(text))
+        )
+        metrics = {"passed": 0.0, "pass_rate": 0.0, "sandbox_error": 0.0,
+                   "num_test_cases": float(sample.metadata["num_test_cases"]), "retry_count": 0.0,
+                   "generated_code_chars": float(len(code or ""))}  # fmt: skip
+        if not code:
+            return RewardResult(
+                0.0, metrics, info_turns=[info_turn("error", "No code extracted", kind="stderr")]
+            )
+        records = None
+        for attempt in range(self.code_kwargs.max_attempts):
+            metrics["retry_count"] = float(attempt)
+            records = await self._run_tests(code, sample.metadata)
+            if records is not None:
+                break
+        metrics["total_reward_time"] = time.monotonic() - start
+        turns = [info_turn("generated_code", code, kind="code")]
+        if records is None:
+            metrics["sandbox_error"] = 1.0
+            return RewardResult(
+                0.0, metrics, info_turns=turns + [info_turn("error", "sandbox failed", kind="stderr")]
+            )
+        passed = [bool(r.get("passed")) for r in records]
+        metrics["pass_rate"] = sum(passed) / len(passed) if passed else 0.0
+        metrics["passed"] = float(bool(passed) and all(passed))
+        metrics["num_timeouts"] = float(sum(bool(r.get("timeout")) for r in records))
+        failed = [r for r in records if not r.get("passed")]
+        if failed:
+            turns.append(info_turn("failed_tests", json.dumps(failed[:5]), kind="stderr"))
+        return RewardResult(metrics["passed"], metrics, info_turns=turns)
