@@ -22,5 +22,5 @@ fi
 "$VENV/bin/pip" install --quiet \
   -e "./telescope-core[torch,inference,ray,math]" \
   -e ./telescope-fsdp -e ./telescope-megatron -e ./telescope-envs \
-  -e ./telescope-sandboxes -e ./telescope-cli -e ".[dev]"
+  -e "./telescope-sandboxes[e2b,modal,prime]" -e ./telescope-cli -e ".[dev]"
 echo "$want" > "$stamp"

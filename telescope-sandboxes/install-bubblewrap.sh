@@ -1,0 +1,27 @@
+#!/bin/sh
+# Install bubblewrap (the `local` sandbox provider's isolation) when it is missing. Idempotent.
+# Debian/Ubuntu via apt-get; prints what to do elsewhere. Needs root (or sudo) to install.
+set -eu
+if command -v bwrap >/dev/null 2>&1; then
+    echo "bubblewrap present: $(bwrap --version)"
+    exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        echo "install-bubblewrap: not root and no sudo; install the 'bubblewrap' package yourself" >&2
+        exit 1
+    fi
+fi
+if command -v apt-get >/dev/null 2>&1; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bubblewrap
+elif command -v dnf >/dev/null 2>&1; then
+    $SUDO dnf install -y bubblewrap
+elif command -v apk >/dev/null 2>&1; then
+    $SUDO apk add --no-cache bubblewrap
+else
+    echo "install-bubblewrap: unknown package manager; install 'bubblewrap' yourself" >&2
+    exit 1
+fi
+echo "bubblewrap installed: $(bwrap --version)"

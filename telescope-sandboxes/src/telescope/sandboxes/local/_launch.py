@@ -1,0 +1,215 @@
+"""How a local sandbox command is started: the bubblewrap command line and the limits that
+the child process applies to itself before ``exec`` (rlimits, unprivileged uid, death signal)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import resource
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, ensure_private_dir
+
+__all__ = ["DEFAULT_RO_PATHS", "Limits", "bwrap_argv", "make_preexec", "snapshot_etc", "wrapper_argv"]
+
+#: Host paths visible (read-only) inside the sandbox: the system, never /home, /root or /work.
+DEFAULT_RO_PATHS: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/python3",
+    "/etc/python3.11",
+)
+
+#: Processes bubblewrap itself needs (outer bwrap, the namespace's init) on top of the user's.
+_BWRAP_PROCESSES = 4
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-command resource limits, applied with setrlimit in the child."""
+
+    address_space_bytes: int
+    cpu_seconds: int
+    file_size_bytes: int
+    processes: int | None
+    """RLIMIT_NPROC; None when not running as root (it would count the user's own processes)."""
+    open_files: int = 1024
+
+    @classmethod
+    def for_command(
+        cls, memory_mb: int, disk_gb: float, max_processes: int, timeout: float, *, private_uid: bool = True
+    ) -> Limits:
+        return cls(
+            address_space_bytes=memory_mb << 20,
+            cpu_seconds=math.ceil(timeout) + 1,
+            file_size_bytes=max(1, int(disk_gb * 1e9)),
+            processes=max_processes + _BWRAP_PROCESSES if private_uid else None,
+        )
+
+
+def bwrap_argv(
+    bwrap: str,
+    ws: Workspace,
+    *,
+    inside_cwd: str,
+    env: dict[str, str],
+    ro_paths: tuple[str, ...],
+    network: bool,
+    command: str,
+    shm_bytes: int,
+    etc_dir: str | None = None,
+) -> list[str]:
+    """The bubblewrap command line for one command.
+
+    ``shm_bytes`` sizes /dev/shm; ``etc_dir`` (from `snapshot_etc`) replaces the individual
+    ``/etc/...`` entries of ``ro_paths`` with one mount.
+    """
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+    argv += ["--new-session", "--cap-drop", "ALL", "--uid", str(ws.uid), "--gid", str(ws.gid)]
+    argv += ["--hostname", "sandbox"]
+    if network:
+        argv.append("--share-net")
+    if etc_dir is not None:
+        argv += ["--ro-bind", etc_dir, "/etc"]
+        ro_paths = tuple(p for p in ro_paths if not p.startswith("/etc/"))
+    for path in ro_paths:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
+    argv += ["--bind", ws.work, INSIDE_WORKSPACE, "--bind", ws.tmp, INSIDE_TMP]
+    # bubblewrap's own root and /dev are writable tmpfs (host RAM outside the disk limit):
+    # make them read-only once every mount point exists.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    argv.append("--clearenv")
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    argv += ["--chdir", inside_cwd, "--", "/bin/sh", "-c", command]
+    return argv
+
+
+def snapshot_etc(parent: str, ro_paths: tuple[str, ...]) -> str:
+    """A private copy of the ``/etc/...`` entries of ``ro_paths``, shared by every provider.
+
+    Each bind mount costs bubblewrap time on every command; one mount of a snapshot replaces
+    about ten. Only world-readable entries are copied (symlinks kept as symlinks). The
+    directory name hashes the paths and their modification times, so a changed host file
+    gives a new snapshot and an unchanged one is reused (no per-process leftovers).
+    """
+    entries = sorted(p for p in ro_paths if p.startswith("/etc/") and os.path.lexists(p))
+    key = hashlib.sha256(repr([(p, os.lstat(p).st_mtime_ns) for p in entries]).encode()).hexdigest()[:16]
+    final = os.path.join(ensure_private_dir(parent), f"etc-{os.geteuid()}-{key}")
+    if os.path.isdir(final):
+        return final
+    staging = tempfile.mkdtemp(prefix="etc-staging-", dir=parent)
+    for path in entries:
+        target = os.path.join(staging, os.path.relpath(path, "/etc"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.copytree(path, target, symlinks=True, ignore=_unreadable)
+        elif os.path.islink(path) or os.stat(path).st_mode & stat.S_IROTH:
+            shutil.copy2(path, target, follow_symlinks=False)
+    for dirpath, _, _ in os.walk(staging):
+        os.chmod(dirpath, 0o755)
+    try:
+        os.rename(staging, final)
+    except OSError:  # another process published the same snapshot first
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _unreadable(directory: str, names: list[str]) -> list[str]:
+    skip = []
+    for name in names:
+        full = os.path.join(directory, name)
+        if not os.path.islink(full) and not os.stat(full).st_mode & stat.S_IROTH:
+            skip.append(name)
+    return skip
+
+
+def wrapper_argv(limits: Limits, uid: int | None, gid: int | None) -> list[str] | None:
+    """``setpriv`` + ``prlimit`` (util-linux) prefix doing what ``make_preexec`` does.
+
+    Preferred over a ``preexec_fn``: without one, Python starts the child with ``vfork``,
+    which costs the same for a small script and for a trainer process holding gigabytes
+    (``fork`` copies the page tables). None when either tool is missing.
+    """
+    setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
+    if setpriv is None or prlimit is None:
+        return None
+    argv = [setpriv, "--pdeathsig=KILL"]
+    if uid is not None and gid is not None:
+        argv += [f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    argv += ["--", prlimit]
+    rows: tuple[tuple[str, int, int | None, int | None], ...] = (
+        ("--as", resource.RLIMIT_AS, limits.address_space_bytes, None),
+        ("--cpu", resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + 1),
+        ("--fsize", resource.RLIMIT_FSIZE, limits.file_size_bytes, None),
+        ("--nproc", resource.RLIMIT_NPROC, limits.processes, None),
+        ("--nofile", resource.RLIMIT_NOFILE, limits.open_files, None),
+        ("--core", resource.RLIMIT_CORE, 0, None),
+    )
+    for flag, which, wanted, wanted_hard in rows:
+        if wanted is None:
+            continue
+        soft, hard = _within_hard_limit(which, wanted, wanted_hard)
+        argv.append(f"{flag}={soft}:{hard}")
+    return [*argv, "--"]
+
+
+def make_preexec(limits: Limits, uid: int | None, gid: int | None) -> Callable[[], None]:
+    """The function the child runs between fork and exec.
+
+    Limits come first (setting them needs no privilege), then the switch to the unprivileged
+    uid (RLIMIT_NPROC is not enforced for uid 0), then the death signal, which must follow the
+    uid switch because changing credentials clears it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        _set(resource.RLIMIT_AS, limits.address_space_bytes)
+        _set(resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + 1)
+        _set(resource.RLIMIT_FSIZE, limits.file_size_bytes)
+        if limits.processes is not None:
+            _set(resource.RLIMIT_NPROC, limits.processes)
+        _set(resource.RLIMIT_NOFILE, limits.open_files)
+        _set(resource.RLIMIT_CORE, 0)
+        if uid is not None and gid is not None:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+    return preexec
+
+
+def _within_hard_limit(which: int, soft: int, hard: int | None = None) -> tuple[int, int]:
+    hard = soft if hard is None else hard
+    _, current_hard = resource.getrlimit(which)
+    if current_hard != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current_hard), min(hard, current_hard)
+    return soft, hard
+
+
+def _set(which: int, soft: int, hard: int | None = None) -> None:
+    resource.setrlimit(which, _within_hard_limit(which, soft, hard))

@@ -1,0 +1,253 @@
+"""The ``local`` sandbox provider: bubblewrap + rlimits + an unprivileged uid on this machine.
+
+Each sandbox is a private workspace directory; each ``execute`` starts a fresh bubblewrap
+container over it (no network, read-only system paths, new user/pid/ipc/uts namespaces, all
+capabilities dropped, uid 65534, a new session, killed with its parent). When the command's
+main process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import uuid
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from telescope.core.sandbox import (
+    ExecResult,
+    SandboxConfig,
+    SandboxConfigError,
+    SandboxHandle,
+    SandboxProvider,
+    SandboxUnavailableError,
+)
+from telescope.sandboxes.local._launch import (
+    DEFAULT_RO_PATHS,
+    Limits,
+    bwrap_argv,
+    make_preexec,
+    snapshot_etc,
+    wrapper_argv,
+)
+from telescope.sandboxes.local._process import RunSpec, kill_group, run_command
+from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, default_root
+
+__all__ = ["LocalSandboxKwargs", "LocalSandboxProvider", "create_local_provider"]
+
+_log = logging.getLogger(__name__)
+_NOBODY = 65534
+#: /dev/shm is RAM-backed tmpfs that the disk watchdog cannot see: keep it small.
+_MAX_SHM_BYTES = 64 << 20
+#: Environment variable tagging unsandboxed processes with their sandbox id.
+_STRAY_TAG = "TELESCOPE_SANDBOX_ID"
+
+
+class LocalSandboxKwargs(BaseModel):
+    """Settings of the ``local`` provider."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    bwrap_path: str | None = None
+    """Path of the bubblewrap binary; None: ``bwrap`` on PATH."""
+    allow_unsandboxed: bool = False
+    """Without bubblewrap, run anyway with only rlimits and an unprivileged uid (no filesystem,
+    network or PID isolation). Off by default: then a missing bubblewrap is an error."""
+    uid: int = Field(default=_NOBODY, ge=1)
+    """Unprivileged uid (and gid) the code runs as when Telescope runs as root."""
+    workspace_root: str | None = None
+    """Directory holding the sandboxes' workspaces; None: ``$TMPDIR/telescope-sandboxes``."""
+    ro_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_RO_PATHS))
+    """Host paths mounted read-only inside the sandbox (missing ones are skipped)."""
+    use_util_linux_wrappers: bool = True
+    """Apply limits and the uid switch with ``setpriv``/``prlimit`` (cheap ``vfork`` start) when
+    they are installed; False: a ``preexec_fn`` in the forked child."""
+    disk_check_interval_s: float = Field(default=0.1, gt=0, le=10)
+    """How often the workspace size is checked against ``disk_size_gb`` while a command runs."""
+
+
+@dataclass
+class _LocalSandbox:
+    workspace: Workspace
+    running: set[asyncio.subprocess.Process] = field(default_factory=set)
+
+
+class LocalSandboxProvider(SandboxProvider):
+    """Sandboxes on this machine (see the module docstring for the isolation it provides)."""
+
+    name = "local"
+
+    def __init__(self, kwargs: LocalSandboxKwargs | None = None) -> None:
+        self.kwargs = kwargs or LocalSandboxKwargs()
+        self.bwrap = self._find_bwrap()
+        self._as_root = os.geteuid() == 0
+        self._etc: str | None = None
+        if self.bwrap is None:
+            self._warn_unsandboxed()
+
+    # ----------------------------------------------------------------- setup
+    def _etc_dir(self) -> str:
+        if self._etc is None:
+            self._etc = snapshot_etc(
+                self.kwargs.workspace_root or default_root(), tuple(self.kwargs.ro_paths)
+            )
+        return self._etc
+
+    def _find_bwrap(self) -> str | None:
+        path = self.kwargs.bwrap_path or shutil.which("bwrap")
+        if path is not None and os.access(path, os.X_OK):
+            return path
+        if self.kwargs.bwrap_path is not None:
+            raise SandboxUnavailableError(
+                f"local sandbox: bwrap_path {self.kwargs.bwrap_path!r} is not executable"
+            )
+        if not self.kwargs.allow_unsandboxed:
+            raise SandboxUnavailableError(
+                "local sandbox: bubblewrap (bwrap) is not installed, so untrusted code cannot be isolated. "
+                "Install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap), or set "
+                "allow_unsandboxed: true in the provider kwargs to run with rlimits and an unprivileged uid only."
+            )
+        return None
+
+    def _warn_unsandboxed(self) -> None:
+        missing = (
+            "filesystem isolation (code can read every world-readable file), network isolation, PID isolation"
+        )
+        if not self._as_root:
+            missing += (
+                ", the unprivileged uid and the process limit (not root: code runs as the current user)"
+            )
+        _log.warning("local sandbox WITHOUT bubblewrap: rlimits only; missing protection: %s", missing)
+
+    def check_config(self, config: SandboxConfig) -> None:
+        if config.image:
+            raise SandboxConfigError(
+                f"local sandbox: image={config.image!r} is not supported (it runs on the host's read-only "
+                "system files); leave image empty or choose a cloud provider (e2b, modal, daytona, prime)"
+            )
+        if config.gpu_count:
+            raise SandboxConfigError(f"local sandbox: gpu_count={config.gpu_count} is not supported; use 0")
+        cores = os.cpu_count() or 1
+        if config.cpu > cores:
+            raise SandboxConfigError(
+                f"local sandbox: cpu={config.cpu:g} exceeds this machine's {cores} cores"
+            )
+        if self.bwrap is None and config.network_access is False:
+            raise SandboxConfigError(
+                "local sandbox: network_access=false cannot be enforced without bubblewrap; install bubblewrap"
+            )
+
+    # ----------------------------------------------------------------- provider API
+    async def _create(self, config: SandboxConfig) -> SandboxHandle:
+        sandbox_id = f"local-{uuid.uuid4().hex[:12]}"
+        ws = await asyncio.to_thread(
+            Workspace.create, self.kwargs.workspace_root, sandbox_id, self.kwargs.uid, self.kwargs.uid
+        )
+        return SandboxHandle(sandbox_id, self.name, config, native=_LocalSandbox(ws))
+
+    async def _execute(
+        self, handle: SandboxHandle, command: str, timeout: float, working_dir: str | None
+    ) -> ExecResult:
+        box: _LocalSandbox = handle.native
+        config = handle.config
+        inside_cwd = Workspace.inside_path(working_dir or INSIDE_WORKSPACE)
+        limits = Limits.for_command(
+            config.memory_mb, config.disk_size_gb, config.max_processes, timeout, private_uid=self._as_root
+        )
+        uid = self.kwargs.uid if self._as_root else None
+        env = self._environment(config)
+        if self.bwrap is not None:
+            argv = bwrap_argv(
+                self.bwrap, box.workspace, inside_cwd=inside_cwd, env=env,
+                ro_paths=tuple(self.kwargs.ro_paths), network=bool(config.network_access), command=command,
+                shm_bytes=min(int(config.disk_size_gb * 1e9), _MAX_SHM_BYTES), etc_dir=self._etc_dir(),
+            )  # fmt: skip
+            run_env, cwd = {}, None
+        else:
+            # Tag the processes so strays that left the process group can be found later.
+            argv, run_env = ["/bin/sh", "-c", command], {**env, _STRAY_TAG: handle.id}
+            cwd = box.workspace.host_path(inside_cwd)
+            await asyncio.to_thread(os.makedirs, cwd, exist_ok=True)
+        prefix = wrapper_argv(limits, uid, uid) if self.kwargs.use_util_linux_wrappers else None
+        preexec = None if prefix is not None else make_preexec(limits, uid, uid)
+        spec = RunSpec(
+            [*(prefix or []), *argv], run_env, cwd, preexec, timeout, config.max_output_bytes,
+            box.workspace, int(config.disk_size_gb * 1e9), self.kwargs.disk_check_interval_s, box.running,
+        )  # fmt: skip
+        try:
+            return await run_command(spec)
+        finally:
+            if self.bwrap is None:
+                await asyncio.to_thread(_kill_strays, handle.id)
+
+    def _environment(self, config: SandboxConfig) -> dict[str, str]:
+        home = INSIDE_WORKSPACE
+        tmp = INSIDE_TMP
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "TMPDIR": tmp,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        env.update(config.environment_vars)
+        return env
+
+    async def _upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
+        box: _LocalSandbox = handle.native
+        await asyncio.to_thread(box.workspace.write_bytes, remote_path, content)
+
+    async def _destroy(self, handle: SandboxHandle) -> None:
+        box: _LocalSandbox = handle.native
+        self._kill_all(box)
+        for proc in list(box.running):
+            try:
+                await asyncio.wait_for(proc.wait(), 2.0)
+            except TimeoutError:
+                _log.warning("local sandbox %s: process %d did not exit after SIGKILL", handle.id, proc.pid)
+        if self.bwrap is None:
+            await asyncio.to_thread(_kill_strays, handle.id)
+        await asyncio.to_thread(box.workspace.remove)
+
+    def _destroy_sync(self, handle: SandboxHandle) -> None:
+        box: _LocalSandbox = handle.native
+        self._kill_all(box)
+        if self.bwrap is None:
+            _kill_strays(handle.id)
+        box.workspace.remove()
+
+    @staticmethod
+    def _kill_all(box: _LocalSandbox) -> None:
+        for proc in list(box.running):
+            kill_group(proc)
+
+
+def _kill_strays(sandbox_id: str) -> int:
+    """Unsandboxed mode only: SIGKILL processes still tagged with this sandbox's id.
+
+    Best effort (a process can rewrite its environment); bubblewrap's pid namespace makes
+    this unnecessary in the normal mode.
+    """
+    needle = f"{_STRAY_TAG}={sandbox_id}".encode()
+    killed = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            os.kill(int(name), signal.SIGKILL)
+            killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def create_local_provider(kwargs: LocalSandboxKwargs | None = None) -> LocalSandboxProvider:
+    """Registry factory of the ``local`` provider."""
+    return LocalSandboxProvider(kwargs)

@@ -1,0 +1,371 @@
+"""Hostile programs against the ``local`` provider (bubblewrap).
+
+Every case checks three things besides its own expectation: the call returns a result (or a
+typed error) within ``timeout + 2`` seconds, the host is unaffected, and no process carrying
+the case's marker survives ``destroy``. Network probes target only 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope.core.sandbox import ExecResult, SandboxConfig, SandboxPathError
+
+from .conftest import processes_with_marker, run
+
+PROJECT_FILE = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def contained(
+    provider: Any, config: SandboxConfig, marker: str, source: str, timeout: float = 5.0
+) -> ExecResult:
+    """Upload ``source`` as prog.py, run it, destroy the sandbox, check the common guarantees."""
+
+    async def go() -> ExecResult:
+        handle = await provider.create(config)
+        try:
+            await provider.upload_bytes(handle, "prog.py", source.encode())
+            started = time.monotonic()
+            result = await provider.execute(handle, f"python3 prog.py  # {marker}", timeout=timeout)
+            elapsed = time.monotonic() - started
+        finally:
+            await provider.destroy(handle)
+        assert elapsed <= timeout + 2.0, f"execute took {elapsed:.2f}s with timeout {timeout}s"
+        return result
+
+    result = run(go())
+    assert processes_with_marker(marker) == [], "a sandbox process survived destroy"
+    assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
+    return result
+
+
+# ---------------------------------------------------------------------------- network
+def test_cannot_connect_to_host_loopback(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[Any] = []
+    server.settimeout(4)
+    thread = threading.Thread(target=lambda: accepted.append(_accept_or_none(server)), daemon=True)
+    thread.start()
+    source = (
+        "import socket\n"
+        "s = socket.socket(); s.settimeout(1)\n"
+        f"try:\n    s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
+        "except OSError as e:\n    print('refused', e)\n"
+    )
+    result = contained(local_provider, marked_config, marker, source)
+    thread.join()
+    server.close()
+    assert "CONNECTED" not in result.stdout and "refused" in result.stdout
+    assert accepted == [None]
+
+
+def _accept_or_none(server: socket.socket) -> Any:
+    try:
+        return server.accept()
+    except OSError:
+        return None
+
+
+def test_dns_has_no_resolver_and_no_route(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(2)
+    port = udp.getsockname()[1]
+    query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01"
+    source = (
+        "import os, socket\n"
+        "print('resolv', os.path.exists('/etc/resolv.conf'))\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"s.sendto({query!r}, ('127.0.0.1', {port}))\n"
+        "print('sent')\n"
+    )
+    result = contained(local_provider, marked_config, marker, source)
+    with pytest.raises(TimeoutError):
+        udp.recvfrom(512)  # the query reached the sandbox's own loopback, never the host's
+    udp.close()
+    assert "resolv False" in result.stdout
+
+
+def test_only_loopback_interface(local_provider: Any, marked_config: SandboxConfig, marker: str) -> None:
+    source = "import os\nprint(sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else open('/proc/net/dev').read())\n"
+    result = contained(local_provider, marked_config, marker, source)
+    interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
+    assert interfaces == ["lo"] or result.stdout.strip() == "['lo']", result.stdout
+
+
+# ---------------------------------------------------------------------------- host files
+@pytest.mark.parametrize(
+    "path",
+    [str(PROJECT_FILE), "/root/.bashrc", "/etc/shadow", "/home", str(Path(sys.executable).resolve())],
+    ids=["project", "home", "shadow", "home-dirs", "host-venv-python"],
+)
+def test_cannot_read_host_files(
+    local_provider: Any, marked_config: SandboxConfig, marker: str, path: str
+) -> None:
+    source = f"try:\n    print('READ', len(open({path!r}, 'rb').read()))\nexcept OSError as e:\n    print('denied', type(e).__name__)\n"
+    result = contained(local_provider, marked_config, marker, source)
+    assert "READ" not in result.stdout and "denied" in result.stdout, result
+
+
+def test_cannot_read_world_readable_host_tmp_file(
+    local_provider: Any, marked_config: SandboxConfig, marker: str, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    secret.chmod(0o644)
+    os.chmod(tmp_path, 0o755)
+    source = f"import os\nprint('exists', os.path.exists({str(secret)!r}))\n"
+    assert "exists False" in contained(local_provider, marked_config, marker, source).stdout
+
+
+def test_host_environment_is_not_inherited(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    os.environ["TELESCOPE_HOST_SECRET"] = "s3cret"
+    try:
+        source = "import os\nprint(sorted(os.environ))\n"
+        result = contained(local_provider, marked_config, marker, source)
+    finally:
+        del os.environ["TELESCOPE_HOST_SECRET"]
+    assert "TELESCOPE_HOST_SECRET" not in result.stdout and "TELESCOPE_TEST_MARKER" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "target", ["/usr/pwned", "/etc/pwned", "/pwned", "/dev/pwned", "/proc/sys/kernel/hostname"]
+)
+def test_cannot_write_outside_workspace(
+    local_provider: Any, marked_config: SandboxConfig, marker: str, target: str
+) -> None:
+    source = f"try:\n    open({target!r}, 'w').write('x'); print('WROTE')\nexcept OSError as e:\n    print('denied', e)\n"
+    result = contained(local_provider, marked_config, marker, source)
+    assert "WROTE" not in result.stdout and "denied" in result.stdout
+    if not target.startswith("/proc"):
+        assert not os.path.exists(target)
+
+
+def test_upload_refuses_symlink_planted_by_sandbox(
+    local_provider: Any, marked_config: SandboxConfig, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original")
+
+    async def go() -> None:
+        async with local_provider.sandbox(marked_config) as sb:
+            await local_provider.execute(
+                sb, f"ln -s {victim} link && mkdir d && ln -s {tmp_path} d/up", timeout=5
+            )
+            with pytest.raises(SandboxPathError):
+                await local_provider.upload_bytes(sb, "link", b"pwned")
+            with pytest.raises(SandboxPathError):
+                await local_provider.upload_bytes(sb, "d/up/victim.txt", b"pwned")
+            with pytest.raises(SandboxPathError):
+                await local_provider.upload_bytes(sb, "../../etc/passwd", b"pwned")
+
+    run(go())
+    assert victim.read_text() == "original"
+
+
+# ---------------------------------------------------------------------------- resources
+def test_fork_bomb_is_contained(local_provider: Any, marker: str) -> None:
+    config = SandboxConfig(
+        memory_mb=256, max_processes=32, environment_vars={"TELESCOPE_TEST_MARKER": marker}
+    )
+    source = (
+        "import os, time\n"
+        "failed = 0\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "    except OSError:\n"
+        "        failed += 1\n"
+        "print('fork failures', failed)\n"
+    )
+    result = contained(local_provider, config, marker, source, timeout=3)
+    assert "fork failures" in result.stdout
+    assert int(result.stdout.split()[-1]) >= 200 - 32
+
+
+def test_memory_bomb_hits_the_limit(local_provider: Any, marker: str) -> None:
+    config = SandboxConfig(memory_mb=128, environment_vars={"TELESCOPE_TEST_MARKER": marker})
+    source = (
+        "blocks = []\nfor _ in range(64):\n    blocks.append(bytearray(64 << 20))\nprint('ALLOCATED 4 GiB')\n"
+    )
+    result = contained(local_provider, config, marker, source, timeout=10)
+    assert "ALLOCATED" not in result.stdout and "MemoryError" in result.stderr
+    assert result.exit_code not in (0, None)
+
+
+def test_cpu_spin_is_killed_at_timeout(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    source = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass\n"
+    result = contained(local_provider, marked_config, marker, source, timeout=1)
+    assert result.timed_out and result.exit_code is None
+
+
+def test_sleep_forever_is_killed_at_timeout(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    result = contained(local_provider, marked_config, marker, "import time\ntime.sleep(100000)\n", timeout=1)
+    assert result.timed_out and result.exit_code is None and not result.ok
+
+
+def test_disk_fill_is_stopped(local_provider: Any, marker: str) -> None:
+    config = SandboxConfig(disk_size_gb=0.02, environment_vars={"TELESCOPE_TEST_MARKER": marker})
+    source = (
+        "import os\nchunk = os.urandom(1 << 20)\n"
+        "for i in range(4000):\n"
+        "    with open(f'f{i}', 'wb') as fh:\n        fh.write(chunk)\n"
+        "print('WROTE 4 GB')\n"
+    )
+    result = contained(local_provider, config, marker, source, timeout=8)
+    assert "WROTE" not in result.stdout
+    assert result.limit_exceeded == "disk" and result.exit_code is None
+
+
+def test_single_huge_file_hits_file_size_limit(local_provider: Any, marker: str) -> None:
+    config = SandboxConfig(disk_size_gb=0.01, environment_vars={"TELESCOPE_TEST_MARKER": marker})
+    source = "f = open('big', 'wb')\nfor _ in range(100):\n    f.write(b'x' * (1 << 20)); f.flush()\nprint('WROTE')\n"
+    result = contained(local_provider, config, marker, source, timeout=5)
+    assert "WROTE" not in result.stdout
+    assert result.exit_code not in (0, None) or result.limit_exceeded == "disk"
+
+
+def test_shared_memory_fill_is_capped(local_provider: Any, marked_config: SandboxConfig, marker: str) -> None:
+    source = (
+        "written = 0\nchunk = b'x' * (1 << 20)\n"
+        "try:\n    with open('/dev/shm/fill', 'wb') as fh:\n"
+        "        for _ in range(2048):\n            fh.write(chunk); fh.flush(); written += 1\n"
+        "except OSError as e:\n    print('stopped', written, e.errno)\n"
+    )
+    result = contained(local_provider, marked_config, marker, source)
+    assert "stopped" in result.stdout and int(result.stdout.split()[1]) <= 64
+
+
+def test_huge_output_is_truncated(local_provider: Any, marker: str) -> None:
+    config = SandboxConfig(max_output_bytes=4096, environment_vars={"TELESCOPE_TEST_MARKER": marker})
+    source = "import sys\nfor _ in range(200):\n    sys.stdout.write('o' * 100000); sys.stderr.write('e' * 100000)\n"
+    result = contained(local_provider, config, marker, source, timeout=10)
+    assert result.exit_code == 0
+    assert result.stdout == "o" * 4096 and result.stderr == "e" * 4096
+    assert result.stdout_truncated and result.stderr_truncated
+
+
+def test_too_many_open_files(local_provider: Any, marked_config: SandboxConfig, marker: str) -> None:
+    source = "fs = []\ntry:\n    for _ in range(100000):\n        fs.append(open('/dev/null'))\nexcept OSError as e:\n    print('stopped at', len(fs))\n"
+    result = contained(local_provider, marked_config, marker, source)
+    assert "stopped at" in result.stdout and int(result.stdout.split()[-1]) < 1024
+
+
+# ---------------------------------------------------------------------------- processes
+def test_killing_the_parent_does_not_touch_the_host(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    source = f"import os, signal\nprint(os.getppid(), flush=True)\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill({os.getpid()}, signal.SIGKILL)\n"
+    result = contained(local_provider, marked_config, marker, source)
+    assert result.exit_code is not None  # the command ended by itself; this process is alive
+
+
+def test_kill_all_reachable_processes(local_provider: Any, marked_config: SandboxConfig, marker: str) -> None:
+    bystander = subprocess.Popen(
+        ["sleep", "30"], user=65534, group=65534, extra_groups=[]
+    )  # same uid, on the host
+    try:
+        contained(local_provider, marked_config, marker, "import os, signal\nos.kill(-1, signal.SIGKILL)\n")
+        assert bystander.poll() is None, "the sandbox killed a host process of its uid"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_escaped_daemon_dies_with_the_command(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    source = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.setpgid(0, 0)\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('parent exits')\n"
+    )
+    result = contained(local_provider, marked_config, marker, source)
+    assert "parent exits" in result.stdout and result.exit_code == 0
+
+
+def test_background_process_does_not_outlive_execute(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    async def go() -> ExecResult:
+        async with local_provider.sandbox(marked_config) as sb:
+            result = await local_provider.execute(
+                sb, "nohup setsid sleep 60 >/dev/null 2>&1 & echo started", timeout=5
+            )
+            assert processes_with_marker(marker) == []  # gone before destroy
+            return result
+
+    assert run(go()).stdout.strip() == "started"
+
+
+def test_no_privilege_escalation(local_provider: Any, marked_config: SandboxConfig, marker: str) -> None:
+    source = (
+        "import os\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print('uid', os.getuid(), 'caps', status['CapEff'].strip(), 'nnp', status['NoNewPrivs'].strip())\n"
+        "for attempt in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.chroot('/')):\n"
+        "    try:\n        attempt(); print('ESCALATED')\n"
+        "    except OSError as e:\n        print('denied', e.errno)\n"
+    )
+    result = contained(local_provider, marked_config, marker, source)
+    assert "uid 65534 caps 0000000000000000 nnp 1" in result.stdout
+    assert "ESCALATED" not in result.stdout and result.stdout.count("denied") == 3
+
+
+def test_ptrace_and_namespace_tricks_fail(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    # ptrace is not filtered (no seccomp yet): it can only reach the sandbox's own processes,
+    # which hold no capabilities; new namespaces and mounts are refused.
+    source = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('pid1caps', open('/proc/1/status').read().split('CapEff:')[1].split()[0])\n"
+        "print('pids', max(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+        "print('mount', libc.mount(b'none', b'/workspace', b'tmpfs', 0, None), ctypes.get_errno())\n"
+    )
+    result = contained(local_provider, marked_config, marker, source)
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["pid1caps"] == "0000000000000000"
+    assert int(lines["pids"]) < 100  # a private pid namespace: no host process is visible
+    assert lines["unshare"].startswith("-1 ") and lines["mount"].startswith("-1 ")
+
+
+def test_sandboxes_cannot_see_each_other(local_provider: Any, marked_config: SandboxConfig) -> None:
+    async def go() -> ExecResult:
+        async with local_provider.sandbox(marked_config) as a, local_provider.sandbox(marked_config) as b:
+            await local_provider.upload_bytes(a, "secret.txt", b"sandbox a")
+            host_path = a.native.workspace.work + "/secret.txt"
+            return await local_provider.execute(
+                b, f"cat {host_path} /proc/*/root/workspace/secret.txt 2>&1; ls /workspace", timeout=5
+            )
+
+    result = run(go())
+    assert "sandbox a" not in result.stdout
