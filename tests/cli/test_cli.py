@@ -174,6 +174,8 @@ BAD_CONFIGS = [
         [],
         "evals[0].eval_every",
     ),
+    ("backend-kwargs", {**GOOD, "train_backend_kwargs": {"optimiser": "sgd"}}, [], "train_backend_kwargs.optimiser"),
+    ("engine-kwargs", {**GOOD, "inference_engine": "transformers", "inference_engine_kwargs": {"max_num_seqs": 0}}, [], "inference_engine_kwargs.max_num_seqs"),
     ("algo-unknown", {**GOOD, "algorithm": "grop"}, [], "algorithm"),
     ("backend-unknown", {**GOOD, "train_backend": "fdsp"}, [], "train_backend"),
     ("backend-unavailable", {**GOOD, "train_backend": "megatron"}, [], "train_backend"),

@@ -12,7 +12,14 @@ from telescope.core.config import EnvironmentEntry, EvalEntry, TelescopeConfig, 
 from telescope.core.config.loader import load_defaults
 
 TABLE = Path(__file__).parent.parent / "data" / "seed_config_table.txt"
-ADDED_FIELDS = {"seed": 0, "inference_engine": "auto", "run_dir": None, "weight_sync_verify": True}
+ADDED_FIELDS = {
+    "seed": 0,
+    "inference_engine": "auto",
+    "run_dir": None,
+    "weight_sync_verify": True,
+    "train_backend_kwargs": {},
+    "inference_engine_kwargs": {},
+}
 
 
 def _parse_table() -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
@@ -66,7 +73,7 @@ def test_only_documented_additions() -> None:
     extra = set(TelescopeConfig.model_fields) - set(SEED_TOP) - {"environments", "evals"}
     assert extra == set(ADDED_FIELDS)
     for name, default in ADDED_FIELDS.items():
-        assert TelescopeConfig.model_fields[name].get_default() == default
+        assert TelescopeConfig.model_fields[name].get_default(call_default_factory=True) == default
 
 
 def test_packaged_defaults_yaml_equals_schema_defaults() -> None:

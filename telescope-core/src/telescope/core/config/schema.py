@@ -58,6 +58,8 @@ class TelescopeConfig(BaseModel):
     """Number of FSDP/Megatron trainer workers."""
     inference_engine: Literal["auto", "vllm", "transformers"] = "auto"
     """Inference engine: vllm (GPU), transformers (embedded, runs anywhere), auto = vllm when usable."""
+    inference_engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Engine-specific options, validated by the chosen engine's kwargs model."""
 
     # --- Orchestrator --------------------------------------------------------------
     max_concurrent_prompts_per_server: int = Field(default=32, ge=1)
@@ -96,6 +98,8 @@ class TelescopeConfig(BaseModel):
     """Minimum LR as a fraction of learning_rate for linear/cosine decay. Range: [0, 1]."""
     train_backend: str = "fsdp"
     """Training backend (a registered trainer backend: fsdp, megatron, ...)."""
+    train_backend_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Backend-specific options, validated by the backend's kwargs model (see telescope plugins list)."""
 
     # --- Algorithm -----------------------------------------------------------------
     algorithm: str = "grpo"

@@ -25,9 +25,11 @@ def default_advantage_norm(raw: dict[str, Any], registry: Registry) -> str | Non
 def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     """Every problem of ``cfg`` that needs the registry to see (empty when valid)."""
     problems = _algorithm_problems(cfg, registry)
-    problems += _selectable(registry, "trainer_backend", cfg.train_backend, "train_backend")
+    problems += _component_problems(registry, "trainer_backend", cfg.train_backend, "train_backend",
+                                    cfg.train_backend_kwargs)  # fmt: skip
     if cfg.inference_engine != "auto":
-        problems += _selectable(registry, "inference_engine", cfg.inference_engine, "inference_engine")
+        problems += _component_problems(registry, "inference_engine", cfg.inference_engine, "inference_engine",
+                                        cfg.inference_engine_kwargs)  # fmt: skip
     for i, env in enumerate(cfg.environments):
         problems += _entry_problems(registry, ("environment",), env.name, env.kwargs, f"environments[{i}]")
     for i, ev in enumerate(cfg.evals):
@@ -45,6 +47,19 @@ def _selectable(registry: Registry, kind: str, name: str, field: str) -> list[st
             f"{field}: '{name}' (from {component.plugin.distribution}) is installed but unavailable: "
             f"{component.unavailable}"
         ]
+    return []
+
+
+def _component_problems(registry: Registry, kind: str, name: str, field: str, kwargs: dict[str, Any]) -> list[str]:
+    problems = _selectable(registry, kind, name, field)
+    if problems:
+        return problems
+    try:
+        registry.get(kind, name).validate_kwargs(kwargs)
+    except ValidationError as exc:
+        return problems_from_validation_error(exc, prefix=f"{field}_kwargs.")
+    except TypeError as exc:
+        return [f"{field}_kwargs: {exc}"]
     return []
 
 

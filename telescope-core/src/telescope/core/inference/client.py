@@ -1,0 +1,247 @@
+"""Async HTTP client for one inference server (either engine): the orchestrator's single code path."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+
+from telescope.core.inference.protocol import (
+    ENDPOINTS,
+    CompletionRequest,
+    CompletionResponse,
+    WeightSyncInitRequest,
+    WeightUpdateResponse,
+)
+from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
+
+__all__ = ["Completion", "InferenceClient", "InferenceServerError", "parse_prometheus"]
+
+#: Metric-name prefixes stripped by ``metrics()``, so both engines report the same keys.
+METRIC_PREFIXES = ("vllm:", "telescope:")
+
+
+class InferenceServerError(RuntimeError):
+    """The server answered with an error status (the message carries its explanation)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(f"inference server error {status}: {message}")
+
+
+@dataclass
+class Completion:
+    """One sample as the orchestrator needs it."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    text: str
+    prompt_token_ids: list[int] | None
+    weight_versions: list[int] | None
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``name{labels} value`` lines -> ``{name: value}`` (labels dropped, same names summed, prefixes stripped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        for prefix in METRIC_PREFIXES:
+            name = name.removeprefix(prefix)
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+class InferenceClient:
+    """Speaks ``inference.protocol`` to one server at ``base_url``; use as an async context manager."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 3600.0,
+        session: aiohttp.ClientSession | None = None,
+        weight_api: Literal["telescope", "vllm_collective_rpc"] = "telescope",
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.weight_api = weight_api
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session = session
+        self._own_session = session is None
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session (if this client opened it)."""
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        async with self._http().request(method, self.base_url + path, **kwargs) as resp:
+            body: Any
+            if resp.content_type == "application/json":
+                body = await resp.json()
+            else:
+                body = await resp.text()
+            if resp.status >= 400:
+                raise _error_from(resp.status, body)
+            return body
+
+    async def complete(self, prompt: list[int] | str, **params: Any) -> list[Completion]:
+        """``/v1/completions`` for one prompt; ``params`` are ``CompletionRequest`` fields.
+
+        Logprobs are always requested. Cancelling the awaiting task closes the connection
+        (both engines abort the request on disconnect); ``abort`` also aborts by id.
+        """
+        params.setdefault("logprobs", 0)
+        body = CompletionRequest(prompt=prompt, return_token_ids=True, **params)
+        raw = await self._request("POST", ENDPOINTS["completions"], json=body.model_dump(exclude_none=True))
+        response = CompletionResponse.model_validate(raw)
+        return [_completion(choice) for choice in sorted(response.choices, key=lambda c: c.index)]
+
+    async def abort(self, request_ids: list[str] | None = None) -> int:
+        """Abort requests by id (``None`` = all); returns how many the server found."""
+        body = {"request_ids": request_ids} if request_ids else {}
+        result = await self._request("POST", ENDPOINTS["abort"], json=body)
+        return int(result.get("aborted", 0)) if isinstance(result, dict) else 0
+
+    async def pause(self, mode: str = "keep") -> None:
+        """Pause scheduling (``keep``: in-flight requests freeze; ``wait``: finish them; ``abort``)."""
+        await self._request("POST", ENDPOINTS["pause"], params={"mode": mode})
+
+    async def resume(self) -> None:
+        """Resume scheduling."""
+        await self._request("POST", ENDPOINTS["resume"])
+
+    async def is_paused(self) -> bool:
+        """Whether the server is paused."""
+        return bool((await self._request("GET", ENDPOINTS["is_paused"]))["is_paused"])
+
+    async def health(self) -> bool:
+        """True when ``/health`` answers 200."""
+        try:
+            async with self._http().get(self.base_url + ENDPOINTS["health"]) as resp:
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def wait_healthy(self, timeout_s: float, interval_s: float = 0.5) -> None:
+        """Poll ``/health`` until it answers 200, or raise ``TimeoutError``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not await self.health():
+            if loop.time() > deadline:
+                raise TimeoutError(f"inference server {self.base_url} not healthy after {timeout_s:.0f}s")
+            await asyncio.sleep(interval_s)
+
+    async def metrics(self) -> dict[str, float]:
+        """``/metrics`` parsed: e.g. ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc``."""
+        return parse_prometheus(await self._request("GET", ENDPOINTS["metrics"]))
+
+    async def init_weight_sync(self, request: WeightSyncInitRequest) -> None:
+        """Make the server join the weight-sync group (returns once the whole group formed)."""
+        if self.weight_api == "vllm_collective_rpc":
+            await self._rpc("telescope_init_weight_sync", request.model_dump_json())
+            return
+        await self._request("POST", ENDPOINTS["weights_init"], json=request.model_dump())
+
+    async def update_weights(self, version: int) -> WeightUpdateResponse:
+        """Make the server receive and load the next sync (run concurrently with the trainer's send).
+
+        On vLLM the server is paused (``keep``: in-flight requests freeze, then continue with the
+        new weights) around the worker-extension call; the transformers engine swaps between
+        decode steps by itself.
+        """
+        if self.weight_api == "vllm_collective_rpc":
+            start = asyncio.get_running_loop().time()
+            await self.pause("keep")
+            try:
+                results = await self._rpc("telescope_update_weights", str(version))
+            finally:
+                await self.resume()
+            first = results[0]
+            seconds = asyncio.get_running_loop().time() - start
+            return WeightUpdateResponse(
+                version=first["version"], num_tensors=first["num_tensors"], seconds=seconds,
+                fingerprints=first.get("fingerprints"),
+            )  # fmt: skip
+        raw = await self._request("POST", ENDPOINTS["weights_update"], json={"version": version})
+        return WeightUpdateResponse.model_validate(raw)
+
+    async def weight_version(self) -> int:
+        """The weight version the server serves."""
+        if self.weight_api == "vllm_collective_rpc":
+            return int((await self._rpc("telescope_weight_version"))[0])
+        return int((await self._request("GET", ENDPOINTS["weights_version"]))["weight_version"])
+
+    async def _rpc(self, method: str, *args: str) -> list[Any]:
+        """vLLM dev-mode ``POST /collective_rpc``: one result per worker."""
+        body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": {}, "timeout": None}
+        raw = await self._request("POST", "/collective_rpc", json=body)
+        results = raw.get("results") if isinstance(raw, dict) else None
+        if not results:
+            raise InferenceServerError(200, f"/collective_rpc {method} returned no worker results: {raw!r}")
+        return list(results)
+
+
+def _completion(choice: Any) -> Completion:
+    if choice.token_ids is None:
+        raise InferenceServerError(
+            200, "completion choice has no token_ids (the server ignored return_token_ids)"
+        )
+    logprobs = [
+        float(x) if x is not None else float("nan")
+        for x in (choice.logprobs.token_logprobs if choice.logprobs else [])
+    ]
+    if len(logprobs) != len(choice.token_ids):
+        raise InferenceServerError(
+            200, f"choice {choice.index}: {len(choice.token_ids)} tokens but {len(logprobs)} logprobs"
+        )
+    return Completion(
+        index=choice.index,
+        token_ids=list(choice.token_ids),
+        logprobs=logprobs,
+        finish_reason=choice.finish_reason,
+        text=choice.text,
+        prompt_token_ids=choice.prompt_token_ids,
+        weight_versions=choice.weight_versions,
+    )
+
+
+def _error_from(status: int, body: Any) -> Exception:
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        message = str(error.get("message", error))
+        if error.get("type") == "WeightSyncMismatchError":
+            return WeightSyncMismatchError(
+                str(error.get("where", "server")), list(error.get("tensors", [])), message
+            )
+        if error.get("type") == "WeightSyncError":
+            return WeightSyncError(message)
+        if "weight sync verification failed" in message:  # raised inside a vLLM worker
+            return WeightSyncMismatchError("server", [], message)
+        return InferenceServerError(status, message)
+    if isinstance(body, dict) and "weight sync verification failed" in str(body.get("message", "")):
+        return WeightSyncMismatchError("server", [], str(body["message"]))
+    return InferenceServerError(
+        status, str(body if not isinstance(body, dict) else body.get("message", body))
+    )

@@ -1,0 +1,137 @@
+"""Server processes shared by both engines: launch, wait for ``/health``, stop (no heavy imports).
+
+``InferenceEngine`` is what an engine factory returns: it knows how many servers a run has,
+the command that starts server ``i`` from the *resolved* config, and how to talk to one. The
+orchestrator (or a Ray actor it places) calls ``launch(i, ...)``; tests call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from telescope.core.inference.settings import num_servers, server_port
+
+__all__ = ["InferenceEngine", "ServerCommand", "ServerProcess"]
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """How to start one server."""
+
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+
+
+class ServerProcess:
+    """A running server process (its own session, so stopping it stops its children)."""
+
+    def __init__(self, command: ServerCommand, log_path: str | os.PathLike[str]) -> None:
+        self.command = command
+        self.url = command.url
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # kept open for the process lifetime
+        self.process = subprocess.Popen(
+            command.argv, env={**os.environ, **command.env}, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout_s: float, interval_s: float = 0.5) -> None:
+        """Poll ``/health`` until 200; raise (with the log's tail) if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"inference server {self.url} exited with code {self.process.returncode} before it was "
+                    f"ready; last log lines ({self.log_path}):\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(interval_s)
+        self.stop()
+        raise TimeoutError(
+            f"inference server {self.url} not ready after {timeout_s:.0f}s; log: {self.log_path}"
+        )
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the server's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL after ``grace_s``."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+class InferenceEngine:
+    """Base of the engine objects that the ``inference_engine`` factories return."""
+
+    name = "base"
+
+    def __init__(self, cfg: Any, kwargs: Any) -> None:
+        self.cfg = cfg
+        self.kwargs = kwargs
+
+    @property
+    def num_servers(self) -> int:
+        """Servers of the run (inference_num_workers / inference_tensor_parallel_size)."""
+        return num_servers(self.cfg)
+
+    def server_command(self, index: int, host: str, port: int, config_path: str) -> ServerCommand:
+        """The command that starts server ``index`` (engine specific)."""
+        raise NotImplementedError(f"{type(self).__name__}.server_command")
+
+    def write_config(self, directory: str | os.PathLike[str] | None = None) -> str:
+        """Write the resolved config as JSON (what every server process reads) and return its path."""
+        directory = Path(directory or tempfile.mkdtemp(prefix="telescope-inference-"))
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "resolved_config.json"
+        data = self.cfg.to_dict() if hasattr(self.cfg, "to_dict") else dict(vars(self.cfg))
+        path.write_text(json.dumps(data, indent=1, default=str))
+        return str(path)
+
+    def launch(
+        self, index: int, *, host: str | None = None, port: int | None = None, log_dir: str | None = None,
+        config_path: str | None = None, wait: bool = True,
+    ) -> ServerProcess:  # fmt: skip
+        """Start server ``index`` (host/port default to inference_host and inference_base_port + index)."""
+        host = host or self.cfg.inference_host
+        port = port or server_port(self.cfg, index)
+        log_dir = log_dir or os.path.join(self.cfg.resolved_run_dir, "logs", "inference")
+        command = self.server_command(index, host, port, config_path or self.write_config(log_dir))
+        server = ServerProcess(command, os.path.join(log_dir, f"server_{index}.log"))
+        if wait:
+            server.wait_ready(self.kwargs.startup_timeout_s)
+        return server
+
+    def client(self, url: str, **options: Any) -> Any:
+        """An ``InferenceClient`` for one of this engine's servers."""
+        from telescope.core.inference.client import InferenceClient
+
+        return InferenceClient(url, **options)

@@ -1,0 +1,187 @@
+"""The wire protocol every Telescope inference server speaks (no heavy imports).
+
+Completions follow OpenAI's ``/v1/completions`` with vLLM's extensions (token-id prompts,
+``return_token_ids``, ``stop_token_ids``, ``priority``, ``request_id``), so the orchestrator
+talks to the ``transformers`` and ``vllm`` engines through one client. Control endpoints use
+vLLM's paths where vLLM has one (``/abort_requests``, ``/pause``, ``/resume``, ``/is_paused``,
+``/health``, ``/metrics``); weight sync lives under ``/telescope/weights/*`` on both engines.
+
+A choice's ``logprobs.token_logprobs[i]`` is the logprob of ``token_ids[i]`` under the
+temperature-scaled distribution, before any top-p renormalisation (the trainer's definition).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ENDPOINTS",
+    "AbortRequest",
+    "CompletionChoice",
+    "CompletionRequest",
+    "CompletionResponse",
+    "ChoiceLogprobs",
+    "Usage",
+    "WeightSyncInitRequest",
+    "WeightUpdateRequest",
+    "WeightUpdateResponse",
+]
+
+#: Paths of the shared protocol.
+ENDPOINTS = {
+    "completions": "/v1/completions",
+    "models": "/v1/models",
+    "health": "/health",
+    "metrics": "/metrics",
+    "abort": "/abort_requests",
+    "pause": "/pause",
+    "resume": "/resume",
+    "is_paused": "/is_paused",
+    "weights_init": "/telescope/weights/init",
+    "weights_update": "/telescope/weights/update",
+    "weights_version": "/telescope/weights/version",
+}
+
+TokenPrompt = list[int]
+
+
+class CompletionRequest(BaseModel):
+    """Body of ``POST /v1/completions`` (the fields both engines honour)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    prompt: TokenPrompt | list[TokenPrompt] | str | list[str]
+    """Token ids (preferred: no re-tokenization drift), a list of them, text, or a list of texts."""
+    model: str | None = None
+    """Served model name (informational; each server serves one model)."""
+    n: int = Field(default=1, ge=1)
+    """Samples per prompt."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature; 0 = greedy."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling mass; null or 1 = disabled."""
+    max_tokens: int = Field(default=16, ge=1)
+    """Maximum completion tokens per sample."""
+    stop_token_ids: list[int] | None = None
+    """Token ids that end a sample (the stop token is kept in ``token_ids``)."""
+    stop: str | list[str] | None = None
+    """Stop strings (vLLM only; the transformers engine rejects them: use stop_token_ids)."""
+    ignore_eos: bool = False
+    """Keep generating past the model's end-of-sequence token."""
+    logprobs: int | None = Field(default=None, ge=0)
+    """Return the sampled tokens' logprobs (0 = just those; >0 also top alternatives, vLLM only)."""
+    priority: int = 0
+    """Lower is scheduled earlier (needs vllm_scheduling_policy: priority when non-zero)."""
+    request_id: str | None = None
+    """Caller-chosen id, so the request can be aborted; a random one otherwise."""
+    seed: int | None = None
+    """Per-request sampling seed."""
+    return_token_ids: bool = True
+    """Return ``token_ids`` and ``prompt_token_ids`` in each choice (always on for Telescope)."""
+    return_tokens_as_token_ids: bool = False
+    """Render logprob tokens as ``token_id:<id>`` (vLLM's option; accepted by both engines)."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of ``text``."""
+
+
+class ChoiceLogprobs(BaseModel):
+    """OpenAI completions logprobs block."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] | None = None
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One sample."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    text: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length", "abort"] | str | None = None
+    weight_versions: list[int] | None = None
+    """Telescope extension: the weight versions that produced this sample (first to last)."""
+
+
+class Usage(BaseModel):
+    """Token counts."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionResponse(BaseModel):
+    """Body of a ``/v1/completions`` response."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: str = "text_completion"
+    created: int = 0
+    model: str = ""
+    choices: list[CompletionChoice]
+    usage: Usage = Field(default_factory=Usage)
+
+
+class AbortRequest(BaseModel):
+    """Body of ``POST /abort_requests``: the ids to abort (empty or missing = all)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    request_ids: list[str] | None = None
+    """Request ids given in ``request_id`` of the completions."""
+
+
+class WeightSyncInitRequest(BaseModel):
+    """Body of ``POST /telescope/weights/init``: join the trainer's weight-sync group."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    host: str
+    """Store address hosted by trainer rank 0."""
+    port: int = Field(ge=1, le=65535)
+    """Store port."""
+    world_size: int = Field(ge=2)
+    """1 trainer + all receiving workers."""
+    rank: int = Field(ge=1)
+    """This server's first rank (its TP workers take rank .. rank + tp - 1)."""
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """gloo (CPU) or nccl (GPU)."""
+    group_name: str = "telescope-weights"
+    """Store key prefix of the group."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Rendezvous and per-collective timeout (ray_broadcast_init_timeout_s)."""
+
+
+class WeightUpdateRequest(BaseModel):
+    """Body of ``POST /telescope/weights/update``: receive the next sync and load it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    version: int = Field(ge=0)
+    """The version the trainer is about to send (checked against the stream's own header)."""
+
+
+class WeightUpdateResponse(BaseModel):
+    """What the server loaded."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    version: int
+    """Weight version now served."""
+    num_tensors: int
+    """Tensors received."""
+    seconds: float
+    """Receive + load time on the server."""
+    fingerprints: dict[str, str] | None = None
+    """Fingerprints of the model's tensors after loading (null without verification)."""

@@ -1,0 +1,84 @@
+"""Engine kwargs models and the config fields each engine reads (no heavy imports).
+
+How every inference-server field of the run config is handled:
+
+============================== ========================================= ==========================================
+field                          vllm                                      transformers
+============================== ========================================= ==========================================
+inference_num_workers          GPUs; servers = workers / TP              servers = workers / TP
+inference_tensor_parallel_size ``--tensor-parallel-size``                must be 1, else rejected (one process)
+inference_host                 ``--host``                                bind address
+inference_base_port            server i listens on base + i              server i listens on base + i
+ray_inference_cpus_per_worker  Ray CPUs of the server actor              same, and torch threads per server
+gpu_memory_utilization         ``--gpu-memory-utilization``              CUDA: per-process memory fraction;
+                                                                         CPU: no meaning, ignored (logged once)
+max_model_len                  ``--max-model-len``                       prompt + completion limit (enforced);
+                                                                         above the model's positions: rejected
+vllm_scheduling_policy         ``--scheduling-policy``                   waiting-queue order (priority / fcfs)
+enable_vllm_tracing,           ``--otlp-traces-endpoint                  no tracing: ignored (logged once)
+otlp_receiver_port             http://127.0.0.1:<port>/v1/traces``
+model, model_dtype             ``--model``, ``--dtype``                  ``from_pretrained(model, dtype=...)``
+seed                           ``--seed`` (+ server index)               sampling generator (+ server index)
+temperature/top_p (sampling)   logprobs: ``--logprobs-mode               logprobs of temperature-scaled logits,
+                               processed_logprobs``                      no top-p renormalisation
+weight_broadcast_*,            the telescope worker extension            the server's weight receiver
+weight_sync_verify
+============================== ========================================= ==========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["TransformersEngineKwargs", "VllmEngineKwargs", "num_servers", "server_port"]
+
+
+class TransformersEngineKwargs(BaseModel):
+    """Options of the embedded transformers engine beyond the run config."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_num_seqs: int = Field(default=64, ge=1)
+    """Most sequences decoded together in one batch (more wait in the queue)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto = cuda when available, else cpu."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads per server (None = ray_inference_cpus_per_worker, rounded down, at most
+    the cores torch sees). Small models decode fastest with 1: extra threads mostly spin."""
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    """How long a launched server may take to answer /health."""
+
+
+class VllmEngineKwargs(BaseModel):
+    """Options of the vLLM engine beyond the run config."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """``--max-num-seqs`` (None = vLLM's default)."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """``--max-num-batched-tokens`` (None = vLLM's default)."""
+    enable_prefix_caching: bool = False
+    """Prefix caching: off by default, so a weight update never serves KV computed by old weights."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More ``vllm serve`` arguments, appended verbatim (must not repeat a managed one)."""
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    """How long a launched server may take to answer /health (model load + CUDA graphs)."""
+
+
+def num_servers(cfg: Any) -> int:
+    """Inference servers of a run: workers / tensor parallel size."""
+    return int(cfg.inference_num_workers // cfg.inference_tensor_parallel_size)
+
+
+def server_port(cfg: Any, index: int) -> int:
+    """Port of server ``index``: ``inference_base_port + index``."""
+    port = int(cfg.inference_base_port) + index
+    if port > 65535:
+        raise ValueError(
+            f"inference_base_port ({cfg.inference_base_port}) + server index {index} exceeds 65535; "
+            "lower inference_base_port"
+        )
+    return port

@@ -1,0 +1,60 @@
+"""Sampling and logprobs, batched over the running sequences.
+
+The logprob of a sampled token is ``log_softmax(logits / temperature)[token]``: temperature
+scaled, *without* top-p renormalisation. That is what the trainer recomputes, so the
+importance ratio between inference and training is 1 when the weights agree.
+Temperature 0 means greedy decoding; its logprob uses the unscaled logits (temperature 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingParams", "sample_next"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-sequence sampling settings."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop_token_ids: frozenset[int] = frozenset()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+def sample_next(
+    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of ``logits`` [B, V]; returns (tokens [B], logprobs [B]).
+
+    ``uniforms`` [B] in [0, 1) drive inverse-CDF sampling, so the caller owns the randomness
+    (per-request seeds, an engine-wide generator otherwise).
+    """
+    logits = logits.float()
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    greedy = temps <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    probs = logprobs.exp()
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
+    if bool((top_p < 1).any()):
+        probs = _top_p_filter(probs, top_p)
+    cdf = probs.cumsum(dim=-1)
+    targets = uniforms.to(cdf.device).unsqueeze(1) * cdf[:, -1:]
+    sampled = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero the tail of each row beyond its nucleus (the token crossing top_p is kept)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep_sorted = mass_before < top_p.unsqueeze(1)
+    keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    return probs * keep

@@ -1,0 +1,75 @@
+"""The server's side of weight sync: join the group, receive, load between decode steps, verify."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from telescope.core.inference.protocol import WeightSyncInitRequest, WeightUpdateResponse
+from telescope.core.weights.errors import WeightSyncError
+from telescope.core.weights.group import WeightSyncGroup
+from telescope.core.weights.load import ModelWeightLoader
+from telescope.core.weights.receiver import WeightReceiver
+from telescope.core.weights.settings import GroupSpec
+
+__all__ = ["ServerWeightSync"]
+
+
+class ServerWeightSync:
+    """Receives syncs while generation continues; the swap itself happens between two decode steps.
+
+    Tensors arrive into fresh buffers on a worker thread (decoding goes on meanwhile), are
+    checked against the model (names, shapes, coverage) before anything changes, copied into the
+    parameters on the generation thread between steps, and, with ``verify``, fingerprinted
+    from the parameters themselves: the fingerprints returned are what the model now holds.
+    """
+
+    def __init__(self, engine: Any, verify: bool) -> None:
+        self.engine = engine
+        self.verify = verify
+        self.loader = ModelWeightLoader(engine.model)
+        self.receiver: WeightReceiver | None = None
+        self._lock = threading.Lock()  # one sync at a time
+
+    def join(self, body: WeightSyncInitRequest) -> None:
+        """Join the trainer's group as ``body.rank`` (blocks until every member joined)."""
+        spec = GroupSpec(
+            host=body.host,
+            port=body.port,
+            world_size=body.world_size,
+            backend=body.backend,
+            group_name=body.group_name,
+            timeout_s=body.timeout_s,
+        )
+        with self._lock:
+            self.receiver = WeightReceiver(WeightSyncGroup(spec, body.rank), verify=self.verify)
+
+    def update(self, version: int) -> WeightUpdateResponse:
+        """Receive the next sync and serve it as ``version``."""
+        with self._lock:
+            if self.receiver is None:
+                raise WeightSyncError("no weight-sync group: POST /telescope/weights/init first")
+            start = time.perf_counter()
+            named = self.receiver.receive_all()
+            sent_version = self.receiver.last_sync.version if self.receiver.last_sync else -1
+            if sent_version != version:
+                raise WeightSyncError(
+                    f"asked to load version {version} but the trainer sent version {sent_version}"
+                )
+            self.loader.check(named)
+
+            def swap() -> None:
+                self.loader.apply(named)
+                self.engine.weight_version = version
+
+            self.engine.run_between_steps(swap, timeout=600)
+            fingerprints = (
+                self.loader.verify(named, where=f"load, version {version}") if self.verify else None
+            )
+            return WeightUpdateResponse(
+                version=version,
+                num_tensors=len(named),
+                seconds=time.perf_counter() - start,
+                fingerprints=fingerprints,
+            )

@@ -1,0 +1,84 @@
+"""``vllm serve`` arguments and environment from the *resolved* run config.
+
+Every server receives every value explicitly (the anchor's servers re-read packaged defaults
+in a fresh interpreter and silently ignored user settings: see the module docstring of
+``telescope.core.inference.settings`` for the field-by-field mapping).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from telescope.core.inference.settings import VllmEngineKwargs
+
+__all__ = ["MANAGED_FLAGS", "WORKER_EXTENSION", "build_vllm_args", "build_vllm_env", "check_vllm_config"]
+
+WORKER_EXTENSION = "telescope.core.inference.vllm_engine.worker.TelescopeWeightSyncExtension"
+
+#: Flags Telescope sets itself; ``extra_args`` may not repeat them.
+MANAGED_FLAGS = (
+    "--host", "--port", "--served-model-name", "--tensor-parallel-size", "--gpu-memory-utilization",
+    "--max-model-len", "--scheduling-policy", "--dtype", "--seed", "--logprobs-mode", "--worker-extension-cls",
+    "--generation-config", "--enable-prefix-caching", "--no-enable-prefix-caching", "--otlp-traces-endpoint",
+    "--max-num-seqs", "--max-num-batched-tokens",
+)  # fmt: skip
+
+
+def check_vllm_config(cfg: Any, kwargs: VllmEngineKwargs) -> None:
+    """Reject settings the vllm engine cannot honour (message names the field, the value and the fix)."""
+    if cfg.top_p is not None and cfg.top_p < 1:
+        raise ValueError(
+            f"top_p: {cfg.top_p} with inference_engine vllm: vLLM's processed logprobs are renormalised over the "
+            "top-p nucleus, which differs from the trainer's temperature-only logprobs; set top_p: null or use "
+            "inference_engine: transformers"
+        )
+    repeated = sorted({a.split("=", 1)[0] for a in kwargs.extra_args} & set(MANAGED_FLAGS))
+    if repeated:
+        raise ValueError(
+            f"vllm extra_args repeat flags Telescope sets from the run config: {', '.join(repeated)}; "
+            "set the matching config field instead"
+        )
+
+
+def build_vllm_args(
+    cfg: Any, kwargs: VllmEngineKwargs, *, model_path: str, index: int, host: str, port: int
+) -> list[str]:
+    """Arguments after ``vllm serve`` for server ``index``."""
+    args = [
+        model_path,
+        "--host", host,
+        "--port", str(port),
+        "--served-model-name", cfg.model,
+        "--tensor-parallel-size", str(cfg.inference_tensor_parallel_size),
+        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+        "--max-model-len", str(cfg.max_model_len),
+        "--scheduling-policy", cfg.vllm_scheduling_policy,
+        "--dtype", cfg.model_dtype,
+        "--seed", str(cfg.seed + index),
+        # Sampled-token logprobs after temperature: the trainer's definition (top_p is checked above).
+        "--logprobs-mode", "processed_logprobs",
+        "--worker-extension-cls", WORKER_EXTENSION,
+        # Sampling defaults come from our requests only, never from the model's generation_config.json.
+        "--generation-config", "vllm",
+        "--enable-prefix-caching" if kwargs.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    if cfg.enable_vllm_tracing:
+        args += ["--otlp-traces-endpoint", f"http://127.0.0.1:{cfg.otlp_receiver_port}/v1/traces"]
+    if kwargs.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(kwargs.max_num_seqs)]
+    if kwargs.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(kwargs.max_num_batched_tokens)]
+    return args + list(kwargs.extra_args)
+
+
+def build_vllm_env(cfg: Any) -> dict[str, str]:
+    """Environment of a vLLM server process."""
+    env = {
+        # /pause, /resume, /abort_requests and /collective_rpc exist only in dev mode.
+        "VLLM_SERVER_DEV_MODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if cfg.enable_vllm_tracing:
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
+    return env

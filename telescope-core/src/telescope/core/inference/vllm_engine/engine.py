@@ -1,0 +1,67 @@
+"""``VllmEngine``: launches ``vllm serve`` with arguments built from the resolved config.
+
+NOT RUN HERE (vLLM cannot be installed on CPU CI): ``launch`` of a real vLLM server.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from telescope.core.inference.launcher import InferenceEngine, ServerCommand
+from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.inference.transformers_engine.engine import local_url
+from telescope.core.inference.vllm_engine.args import build_vllm_args, build_vllm_env, check_vllm_config
+
+__all__ = ["VllmEngine", "create_vllm_engine", "vllm_executable"]
+
+
+def vllm_executable() -> str:
+    """The ``vllm`` console script of this interpreter's environment (or on PATH)."""
+    beside = Path(sys.executable).with_name("vllm")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("vllm")
+    if found is None:
+        raise RuntimeError(
+            "the vllm engine needs the `vllm` command: pip install 'telescope-core[vllm]' on a GPU host"
+        )
+    return found
+
+
+class VllmEngine(InferenceEngine):
+    """vLLM's OpenAI server per inference server, with Telescope's weight-sync worker extension."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: Any, kwargs: VllmEngineKwargs) -> None:
+        check_vllm_config(cfg, kwargs)
+        super().__init__(cfg, kwargs)
+
+    def server_command(self, index: int, host: str, port: int, config_path: str) -> ServerCommand:
+        """``vllm serve <model> ...`` (the config file is handed to the worker extension by env var)."""
+        from telescope.core.models.tiny import resolve_model_path
+
+        args = build_vllm_args(
+            self.cfg,
+            self.kwargs,
+            model_path=resolve_model_path(self.cfg.model),
+            index=index,
+            host=host,
+            port=port,
+        )
+        env = {**build_vllm_env(self.cfg), "TELESCOPE_RESOLVED_CONFIG": config_path}
+        return ServerCommand(argv=[vllm_executable(), "serve", *args], env=env, url=local_url(host, port))
+
+    def client(self, url: str, **options: Any) -> Any:
+        """A client whose weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
+        from telescope.core.inference.client import InferenceClient
+
+        return InferenceClient(url, weight_api="vllm_collective_rpc", **options)
+
+
+def create_vllm_engine(*, kwargs: VllmEngineKwargs, cfg: Any) -> VllmEngine:
+    """Registry factory: ``registry.create("inference_engine", "vllm", {}, cfg=cfg)``."""
+    return VllmEngine(cfg, kwargs)

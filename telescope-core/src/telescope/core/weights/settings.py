@@ -1,0 +1,80 @@
+"""Settings of a weight sync, read from the resolved run config (no heavy imports)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_broadcast_host"]
+
+#: In flattened_bucket mode a tensor at least this large (or larger than the bucket) is
+#: broadcast directly: copying it into a bucket would cost a memcpy and save nothing.
+DIRECT_TENSOR_BYTES = 1 << 20
+
+
+class WeightSyncSettings(BaseModel):
+    """How weights travel; every field comes from a run-config field of the same meaning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    mode: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
+    """weight_broadcast_mode: copy small tensors into one flat buffer per bucket (tensors of 1 MiB or more
+    go directly), or broadcast every tensor as itself (no copies, one broadcast per tensor)."""
+    bucket_mb: int = Field(default=256, ge=1)
+    """weight_broadcast_bucket_mb: bytes of tensors per message (one header and metadata per message)."""
+    cpu_staging: bool = False
+    """weight_broadcast_cpu_staging: move each tensor to CPU as soon as the source yields it."""
+    pin_memory: bool = True
+    """weight_broadcast_pin_memory: pinned CPU staging buffers (only with CUDA; ignored on CPU-only hosts)."""
+    verify: bool = True
+    """weight_sync_verify: fingerprint both sides of every sync; a mismatch raises naming the tensors."""
+    init_timeout_s: float = Field(default=300.0, gt=0)
+    """ray_broadcast_init_timeout_s: how long the group rendezvous and every collective may take."""
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Bucket capacity in bytes."""
+        return self.bucket_mb * (1 << 20)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> WeightSyncSettings:
+        """Read the settings from a ``TelescopeConfig`` (or anything with the same attributes)."""
+        return cls(
+            mode=cfg.weight_broadcast_mode,
+            bucket_mb=cfg.weight_broadcast_bucket_mb,
+            cpu_staging=cfg.weight_broadcast_cpu_staging,
+            pin_memory=cfg.weight_broadcast_pin_memory,
+            verify=cfg.weight_sync_verify,
+            init_timeout_s=float(cfg.ray_broadcast_init_timeout_s),
+        )
+
+
+class GroupSpec(BaseModel):
+    """Rendezvous of one weight-sync group: rank 0 is the trainer, ranks 1.. the inference workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    host: str
+    """Address of the TCP store, hosted by rank 0 (127.0.0.1 on one node)."""
+    port: int = Field(ge=1, le=65535)
+    """Port of the TCP store."""
+    world_size: int = Field(ge=2)
+    """1 sender + the number of receiving workers."""
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """gloo (CPU tensors) or nccl (CUDA tensors)."""
+    group_name: str = "telescope-weights"
+    """Prefix of the store keys, so several groups can share a store port over time."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Rendezvous and per-collective timeout."""
+
+
+def choose_broadcast_host(trainer_ip: str, server_ips: list[str], prefer_loopback: bool) -> str:
+    """The store address: 127.0.0.1 when everything is on the trainer's node and loopback is preferred.
+
+    Ray reports a node's routable IP, which is slower than loopback for a one-node sync
+    (``ray_broadcast_prefer_loopback_if_single_node``).
+    """
+    if prefer_loopback and all(ip == trainer_ip for ip in server_ips):
+        return "127.0.0.1"
+    return trainer_ip

@@ -1,0 +1,156 @@
+"""Weight sync over gloo between separate processes: both modes, verification, and a live server update."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import queue as queue_mod
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from telescope.core.weights import WeightSyncError, WeightSyncMismatchError
+from telescope.core.weights.fingerprint import fingerprint
+from telescope.core.weights.group import free_port
+from telescope.core.weights.load import ModelWeightLoader
+
+sys.path.insert(0, str(Path(__file__).parent))  # spawned children import the workers by module name
+workers = importlib.import_module("sync_workers")
+
+
+def drain(q, count: int, timeout: float = 120.0) -> list:  # type: ignore[no-untyped-def]
+    items = []
+    for _ in range(count):
+        try:
+            items.append(q.get(timeout=timeout))
+        except queue_mod.Empty:
+            raise AssertionError(f"only {len(items)} of {count} messages arrived") from None
+    return items
+
+
+def test_group_sync_both_modes_cache_and_corruption() -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    mp.start_processes(
+        workers.group_worker, args=(free_port(), 3, q), nprocs=3, start_method="spawn", join=True
+    )
+    items = drain(q, len(workers.PLAN) * 3)
+    sent = {v: (n, fps) for kind, v, n, fps in (i for i in items if i[0] == "sent")}
+    names = [n for n, _ in workers.example_tensors(1)]
+    assert sent[2][0] == len(names)  # per_tensor: one broadcast per tensor
+    # flattened_bucket, 1 MB buckets: [3 small in a flat buffer + the 2.4 MB tensor direct], [2 small, flat]
+    assert sent[1][0] == 3
+    for version, (_, fps) in sent.items():  # sender fingerprints are the tensors' own
+        assert fps == {n: fingerprint(t) for n, t in workers.example_tensors(version)}
+    got = [i for i in items if i[0] == "got"]
+    assert len(got) == 6  # 2 receivers x 3 clean syncs
+    for _, rank, version, received, same in got:
+        assert received == names and same == names, (rank, version)
+    mismatches = sorted(i for i in items if i[0] == "mismatch")
+    assert mismatches == [("mismatch", 1, 4, ["layer.bias"]), ("mismatch", 2, 4, ["layer.bias"])]
+
+
+def test_loader_rejects_bad_updates_before_touching_the_model() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    loader = ModelWeightLoader(model)
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    good = {n: torch.full_like(t, 0.5) for n, t in model.state_dict().items()}
+    with pytest.raises(WeightSyncError, match="does not have: 9.weight"):
+        loader.check({**good, "9.weight": torch.zeros(1)})
+    with pytest.raises(WeightSyncError, match=r"0.weight \(got \(3, 2\)"):
+        loader.check({**good, "0.weight": torch.zeros(3, 2)})
+    with pytest.raises(WeightSyncError, match="unchanged: 1.bias"):
+        loader.check({n: t for n, t in good.items() if n != "1.bias"})
+    assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())
+    loader.check(good)
+    loader.apply(good)
+    assert set(loader.verify(good, where="test")) == set(good)
+    with torch.no_grad():
+        model[1].weight[0, 0] += 1e-3  # a tensor that did not land as sent
+    with pytest.raises(WeightSyncMismatchError, match="1 tensor") as info:
+        loader.verify(good, where="test")
+    assert info.value.tensors == ["1.weight"]
+
+
+def _reference(model_path: str, version: int, prompt: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
+    """Greedy tokens and their logprobs under the new weights, computed here with plain transformers."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model.load_state_dict(workers.perturbed_state(model_path, seed=version))
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        tokens = out[0, len(prompt) :].tolist()
+        logits = model(out).logits[0, len(prompt) - 1 : -1].float()
+    logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
+    return tokens, logprobs
+
+
+def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path) -> None:
+    from telescope.core.inference.protocol import WeightSyncInitRequest
+    from telescope.core.inference.settings import TransformersEngineKwargs
+    from telescope.core.inference.transformers_engine.engine import TransformersEngine
+
+    from .conftest import make_cfg
+
+    engine = TransformersEngine(make_cfg(), TransformersEngineKwargs(num_threads=1, startup_timeout_s=120))
+    server = engine.launch(0, host="127.0.0.1", port=free_port(), log_dir=str(tmp_path))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    store_port = free_port()
+    plan = [("flattened_bucket", 1), ("per_tensor", 2)]
+    trainer = ctx.Process(target=workers.trainer_worker, args=(store_port, plan, tiny_path, q))
+    trainer.start()
+    prompt = [5, 17, 42, 99, 7]
+    try:
+
+        async def go():  # type: ignore[no-untyped-def]
+            results = []
+            async with engine.client(server.url) as client:
+                results.append(await client.complete(prompt, temperature=0.0, max_tokens=12, ignore_eos=True))
+                await client.init_weight_sync(
+                    WeightSyncInitRequest(host="127.0.0.1", port=store_port, world_size=2, rank=1)
+                )
+                for _, version in plan:
+                    update = await client.update_weights(version)
+                    out = await client.complete(prompt, temperature=0.0, max_tokens=12, ignore_eos=True)
+                    results.append((update, out, await client.weight_version()))
+            return results
+
+        before, *after = asyncio.run(go())
+        trainer.join(60)
+        sent = {v: fps for v, fps, _ in drain(q, len(plan))}
+    finally:
+        server.stop()
+        if trainer.is_alive():
+            trainer.kill()
+    assert trainer.exitcode == 0
+    for (_, version), (update, out, served) in zip(plan, after, strict=True):
+        tokens, logprobs = _reference(tiny_path, version, prompt, 12)
+        assert served == version and update.version == version
+        assert update.fingerprints == sent[version]  # what the model holds == what the trainer sent
+        assert out[0].token_ids == tokens and out[0].weight_versions == [version]
+        assert torch.allclose(torch.tensor(out[0].logprobs), logprobs, atol=1e-5, rtol=0)
+        # the tiny random model's greedy text can stay the same; its distribution must not
+        assert (torch.tensor(out[0].logprobs) - torch.tensor(before[0].logprobs)).abs().max() > 1e-2
+
+
+def test_check_sync_compares_every_server_and_never_passes_by_omission() -> None:
+    from telescope.core.weights.verify import check_sync
+
+    sent = {"a": "float32:2:01", "b": "float32:2:02"}
+    check_sync(sent, {"s0": dict(sent), "s1": dict(sent)}, version=3)
+    with pytest.raises(WeightSyncMismatchError, match="s1") as info:
+        check_sync(sent, {"s0": dict(sent), "s1": {**sent, "b": "float32:2:ff"}}, version=3)
+    assert info.value.tensors == ["b"]
+    with pytest.raises(WeightSyncMismatchError, match="no fingerprints"):
+        check_sync(sent, {"s0": None}, version=3)
