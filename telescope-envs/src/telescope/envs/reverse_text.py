@@ -10,15 +10,12 @@ from typing import Any, ClassVar
 
 from telescope.core.env import RewardResult, Rubric, Sample, SingleTurnEnvironment
 from telescope.core.env.parsers import strip_eos, strip_think_tags
+from telescope.core.models.demo_tasks import REVERSE_SYSTEM_PROMPT, reverse_phrase
 from telescope.envs.kwargs import ReverseTextKwargs
 from telescope.envs.lcs import lcs_ratio
 
 __all__ = ["ReverseTextEnvironment", "ReverseTextKwargs", "reverse_reward"]
 
-_WORDS = (
-    "apple river stone cloud green light table music paper water house smile train glass "
-    "night dream bread plant sound ocean tiger lemon chair north quiet story field storm"
-).split()
 
 
 def reverse_reward(completion: str, answer: str) -> float:
@@ -31,9 +28,7 @@ class ReverseTextEnvironment(SingleTurnEnvironment):
 
     kwargs_model: ClassVar[type[ReverseTextKwargs]] = ReverseTextKwargs  # type: ignore[assignment]
     default_name = "reverse_text"
-    default_system_prompt = (
-        "Reverse the text the user gives you, character by character. Reply with the reversed text only."
-    )
+    default_system_prompt = REVERSE_SYSTEM_PROMPT
     reward_min = 0.0
     reward_max = 1.0
     metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
@@ -54,7 +49,7 @@ class ReverseTextEnvironment(SingleTurnEnvironment):
         count = kw.num_generated if limit < 0 else min(limit, kw.num_generated)
         self._samples = []
         for _ in range(count):
-            text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(kw.min_words, kw.max_words)))
+            text = reverse_phrase(rng, kw.min_words, kw.max_words)
             self._samples.append(Sample(text, text[::-1], {"text": text}))
         return self._samples
 

@@ -38,7 +38,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 # Bump when the builder changes, so stale cached folders are rebuilt instead of reused.
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,15 @@ class TinyModelSpec:
     vocab_size: int = 384
     max_position_embeddings: int = 4096
     seed: int = 0
+    warm_start_steps: int = 0
+    """Supervised steps on the demo task's solutions after initialisation (0 = random weights)."""
 
 
 TINY_MODEL_SPECS: dict[str, TinyModelSpec] = {
     # ~0.33M parameters: unit tests and the CPU quickstart.
     "telescope/tiny": TinyModelSpec(128, 2, 4, 2, 256),
-    "telescope/tiny-reverse": TinyModelSpec(128, 2, 4, 2, 256, seed=1),
+    # The quickstart's policy: warm-started on reverse_text solutions, partially (RL improves it).
+    "telescope/tiny-reverse": TinyModelSpec(128, 2, 4, 2, 256, seed=1, warm_start_steps=200),
     # ~2.4M parameters: CPU end-to-end runs that should visibly learn.
     "telescope/small": TinyModelSpec(256, 4, 4, 2, 512, seed=2),
 }
@@ -107,6 +110,10 @@ def build_tiny_model(name: str, target: str | os.PathLike[str]) -> None:
         tokenizer = _build_tokenizer(spec.vocab_size)
         tokenizer.save_pretrained(staging)
         model = _build_model(spec, tokenizer)
+        if spec.warm_start_steps:
+            from telescope.core.models.warmstart import warm_start_reverse
+
+            warm_start_reverse(model, tokenizer, steps=spec.warm_start_steps, seed=spec.seed)
         model.save_pretrained(staging)
         (staging / ".telescope_build").write_text(BUILD_VERSION)
         if target.exists():

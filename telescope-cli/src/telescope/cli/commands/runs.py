@@ -1,0 +1,165 @@
+"""``telescope runs show RUN_DIR``: a terminal summary of a run from its local files alone."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from telescope.cli.errors import err_console
+from telescope.core.observe.reader import RunDirError, RunDirReader
+from telescope.core.observe.stats import split_metric_key
+
+app = typer.Typer(help="Inspect run directories.", no_args_is_help=True)
+
+
+@app.callback()
+def _runs() -> None:
+    """Inspect run directories (a callback keeps ``show`` a subcommand, not the whole app)."""
+
+
+#: Config fields shown in the summary, in this order (those missing are skipped).
+HIGHLIGHT_KEYS = (
+    "model", "algorithm", "train_backend", "inference_engine", "environments", "number_of_steps",
+    "group_size", "prompts_batch_size_for_trainer", "learning_rate", "max_async_rollout",
+    "max_off_policy_steps", "seq_len", "seed",
+)  # fmt: skip
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """One character per bucket of consecutive values (bucket mean), scaled min..max."""
+    if not values:
+        return ""
+    n = min(width, len(values))
+    buckets = [values[i * len(values) // n : (i + 1) * len(values) // n] for i in range(n)]
+    means = [sum(b) / len(b) for b in buckets]
+    lo, hi = min(means), max(means)
+    if hi == lo:
+        return _BARS[len(_BARS) // 2] * n
+    return "".join(_BARS[round((m - lo) / (hi - lo) * (len(_BARS) - 1))] for m in means)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list) and value and isinstance(value[0], dict) and "name" in value[0]:
+        return ", ".join(str(v["name"]) for v in value)
+    return str(value)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _header(console: Console, run: RunDirReader, steps: list[dict[str, Any]]) -> None:
+    meta = run.meta
+    last = steps[-1]["step"] if steps else "-"
+    console.print(
+        f"[bold]Run[/] {meta.get('name', '')}  id {meta.get('run_id')}  [bold]{meta.get('status')}[/]"
+    )
+    console.print(f"  dir {run.path}  schema v{meta.get('schema_version')}  starts {meta.get('starts', 1)}")
+    console.print(f"  steps logged {len(steps)}  last step {last}")
+
+
+def _config(console: Console, cfg: dict[str, Any]) -> None:
+    table = Table(title="Config highlights", show_header=False, title_justify="left")
+    for key in HIGHLIGHT_KEYS:
+        if key in cfg:
+            table.add_row(key, _fmt(cfg[key]))
+    console.print(table)
+
+
+def _reward_curve(console: Console, run: RunDirReader, key: str) -> None:
+    series = run.metric_series(key)
+    if not series:
+        console.print(f"[bold]Reward curve[/] ({key}): no data yet")
+        return
+    values = [v for _, v in series]
+    console.print(f"[bold]Reward curve[/] ({key}, steps {series[0][0]}..{series[-1][0]})")
+    console.print(f"  {sparkline(values)}")
+    console.print(
+        f"  first {values[0]:.4f}  last {values[-1]:.4f}  min {min(values):.4f}  max {max(values):.4f}"
+    )
+
+
+def _latest(console: Console, steps: list[dict[str, Any]], limit: int) -> None:
+    if not steps:
+        return
+    rec = steps[-1]
+    table = Table(title=f"Latest step metrics (step {rec['step']})", title_justify="left")
+    for col in ("section", "group", "metric", "value"):
+        table.add_column(col)
+    keys = sorted(rec.get("metrics", {}), key=lambda k: split_metric_key(k) if k else ("", "", ""))
+    for key in keys[:limit]:
+        section, group, metric = split_metric_key(key)
+        table.add_row(section, group, metric, _fmt(rec["metrics"][key]))
+    console.print(table)
+    if len(keys) > limit:
+        console.print(f"  ... {len(keys) - limit} more (use --metrics N)")
+
+
+def _discards(console: Console, rows: list[dict[str, Any]]) -> None:
+    reasons = Counter(r.get("discard_reason") or "kept" for r in rows)
+    kinds = Counter(r.get("zero_advantage_kind") for r in rows if r.get("discard_reason") == "zero_advantage")
+    table = Table(title="Rollouts by outcome (all steps)", title_justify="left")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    table.add_column("pct", justify="right")
+    total = sum(reasons.values()) or 1
+    for reason, count in reasons.most_common():
+        table.add_row(reason, str(count), f"{100 * count / total:.1f}%")
+    console.print(table)
+    if kinds:
+        parts = ", ".join(f"{k or 'unknown'} {v}" for k, v in kinds.most_common())
+        console.print(f"  zero_advantage samples by kind: {parts}")
+
+
+def _samples(console: Console, rows: list[dict[str, Any]], n: int, width: int) -> None:
+    if not rows or n <= 0:
+        return
+    last_step = max(r["step"] for r in rows)
+    kept = [r for r in rows if r["step"] == last_step and r.get("kept")]
+    console.print(f"[bold]Sample rollouts[/] (step {last_step}, {min(n, len(kept))} of {len(kept)} kept)")
+    for r in kept[:n]:
+        console.print(
+            f"  {escape('[' + str(r.get('env')) + ']')} group {r.get('group_id')} #{r.get('sample_id')}  reward {r.get('reward'):.4g}"
+            f"  adv {r.get('advantage'):.4g}  stop {r.get('stop_reason')}  tokens {r.get('completion_tokens')}"
+        )
+        console.print(f"    prompt:     {_clip(r.get('prompt_text', ''), width)}", markup=False)
+        console.print(f"    completion: {_clip(r.get('completion_text', ''), width)}", markup=False)
+
+
+@app.command("show")
+def show(
+    run_dir: Path = typer.Argument(..., help="Run directory (holds run.json)."),
+    rollouts: int = typer.Option(3, "--rollouts", help="Sample rollouts to print."),
+    metrics: int = typer.Option(40, "--metrics", help="Latest-step metrics to print."),
+    reward_key: str = typer.Option("reward/mean", "--reward-key", help="Step metric drawn as the curve."),
+) -> None:
+    """Summarise a run: config highlights, reward curve, latest metrics, discards, sample rollouts."""
+    try:
+        run = RunDirReader(run_dir)
+    except RunDirError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None
+    console = Console(highlight=False, soft_wrap=False)
+    steps = run.steps()
+    rows = run.rollouts()
+    _header(console, run, steps)
+    _config(console, run.config())
+    _reward_curve(console, run, reward_key)
+    _latest(console, steps, metrics)
+    _discards(console, rows)
+    _samples(console, rows, rollouts, width=100)
+    damaged = {f: s for f, s in run.read_stats.items() if s.torn_tail or s.bad_lines}
+    for fname, stats in damaged.items():
+        console.print(
+            f"[yellow]note:[/] {fname}: torn last line skipped={stats.torn_tail}, bad lines={stats.bad_lines}"
+        )

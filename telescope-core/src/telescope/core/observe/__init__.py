@@ -1,0 +1,54 @@
+"""Observability: loggers (local run directory, console, W&B), step metrics, timeline, system metrics.
+
+Light at import (no torch, rich, wandb): loggers are imported when a run builds them.
+Typical use by the orchestrator::
+
+    hub = build_logger_hub(cfg, registry)                # local + console (+ wandb)
+    hub.start(cfg, cfg.resolved_run_dir(), resume_ids)   # resume_ids: hub.run_ids() saved earlier
+    hub.log_info({"environments": [...]})                # ranges, dataset sizes, setup
+    hub.add_prometheus_scraper({0: url0, 1: url1})       # vllm engine only
+    with hub.span("weight_sync", step=step): ...         # timeline events
+    rows = records_from_group(group, step)               # every kept/discarded/cancelled group
+    hub.log_rollouts(step, rows)
+    hub.log_step(step, {**trainer_metrics, **rollout_metrics(rows), **perf_metrics(dt, tokens, lag)})
+    hub.finish("finished")                               # or "failed" / "interrupted"
+"""
+
+from __future__ import annotations
+
+from telescope.core.observe.base import Logger
+from telescope.core.observe.build import build_logger_hub, enabled_logger_names
+from telescope.core.observe.hub import FINISH_STATUSES, LoggerHub, LoggerStartError
+from telescope.core.observe.metrics import perf_metrics, rollout_metrics, zero_advantage_kind
+from telescope.core.observe.reader import RunDirError, RunDirReader
+from telescope.core.observe.records import (
+    CANCEL_REASONS,
+    DISCARD_REASONS,
+    SCHEMA_VERSION,
+    RolloutRecord,
+    TimelineEvent,
+)
+from telescope.core.observe.stats import gini, max_median_ratio, split_metric_key, summary
+
+__all__ = [
+    "CANCEL_REASONS",
+    "DISCARD_REASONS",
+    "FINISH_STATUSES",
+    "SCHEMA_VERSION",
+    "Logger",
+    "LoggerHub",
+    "LoggerStartError",
+    "RolloutRecord",
+    "RunDirError",
+    "RunDirReader",
+    "TimelineEvent",
+    "build_logger_hub",
+    "enabled_logger_names",
+    "gini",
+    "max_median_ratio",
+    "perf_metrics",
+    "rollout_metrics",
+    "split_metric_key",
+    "summary",
+    "zero_advantage_kind",
+]

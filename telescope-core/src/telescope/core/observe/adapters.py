@@ -1,0 +1,54 @@
+"""Turn the orchestrator's rollout groups into ``RolloutRecord`` rows.
+
+Duck-typed on ``telescope.core.runtime.groups.RolloutGroup``/``RolloutSample`` (read by
+attribute name, not imported), so the observe package does not depend on the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from telescope.core.observe.records import RolloutRecord
+
+__all__ = ["records_from_group"]
+
+
+def records_from_group(
+    group: Any,
+    step: int,
+    *,
+    discard_reason: str | None = None,
+    off_policy_steps: int | None = None,
+) -> list[RolloutRecord]:
+    """One record per sample of ``group`` for trainer step ``step``.
+
+    Args:
+        group: has ``group_id``, ``env_name``, ``sample_idx``, ``samples``, and optionally
+            ``model_version``, ``discard_reason``, ``zero_advantage_kind``.
+        discard_reason: overrides ``group.discard_reason`` (e.g. ``"off_policy"`` for a
+            cancelled group).
+        off_policy_steps: how many versions behind the policy the group was when used or dropped.
+    """
+    reason = discard_reason if discard_reason is not None else getattr(group, "discard_reason", None)
+    kind = getattr(group, "zero_advantage_kind", None) if reason == "zero_advantage" else None
+    group_version = int(getattr(group, "model_version", -1))
+    rows = []
+    for i, s in enumerate(group.samples):
+        version = int(getattr(s, "model_version_start", -1))
+        rows.append(
+            RolloutRecord(
+                step=int(step), group_id=int(group.group_id), env=str(group.env_name), sample_id=i,
+                prompt_text=s.prompt_text, prompt_ids=list(s.prompt_ids),
+                completion_text=s.completion_text, completion_ids=list(s.completion_ids),
+                reward=float(s.reward), raw_reward=float(getattr(s, "raw_reward", s.reward)),
+                sample_metrics={k: float(v) for k, v in dict(s.sample_metrics).items()},
+                advantage=float(getattr(s, "advantage", 0.0)),
+                model_version=version if version >= 0 else group_version,
+                off_policy_steps=int(off_policy_steps or 0), stop_reason=str(s.finish_reason),
+                discard_reason=reason, zero_advantage_kind=kind,
+                server=int(getattr(s, "server", -1)), lane=int(getattr(s, "lane", -1)),
+                timings=dict(getattr(s, "timings", {}) or {}), prompt_idx=int(getattr(group, "sample_idx", -1)),
+                num_turns=int(getattr(s, "num_turns", 1)),
+            )
+        )  # fmt: skip
+    return rows

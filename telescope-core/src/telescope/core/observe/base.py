@@ -1,0 +1,54 @@
+"""The logger interface plugins implement, and the hub that fans every call out to them.
+
+A logger overrides only what it records; the base methods accept and ignore the call (an
+observer that does not care about, say, system samples needs no code for them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from telescope.core.observe.records import RolloutRecord, TimelineEvent
+
+__all__ = ["Logger"]
+
+
+class Logger:
+    """Base class of logger plugins (``telescope_register_loggers``).
+
+    Call order: ``start`` once, then any number of ``log_*``/``warn`` calls (possibly from a
+    background thread for ``log_system``), then ``finish`` once. ``required = True`` makes a
+    failure in ``start`` stop the run (the local run directory); other loggers are dropped.
+    """
+
+    name: str = "logger"
+    required: bool = False
+
+    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+        """Open outputs. ``resume_ids`` is what ``run_ids()`` returned in the run being resumed."""
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Record the step metrics (trainer metrics, rollout metrics, timings) of ``step``."""
+
+    def log_rollouts(self, step: int, rows: list[RolloutRecord]) -> None:
+        """Record rollouts (kept, discarded and cancelled) collected for ``step``."""
+
+    def log_events(self, events: list[TimelineEvent]) -> None:
+        """Record timeline events."""
+
+    def log_system(self, sample: dict[str, Any]) -> None:
+        """Record one system-metrics sample: ``{"time", "node", "metrics": {name: value}}``."""
+
+    def log_info(self, info: dict[str, Any]) -> None:
+        """Record run-level facts (environment details, reward/metric ranges, setup)."""
+
+    def warn(self, message: str) -> None:
+        """Show a warning to the user."""
+
+    def finish(self, status: str) -> None:
+        """Close outputs. ``status``: ``finished``, ``failed`` or ``interrupted``."""
+
+    def run_ids(self) -> dict[str, Any]:
+        """Identifiers needed to continue the same run on resume (e.g. the W&B run id)."""
+        return {}

@@ -1,0 +1,194 @@
+"""``LoggerHub``: the one object the orchestrator calls; it fans out to every logger.
+
+A logger that raises is counted (``failures``) and warned about once per (logger, method);
+the run goes on. Only a ``required`` logger failing in ``start`` stops the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from telescope.core.observe.base import Logger
+from telescope.core.observe.records import RolloutRecord, TimelineEvent
+
+__all__ = ["FINISH_STATUSES", "LoggerHub", "LoggerStartError"]
+
+_log = logging.getLogger("telescope.observe")
+
+FINISH_STATUSES = ("finished", "failed", "interrupted")
+
+#: ``extra`` of log records the hub already handed to every logger's ``warn`` (so a logger
+#: that also watches Python logging, like the console, does not show them twice).
+HUB_WARNING = {"telescope_hub_warning": True}
+
+
+class LoggerStartError(RuntimeError):
+    """A required logger (the local run directory) could not start."""
+
+
+class LoggerHub:
+    """Fan-out to ``loggers``; every method is safe to call from any thread."""
+
+    def __init__(self, loggers: Sequence[Logger]) -> None:
+        self.loggers: list[Logger] = list(loggers)
+        self.failures: Counter[tuple[str, str]] = Counter()
+        self._warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._sampler: Any = None
+        self._scrapers: list[Any] = []
+        self._finished = False
+        #: Enabled loggers that could not be built here, ``{name: reason}`` (warned at start).
+        self.skipped: dict[str, str] = {}
+
+    def _call(self, method: str, *args: Any) -> None:
+        for lg in list(self.loggers):
+            try:
+                getattr(lg, method)(*args)
+            except Exception as exc:  # noqa: BLE001 - a logger must never crash the run
+                self._record_failure(lg, method, exc)
+
+    def _record_failure(self, lg: Logger, method: str, exc: BaseException) -> None:
+        key = (lg.name, method)
+        with self._lock:
+            self.failures[key] += 1
+            first = key not in self._warned
+            self._warned.add(key)
+        if first:
+            msg = (
+                f"logger '{lg.name}' failed in {method}: {type(exc).__name__}: {exc} "
+                "(the run continues; later failures of this call are counted, not repeated)"
+            )
+            _log.warning(msg, exc_info=exc, extra=HUB_WARNING)
+            for other in self.loggers:
+                if other is not lg:
+                    with contextlib.suppress(Exception):
+                        other.warn(msg)
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(
+        self,
+        cfg: Any,
+        run_dir: str | Path,
+        resume_ids: dict[str, dict[str, Any]] | None = None,
+        *,
+        system_metrics: bool = True,
+    ) -> None:
+        """Start every logger; then the system-metrics sampler (``cfg`` intervals).
+
+        Args:
+            resume_ids: ``run_ids()`` of the run being resumed (``{logger name: ids}``).
+            system_metrics: sample CPU/memory (and GPUs when ``cfg.track_gpu_events``).
+        """
+        run_dir = Path(run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LoggerStartError(f"logger 'local' could not start: cannot create {run_dir}: {exc}") from exc
+        resume_ids = resume_ids or {}
+        started: list[Logger] = []
+        for lg in self.loggers:
+            try:
+                lg.start(cfg, run_dir, resume_ids.get(lg.name))
+            except Exception as exc:
+                if lg.required:
+                    raise LoggerStartError(f"logger '{lg.name}' could not start in {run_dir}: {exc}") from exc
+                self._record_failure(lg, "start", exc)
+                continue
+            started.append(lg)
+        self.loggers = started
+        for name, reason in self.skipped.items():
+            self.warn(f"logger '{name}' is off for this run: {reason}")
+        if system_metrics:
+            from telescope.core.observe.system import SystemMetricsSampler
+
+            self._sampler = SystemMetricsSampler(
+                self.log_system,
+                interval_s=float(getattr(cfg, "system_metrics_collection_interval_seconds", 1.0)),
+                gpus=bool(getattr(cfg, "track_gpu_events", True)),
+            )
+            self._sampler.start()
+
+    def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float = 1.0) -> None:
+        """Scrape each inference server's ``/metrics`` (vLLM) into ``log_system`` until finish.
+
+        Args:
+            urls: ``{server index: base URL}``, e.g. ``{0: "http://10.0.0.2:8000"}``.
+        """
+        from telescope.core.observe.prometheus import PrometheusScraper
+
+        scraper = PrometheusScraper(urls, self.log_system, interval_s=interval_s)
+        scraper.start()
+        self._scrapers.append(scraper)
+
+    def finish(self, status: str = "finished") -> None:
+        """Stop the sampler and finish every logger (idempotent)."""
+        if status not in FINISH_STATUSES:
+            raise ValueError(
+                f"finish status {status!r} is not valid: use one of {', '.join(FINISH_STATUSES)}"
+            )
+        if self._finished:
+            return
+        self._finished = True
+        if self._sampler is not None:
+            self._sampler.stop()
+        for scraper in self._scrapers:
+            scraper.stop()
+        self._call("finish", status)
+
+    def run_ids(self) -> dict[str, dict[str, Any]]:
+        """``{logger name: ids}`` to store in the checkpoint and pass back to ``start``."""
+        out: dict[str, dict[str, Any]] = {}
+        for lg in self.loggers:
+            try:
+                ids = lg.run_ids()
+            except Exception as exc:  # noqa: BLE001
+                self._record_failure(lg, "run_ids", exc)
+                continue
+            if ids:
+                out[lg.name] = ids
+        return out
+
+    # --- records ---------------------------------------------------------------------
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._call("log_step", int(step), dict(metrics))
+
+    def log_rollouts(self, step: int, rows: Sequence[RolloutRecord | dict[str, Any]]) -> None:
+        records = [r if isinstance(r, RolloutRecord) else RolloutRecord.from_dict(r) for r in rows]
+        self._call("log_rollouts", int(step), records)
+
+    def log_events(self, events: Sequence[TimelineEvent]) -> None:
+        self._call("log_events", list(events))
+
+    def event(self, type: str, phase: str = "instant", **fields: Any) -> None:
+        """Emit one ``TimelineEvent(type, phase, **fields)`` now."""
+        self.log_events([TimelineEvent(type=type, phase=phase, **fields)])
+
+    @contextlib.contextmanager
+    def span(self, type: str, **fields: Any) -> Iterator[None]:
+        """Emit ``start`` now and ``end`` (with ``attrs.duration_s``) when the block exits."""
+        t0 = time.time()
+        self.event(type, "start", time=t0, **fields)
+        try:
+            yield
+        finally:
+            attrs = dict(fields.pop("attrs", {}) or {})
+            attrs["duration_s"] = time.time() - t0
+            self.event(type, "end", attrs=attrs, **fields)
+
+    def log_system(self, sample: dict[str, Any]) -> None:
+        self._call("log_system", sample)
+
+    def log_info(self, info: dict[str, Any]) -> None:
+        self._call("log_info", dict(info))
+
+    def warn(self, message: str) -> None:
+        """Show ``message`` on the console and record it in the run's log."""
+        _log.warning(message, extra=HUB_WARNING)
+        self._call("warn", message)

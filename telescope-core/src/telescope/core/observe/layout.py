@@ -1,0 +1,49 @@
+"""File names of the run directory (schema in ``docs/run-directory.md``) and small file helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONFIG_FILE",
+    "EVENTS_FILE",
+    "LOGS_DIR",
+    "METRICS_FILE",
+    "ROLLOUTS_FILE",
+    "RUN_FILE",
+    "SYSTEM_FILE",
+    "config_to_dict",
+    "write_json_atomic",
+]
+
+RUN_FILE = "run.json"
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+ROLLOUTS_FILE = "rollouts.jsonl"
+EVENTS_FILE = "events.jsonl"
+SYSTEM_FILE = "system.jsonl"
+LOGS_DIR = "logs"
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to a temp file and rename it over ``path`` (never a half-written file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as plain data (a pydantic model, a dict, or a namespace)."""
+    if hasattr(cfg, "model_dump"):
+        return dict(cfg.model_dump(mode="json"))
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    if hasattr(cfg, "__dict__"):
+        return dict(vars(cfg))
+    raise TypeError(f"cannot serialise config of type {type(cfg).__name__}: pass a TelescopeConfig")

@@ -1,0 +1,93 @@
+"""Read a run directory back (used by ``telescope runs show`` and tests).
+
+Works on a live run, a finished run and a killed one: JSONL readers skip a torn last line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from telescope.core.observe.jsonl import JsonlReadStats, read_jsonl
+from telescope.core.observe.layout import (
+    CONFIG_FILE,
+    EVENTS_FILE,
+    METRICS_FILE,
+    ROLLOUTS_FILE,
+    RUN_FILE,
+    SYSTEM_FILE,
+)
+from telescope.core.observe.records import SCHEMA_VERSION
+
+__all__ = ["RunDirError", "RunDirReader", "read_run_meta"]
+
+
+class RunDirError(ValueError):
+    """The path is not a readable Telescope run directory."""
+
+
+def read_run_meta(run_dir: str | Path) -> dict[str, Any]:
+    """run.json of ``run_dir``; raises ``RunDirError`` when missing, unreadable or too new."""
+    path = Path(run_dir) / RUN_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunDirError(f"{run_dir} is not a Telescope run directory: {RUN_FILE} is missing") from None
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path} is not valid JSON ({exc}): the run directory is damaged") from None
+    version = meta.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RunDirError(
+            f"{path} has schema_version {version!r}; this Telescope reads up to {SCHEMA_VERSION}: "
+            "upgrade telescope-core to read it"
+        )
+    return dict(meta)
+
+
+class RunDirReader:
+    """Typed access to the files of one run directory."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir)
+        self.meta = read_run_meta(self.path)
+        self.read_stats: dict[str, JsonlReadStats] = {}
+
+    def config(self) -> dict[str, Any]:
+        """The resolved config (``{}`` if config.yaml is missing)."""
+        path = self.path / CONFIG_FILE
+        if not path.exists():
+            return {}
+        return dict(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+
+    def _read(self, fname: str) -> list[dict[str, Any]]:
+        stats = JsonlReadStats()
+        records = read_jsonl(self.path / fname, stats)
+        self.read_stats[fname] = stats
+        return records
+
+    def steps(self) -> list[dict[str, Any]]:
+        """metrics.jsonl records ``{"step", "time", "metrics"}``, in file order."""
+        return self._read(METRICS_FILE)
+
+    def metric_series(self, key: str) -> list[tuple[int, float]]:
+        """``[(step, value)]`` for one step-metric key (steps lacking it are skipped)."""
+        out = []
+        for rec in self.steps():
+            value = rec.get("metrics", {}).get(key)
+            if isinstance(value, int | float):
+                out.append((int(rec["step"]), float(value)))
+        return out
+
+    def rollouts(self, step: int | None = None) -> list[dict[str, Any]]:
+        """rollouts.jsonl rows (of one step when ``step`` is given)."""
+        rows = self._read(ROLLOUTS_FILE)
+        return rows if step is None else [r for r in rows if r.get("step") == step]
+
+    def events(self) -> list[dict[str, Any]]:
+        return self._read(EVENTS_FILE)
+
+    def system(self) -> list[dict[str, Any]]:
+        return self._read(SYSTEM_FILE)

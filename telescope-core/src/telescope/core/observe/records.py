@@ -1,0 +1,157 @@
+"""Record types the orchestrator hands to loggers, and the run-directory schema version.
+
+Everything here is plain data (dataclasses -> JSON-ready dicts); nothing imports torch.
+The JSON layout of each record is documented in ``docs/run-directory.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CANCEL_REASONS",
+    "DISCARD_REASONS",
+    "EVENT_PHASES",
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "RolloutRecord",
+    "TimelineEvent",
+]
+
+#: Version of the run-directory layout and of every record below (bump on breaking change).
+SCHEMA_VERSION = 1
+
+#: Why a finished rollout was not used for training.
+DISCARD_REASONS = ("max_async", "zero_advantage")
+#: Why an in-flight rollout was stopped before it finished (counted as cancelled).
+CANCEL_REASONS = ("off_policy", "eval_drain")
+
+#: Timeline event types the orchestrator emits (plugins may add their own).
+EVENT_TYPES = ("generation", "reward", "trainer", "weight_sync", "eval", "checkpoint", "run")
+EVENT_PHASES = ("start", "end", "instant")
+
+_DERIVED_ROLLOUT_FIELDS = {"kept", "prompt_tokens", "completion_tokens"}
+
+
+def _shallow_dict(obj: Any) -> dict[str, Any]:
+    """Field dict without ``asdict``'s deep copy (serialised at once; copying 1k-token lists is slow)."""
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+
+
+@dataclass
+class RolloutRecord:
+    """One rollout (one completion of one prompt), kept, discarded or cancelled.
+
+    ``discard_reason`` is None for a kept rollout, one of ``DISCARD_REASONS`` for a finished
+    one not trained on, or one of ``CANCEL_REASONS`` for one stopped while in flight (its
+    completion may be empty).
+    """
+
+    step: int
+    """Trainer step the rollout was collected for (discarded: the step being filled)."""
+    group_id: int
+    """Prompt group: the ``group_size`` rollouts of one prompt share it."""
+    env: str
+    """Environment name."""
+    sample_id: int
+    """Index of this rollout within its group (0 .. group_size-1)."""
+    prompt_text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_text: str = ""
+    completion_ids: list[int] = field(default_factory=list)
+    """Completion token ids (all assistant turns for multi-turn)."""
+    reward: float = 0.0
+    """Reward used for the advantage (after any reward_min/reward_max normalisation)."""
+    raw_reward: float | None = None
+    """Reward as the environment returned it (None = same as ``reward``)."""
+    sample_metrics: dict[str, float] = field(default_factory=dict)
+    advantage: float = 0.0
+    model_version: int = -1
+    """Policy version that generated it (the version at generation start)."""
+    off_policy_steps: int = 0
+    """Trainer step minus model_version when it was used or dropped."""
+    stop_reason: str = ""
+    """Server finish reason: ``stop``, ``length``, ``abort`` ..."""
+    discard_reason: str | None = None
+    zero_advantage_kind: str | None = None
+    """For zero_advantage discards: ``all_zero``, ``all_positive`` or ``all_equal``."""
+    server: int = -1
+    lane: int = -1
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds: e.g. ``generation``, ``reward``, ``queue``, ``e2e``."""
+    prompt_idx: int = -1
+    """Dataset index of the prompt (-1 = unknown)."""
+    num_turns: int = 1
+    time: float = field(default_factory=time.time)
+    """Unix time the record was made."""
+
+    @property
+    def kept(self) -> bool:
+        """True when the rollout went into a training batch."""
+        return self.discard_reason is None
+
+    @property
+    def cancelled(self) -> bool:
+        """True when the rollout was stopped in flight."""
+        return self.discard_reason in CANCEL_REASONS
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutRecord:
+        """Rebuild a record from ``to_dict`` output (derived fields are ignored)."""
+        names = set(cls.__dataclass_fields__)
+        unknown = set(data) - names - _DERIVED_ROLLOUT_FIELDS
+        if unknown:
+            raise ValueError(
+                f"rollout row has unknown fields {sorted(unknown)}: valid fields are {sorted(names)}"
+            )
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with the derived ``kept``/token-count fields added."""
+        out = _shallow_dict(self)
+        out["kept"] = self.kept
+        out["prompt_tokens"] = self.prompt_tokens
+        out["completion_tokens"] = self.completion_tokens
+        return out
+
+
+@dataclass
+class TimelineEvent:
+    """One point on the run timeline (a span is a ``start`` and an ``end`` with equal fields).
+
+    ``type`` is one of ``EVENT_TYPES`` for core events; ``name`` refines it (a trainer phase
+    such as ``forward``, an eval name, ...). Unused ids stay None.
+    """
+
+    type: str
+    phase: str = "instant"
+    name: str = ""
+    step: int | None = None
+    group_id: int | None = None
+    sample_id: int | None = None
+    server: int | None = None
+    lane: int | None = None
+    rank: int | None = None
+    time: float = field(default_factory=time.time)
+    """Unix time of the event."""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """Anything else (duration, byte counts, eval scores ...)."""
+
+    def __post_init__(self) -> None:
+        if self.phase not in EVENT_PHASES:
+            raise ValueError(
+                f"TimelineEvent phase {self.phase!r} is not valid: use one of {', '.join(EVENT_PHASES)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _shallow_dict(self)

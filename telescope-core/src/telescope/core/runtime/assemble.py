@@ -1,0 +1,90 @@
+"""Wiring one orchestrator: tokenizer, environments, scheduler, clients, weight sync, trainer handle."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from telescope.core.env.chat import ChatOptions
+from telescope.core.env.resolve import create_environment
+from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.runtime.orchestrator import Orchestrator
+from telescope.core.runtime.prompts import PromptSource
+from telescope.core.runtime.ray_group import RayTrainerGroup
+from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
+from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.runtime.tokens import Interleaver, stop_token_ids
+
+__all__ = ["build_orchestrator", "load_environments", "load_tokenizer"]
+
+
+def load_tokenizer(cfg: Any) -> Any:
+    """The policy's tokenizer (``chat_template`` from the config overrides the tokenizer's own)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    if cfg.chat_template is not None:
+        tokenizer.chat_template = cfg.chat_template
+    return tokenizer
+
+
+def load_environments(cfg: Any, registry: Any) -> dict[str, Any]:
+    """Every training environment, built through the registry with its datasets loaded."""
+    envs = {}
+    for entry in cfg.environments:
+        if entry.name in envs:
+            raise ValueError(
+                f"environments: '{entry.name}' is listed twice; merge the entries (weights add up)"
+            )
+        env = create_environment(registry, entry.name, entry.kwargs)
+        env.reward_min, env.reward_max = entry.reward_min, entry.reward_max
+        env.samples()
+        envs[entry.name] = env
+    return envs
+
+
+async def init_weight_sync(session: Any, clients: list[Any]) -> None:
+    """Form the group: trainer rank 0 (sender) + every server (receivers), concurrently."""
+    from telescope.core.inference.protocol import WeightSyncInitRequest
+    from telescope.core.weights.group import free_port
+    from telescope.core.weights.settings import choose_broadcast_host
+
+    cfg = session.cfg
+    trainer_ip = await session.trainers[0].node_ip.remote()
+    host = choose_broadcast_host(
+        trainer_ip, session.servers.node_ips, cfg.ray_broadcast_prefer_loopback_if_single_node
+    )
+    backend = "nccl" if session.pools.trainer_gpus > 0 else "gloo"
+    spec = {"host": host, "port": free_port("127.0.0.1"), "world_size": 1 + len(clients), "backend": backend,
+            "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
+    requests = [WeightSyncInitRequest(rank=i + 1, **spec) for i in range(len(clients))]
+    await asyncio.gather(
+        session.trainers[0].init_weight_sync.remote(spec),
+        *(c.init_weight_sync(r) for c, r in zip(clients, requests, strict=True)),
+    )
+
+
+async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Orchestrator, list[Any]]:
+    """The orchestrator for a started session (servers healthy, trainers initialised)."""
+    from telescope.core.algorithms import get_algorithm
+    from telescope.core.inference.client import InferenceClient
+
+    cfg, registry = session.cfg, session.registry
+    tokenizer = await asyncio.to_thread(load_tokenizer, cfg)
+    envs = await asyncio.to_thread(load_environments, cfg, registry)
+    clients = [InferenceClient(url) for url in session.servers.urls]
+    await init_weight_sync(session, clients)
+    chat = ChatOptions.from_config(cfg)
+    sources = [SourceEnv(e.name, e.weight, len(envs[e.name])) for e in cfg.environments]
+    ranges = {e.name: (e.reward_min, e.reward_max) for e in cfg.environments}
+    prefetch = cfg.prompt_prefetch_buffer_size if cfg.enable_prompt_prefetch else 0
+    prompts = PromptSource(PromptScheduler(sources, cfg.seed), envs, ranges, tokenizer, chat, prefetch)
+    interleaver = Interleaver(tokenizer, chat) if cfg.interleaved_rollouts else None
+    runner = RolloutRunner(
+        tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), interleaver
+    )
+    dp = int(session.trainer_info[0].get("dp_world_size", len(session.trainers)))
+    trainer = RayTrainerGroup(session.trainers, dp, clients, session.servers.urls)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
+    return Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer), clients

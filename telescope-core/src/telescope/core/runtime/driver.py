@@ -1,0 +1,136 @@
+"""``run_training``: the whole run, end to end, with every process stopped however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from telescope.core.config import TelescopeConfig, config_to_yaml
+from telescope.core.runtime.preflight import check_supported
+
+__all__ = ["run_training"]
+
+log = logging.getLogger("telescope.runtime")
+
+
+def prepare_run_dir(cfg: TelescopeConfig) -> Path:
+    """Create the run directory and write the resolved config into it."""
+    run_dir = Path(cfg.resolved_run_dir).resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    return run_dir
+
+
+def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> TelescopeConfig:
+    """The config every process receives: the model path resolved once, the engine decided once."""
+    from telescope.core.models.tiny import resolve_model_path
+
+    return cfg.model_copy(update={"model": resolve_model_path(cfg.model), "inference_engine": engine,
+                                  "run_dir": str(run_dir)})  # fmt: skip
+
+
+def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any = None) -> int:
+    """Train ``cfg`` to completion; returns the process exit code (0 on success)."""
+    from telescope.core.inference.auto import resolve_inference_engine
+
+    check_supported(cfg)
+    run_dir = prepare_run_dir(cfg)
+    engine, why = resolve_inference_engine(cfg.inference_engine)
+    log.info(why)
+    wcfg = worker_config(cfg, engine, run_dir)
+    session = RunSession(wcfg, pset.names, registry, run_dir)
+    hub = None
+    if observer is None:
+        from telescope.core.observe import build_logger_hub
+        from telescope.core.runtime.observer import HubObserver
+
+        hub = build_logger_hub(wcfg, registry)
+        hub.start(wcfg, run_dir)
+        hub.log_info({"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}})
+        observer = HubObserver(wcfg, hub, pset)
+    status, error = "failed", None
+    pset.pm.hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
+    try:
+        session.start()
+        asyncio.run(session.train(observer, pset))
+        status = "completed"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        session.stop()
+        if hub is not None:
+            hub.finish("finished" if status == "completed" else status)
+        pset.pm.hook.telescope_run_end(status=status, error=error)
+    return 0
+
+
+class RunSession:
+    """Owns Ray, the pools and every actor of one run."""
+
+    def __init__(self, cfg: TelescopeConfig, plugins: list[str], registry: Any, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.plugins = plugins
+        self.registry = registry
+        self.run_dir = run_dir
+        self.pools: Any = None
+        self.servers: Any = None
+        self.trainers: list[Any] = []
+        self.trainer_info: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
+        import ray
+
+        from telescope.core.inference.settings import num_servers
+        from telescope.core.runtime.cluster import connect, reserve_pools
+        from telescope.core.runtime.ray_group import start_servers, start_trainers
+
+        cfg, data = self.cfg, self.cfg.to_dict()
+        connect(cfg, str(self.run_dir))
+        use_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self.pools = reserve_pools(cfg, num_servers(cfg), use_gpus)
+        self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,
+                                       cfg.ray_trainer_cpus_per_worker)  # fmt: skip
+        init_refs = [t.init.remote() for t in self.trainers]
+        self.servers = start_servers(data, self.plugins, self.pools, cfg.inference_engine, num_servers(cfg),
+                                     cfg.ray_inference_cpus_per_worker, str(self.run_dir / "logs" / "inference"))  # fmt: skip
+        self.trainer_info = ray.get(init_refs)
+
+    async def train(self, observer: Any, pset: Any) -> None:
+        """Build the orchestrator around the started processes and run it."""
+        from telescope.core.runtime.assemble import build_orchestrator
+
+        orchestrator, clients = await build_orchestrator(self, observer, pset)
+        try:
+            await orchestrator.run()
+        finally:
+            for client in clients:
+                await client.close()
+
+    def stop(self) -> None:
+        """Stop servers first (their processes), then kill every actor and release the pools."""
+        import ray
+
+        from telescope.core.runtime.cluster import shutdown
+
+        if not ray.is_initialized():
+            return
+        if self.servers is not None:
+            try:
+                ray.get([a.stop.remote() for a in self.servers.actors], timeout=30)
+            except Exception as exc:  # noqa: BLE001 - continue tearing down
+                log.warning("stopping inference servers: %s", exc)
+        for actor in [*self.trainers, *(self.servers.actors if self.servers else [])]:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        shutdown(self.cfg, self.pools)
+        os.environ.pop("TELESCOPE_RUN_DIR", None)

@@ -1,0 +1,80 @@
+"""Rollout groups: reward normalisation, advantages, zero-advantage filtering, discard reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "RolloutGroup",
+    "RolloutSample",
+    "normalize_reward",
+    "zero_advantage_kind",
+]
+
+
+@dataclass
+class RolloutSample:
+    """One finished rollout of a group, as scored."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    inference_logprobs: list[float]
+    loss_mask: list[int] | None
+    finish_reason: str
+    reward: float
+    raw_reward: float
+    sample_metrics: dict[str, float] = field(default_factory=dict)
+    prompt_text: str = ""
+    completion_text: str = ""
+    server: int = -1
+    lane: int = -1
+    model_version_start: int = -1
+    model_version_end: int = -1
+    timings: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    advantage: float = 0.0
+    num_turns: int = 1
+
+
+@dataclass
+class RolloutGroup:
+    """All ``group_size`` rollouts of one prompt."""
+
+    group_id: int
+    env_name: str
+    sample_idx: int
+    samples: list[RolloutSample]
+    model_version: int = -1
+    discard_reason: str | None = None
+    zero_advantage_kind: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rewards(self) -> list[float]:
+        """The (normalised) rewards, in sample order."""
+        return [s.reward for s in self.samples]
+
+
+def normalize_reward(reward: float, reward_min: float | None, reward_max: float | None) -> float:
+    """Map [reward_min, reward_max] onto [0, 1] when both bounds are declared, else unchanged.
+
+    Values outside the declared range map outside [0, 1] rather than being clipped, so a
+    mis-declared range shows up in the reward charts instead of being hidden.
+    """
+    if reward_min is None or reward_max is None:
+        return reward
+    return (reward - reward_min) / (reward_max - reward_min)
+
+
+def zero_advantage_kind(rewards: list[float], tol: float = 1e-9) -> str | None:
+    """None when rewards differ; otherwise why the group carries no signal.
+
+    ``all_zero`` (every reward 0), ``all_positive`` (every reward the same value > 0) or
+    ``all_equal`` (the same value otherwise, e.g. all negative) — the seed's breakdown.
+    """
+    if len(rewards) < 2 or max(rewards) - min(rewards) > tol:
+        return None
+    if abs(rewards[0]) <= tol:
+        return "all_zero"
+    return "all_positive" if rewards[0] > 0 else "all_equal"

@@ -1,0 +1,81 @@
+"""Lane slots per inference server: how many requests may run on each at once."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["Lanes", "QueuedSample"]
+
+
+@dataclass(frozen=True)
+class QueuedSample:
+    """A sample waiting for a lane on its group's server."""
+
+    group_id: int
+    index: int
+
+
+@dataclass
+class _Server:
+    free: list[int]
+    queue: deque[QueuedSample] = field(default_factory=deque)
+
+
+class Lanes:
+    """Slots ``0..slots-1`` per server; the smallest free slot is reused (a tidy timeline)."""
+
+    def __init__(self, num_servers: int, slots_per_server: int) -> None:
+        self.slots_per_server = slots_per_server
+        self._servers = [_Server(free=list(range(slots_per_server))) for _ in range(num_servers)]
+
+    @property
+    def num_servers(self) -> int:
+        return len(self._servers)
+
+    def free_count(self, server: int) -> int:
+        return len(self._servers[server].free)
+
+    def busy_count(self) -> int:
+        return sum(self.slots_per_server - len(s.free) for s in self._servers)
+
+    def queued_count(self, server: int | None = None) -> int:
+        if server is not None:
+            return len(self._servers[server].queue)
+        return sum(len(s.queue) for s in self._servers)
+
+    def pick_server(self, need: int) -> int | None:
+        """The server with the most free slots beyond its queue, if it has ``need`` of them."""
+        best, best_room = None, need - 1
+        for i, s in enumerate(self._servers):
+            room = len(s.free) - len(s.queue)
+            if room > best_room:
+                best, best_room = i, room
+        return best
+
+    def acquire(self, server: int) -> int:
+        return heapq.heappop(self._servers[server].free)
+
+    def release(self, server: int, slot: int) -> None:
+        heapq.heappush(self._servers[server].free, slot)
+
+    def enqueue(self, server: int, item: QueuedSample) -> None:
+        self._servers[server].queue.append(item)
+
+    def pop_ready(self) -> list[tuple[int, int, QueuedSample]]:
+        """Queued samples that can start now, as ``(server, acquired slot, sample)``."""
+        ready = []
+        for i, s in enumerate(self._servers):
+            while s.queue and s.free:
+                ready.append((i, heapq.heappop(s.free), s.queue.popleft()))
+        return ready
+
+    def drop_group(self, group_id: int) -> int:
+        """Remove a group's queued samples; returns how many were removed."""
+        removed = 0
+        for s in self._servers:
+            keep = deque(q for q in s.queue if q.group_id != group_id)
+            removed += len(s.queue) - len(keep)
+            s.queue = keep
+        return removed

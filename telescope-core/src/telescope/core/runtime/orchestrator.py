@@ -1,0 +1,316 @@
+"""The orchestrator: stream prompts to servers, score, batch, train, sync weights — overlapped.
+
+Counters (the seed semantics, with ``model_version`` = trainer steps whose weights the
+servers hold, 0 = the initial model):
+
+- ``inference_step``: batches handed to the trainer so far;
+- a new group starts only while it is needed for a batch that may be generated with the
+  current weights: batches ``< model_version + max_async_rollout + 1``. With
+  ``max_async_rollout: 0`` every batch is generated entirely by the latest weights;
+- after each weight update, in-flight samples started more than ``max_off_policy_steps``
+  versions ago are cancelled — the task and the request on the server (discard reason
+  ``max_async``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.runtime.groups import RolloutGroup, RolloutSample, zero_advantage_kind
+from telescope.core.runtime.lanes import Lanes, QueuedSample
+from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
+from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask
+
+__all__ = ["Orchestrator", "TrainerHandle"]
+
+log = logging.getLogger("telescope.orchestrator")
+
+
+class TrainerHandle(Protocol):
+    """What the orchestrator needs from the trainer side (Ray actors in production)."""
+
+    dp_world_size: int
+
+    async def train_step(self, step: int, batch: Any) -> dict[str, float]: ...
+
+    async def sync_weights(self, version: int) -> dict[str, float]: ...
+
+
+class RunObserver(Protocol):
+    """Receives what the run produces (loggers, tests)."""
+
+    def on_group(self, group: RolloutGroup, step: int) -> None: ...
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_event(self, event: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class _Group:
+    prepared: PreparedPrompt
+    server: int
+    results: list[RolloutSample | None]
+    running: dict[int, tuple[asyncio.Task[Any], str, int, int]] = field(default_factory=dict)
+    finished: int = 0
+    failure: str | None = None
+
+
+@dataclass
+class Counts:
+    """Run-wide counters (also what a resume needs)."""
+
+    inference_step: int = 0
+    model_version: int = 0
+    completed_steps: int = 0
+    discarded: Counter[str] = field(default_factory=Counter)
+    zero_advantage: Counter[str] = field(default_factory=Counter)
+    cancelled_samples: int = 0
+    rollout_errors: int = 0
+
+
+class Orchestrator:
+    """One run's rollout/training loop (asyncio, in the driver process)."""
+
+    def __init__(
+        self, cfg: Any, prompts: PromptSource, runner: RolloutRunner, clients: list[Any],
+        trainer: TrainerHandle, batches: BatchBuilder, observer: RunObserver,
+    ) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.prompts = prompts
+        self.runner = runner
+        self.clients = clients
+        self.trainer = trainer
+        self.batches = batches
+        self.observer = observer
+        self.counts = Counts()
+        per_server = cfg.max_concurrent_prompts_per_server
+        self.individual = cfg.enable_individual_sample_lanes
+        self.lanes = Lanes(len(clients), per_server * cfg.group_size)
+        self._groups: dict[int, _Group] = {}
+        self._bucket: list[RolloutGroup] = []
+        self._batches: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._step_started = time.time()
+        self._wait_for_data_s = 0.0
+        self._fatal: BaseException | None = None
+
+    # --- main loop ---------------------------------------------------------------------
+    async def run(self) -> Counts:
+        """Run until ``number_of_steps`` training steps are done; any failure ends the run."""
+        trainer_task = asyncio.create_task(self._trainer_loop(), name="trainer-loop")
+        await self.prompts.start()
+        try:
+            while self.counts.completed_steps < self.cfg.number_of_steps:
+                await self._start_groups()
+                self._dispatch_queued()
+                if trainer_task.done():
+                    trainer_task.result()
+                    break
+                await self._wake.wait()
+                self._wake.clear()
+                if self._fatal is not None:
+                    raise self._fatal
+        finally:
+            await self._shutdown(trainer_task)
+        return self.counts
+
+    def _event(self, kind: str, phase: str, **fields: Any) -> None:
+        self.observer.on_event(
+            {"type": kind, "phase": phase, "step": self.counts.inference_step + 1, **fields}
+        )
+
+    def _poke(self) -> None:
+        self._wake.set()
+
+    async def _shutdown(self, trainer_task: asyncio.Task[Any]) -> None:
+        await self.prompts.stop()
+        for gid in list(self._groups):
+            await self._cancel_group(gid, reason=None)
+        if not trainer_task.done():
+            trainer_task.cancel()
+        await asyncio.gather(trainer_task, return_exceptions=True)
+
+    # --- starting groups ---------------------------------------------------------------
+    def _groups_wanted(self) -> int:
+        allowed = min(self.cfg.number_of_steps, self.counts.model_version + self.cfg.max_async_rollout + 1)
+        batches_open = max(0, allowed - self.counts.inference_step)
+        return batches_open * self.cfg.prompts_batch_size_for_trainer - len(self._bucket) - len(self._groups)
+
+    async def _start_groups(self) -> None:
+        need = 1 if self.individual else self.cfg.group_size
+        while self._groups_wanted() > 0:
+            server = self.lanes.pick_server(need)
+            if server is None:
+                return
+            prepared = await self.prompts.next()
+            self._start_group(prepared, server)
+
+    def _start_group(self, prepared: PreparedPrompt, server: int) -> None:
+        gid = prepared.item.group_id
+        group = _Group(prepared, server, [None] * self.cfg.group_size)
+        self._groups[gid] = group
+        for index in range(self.cfg.group_size):
+            self.lanes.enqueue(server, QueuedSample(gid, index))
+
+    def _dispatch_queued(self) -> None:
+        for server, slot, queued in self.lanes.pop_ready():
+            group = self._groups.get(queued.group_id)
+            if group is None:
+                self.lanes.release(server, slot)
+                continue
+            request_id = f"g{queued.group_id}-s{queued.index}-v{self.counts.model_version}"
+            task = asyncio.create_task(self._run_sample(group, queued.index, server, slot, request_id))
+            task.add_done_callback(self._check_task)
+            group.running[queued.index] = (task, request_id, slot, self.counts.model_version)
+
+    def _check_task(self, task: asyncio.Task[Any]) -> None:
+        """A bug in sample bookkeeping must stop the run loudly, never hang it."""
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            self._fatal = task.exception()
+            self._poke()
+
+    # --- one sample --------------------------------------------------------------------
+    async def _run_sample(self, group: _Group, index: int, server: int, slot: int, request_id: str) -> None:
+        freed = False
+
+        def free_lane() -> None:
+            nonlocal freed
+            if not freed and self.cfg.free_lane_after_generation and self.individual:
+                freed = True
+                self.lanes.release(server, slot)
+                self._poke()
+
+        p = group.prepared
+        self._event(
+            "generation", "start", group_id=p.item.group_id, sample_id=index, server=server, lane=slot
+        )
+        task = SampleTask(request_id, p.env, p.sample, p.prompt_ids, p.prompt_text, p.reward_min, p.reward_max,
+                          server, slot, lambda: self.counts.model_version)  # fmt: skip
+        try:
+            result = await self.runner.run(self.clients[server], task, free_lane)
+            group.results[index] = result
+        except asyncio.CancelledError:
+            raise
+        except PromptTooLongError as exc:
+            group.failure = group.failure or f"prompt_too_long: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a failed request discards its group, the run goes on
+            self.counts.rollout_errors += 1
+            group.failure = group.failure or f"rollout_error: {type(exc).__name__}: {exc}"
+            log.warning("rollout of group %d sample %d failed: %s", p.item.group_id, index, exc)
+        finally:
+            if not freed:
+                self.lanes.release(server, slot)
+            group.running.pop(index, None)
+            self._event(
+                "generation", "end", group_id=p.item.group_id, sample_id=index, server=server, lane=slot
+            )
+        group.finished += 1
+        if group.finished == self.cfg.group_size:
+            self._complete_group(group)
+        self._poke()
+
+    # --- groups -> batches ----------------------------------------------------------------
+    def _complete_group(self, group: _Group) -> None:
+        item = group.prepared.item
+        self._groups.pop(item.group_id, None)
+        samples = [s for s in group.results if s is not None]
+        done = RolloutGroup(item.group_id, item.env_name, item.sample_idx, samples, self.counts.model_version)
+        if group.failure is not None:
+            done.discard_reason = group.failure.split(":", 1)[0]
+        else:
+            self.batches.assign_advantages(done)
+            kind = zero_advantage_kind(done.rewards)
+            if kind is not None and self.cfg.discard_group_zero_advantage and self.cfg.group_size > 1:
+                done.discard_reason, done.zero_advantage_kind = "zero_advantage", kind
+                self.counts.zero_advantage[kind] += 1
+        if done.discard_reason is not None:
+            self.counts.discarded[done.discard_reason] += 1
+        else:
+            self._bucket.append(done)
+        self.observer.on_group(done, self.counts.inference_step)
+        self._cut_batches()
+
+    def _cut_batches(self) -> None:
+        size = self.cfg.prompts_batch_size_for_trainer
+        while len(self._bucket) >= size and self.counts.inference_step < self.cfg.number_of_steps:
+            groups, self._bucket = self._bucket[:size], self._bucket[size:]
+            batch = self.batches.build(groups, self.trainer.dp_world_size, self.counts.inference_step)
+            self._batches.put_nowait((self.counts.inference_step, batch))
+            self.counts.inference_step += 1
+
+    async def _cancel_group(self, gid: int, reason: str | None) -> None:
+        group = self._groups.pop(gid, None)
+        if group is None:
+            return
+        self.lanes.drop_group(gid)
+        ids = [rid for (_, rid, _, _) in group.running.values()]
+        for task, *_ in list(group.running.values()):
+            task.cancel()
+        if reason is not None:
+            self.counts.discarded[reason] += 1
+            self.counts.cancelled_samples += len(ids)
+            item = group.prepared.item
+            done = [s for s in group.results if s is not None]
+            cancelled = RolloutGroup(item.group_id, item.env_name, item.sample_idx, done, self.counts.model_version,
+                                     discard_reason=reason)  # fmt: skip
+            cancelled.info["cancelled_samples"] = len(ids)
+            self.observer.on_group(cancelled, self.counts.inference_step)
+        if ids:
+            try:
+                await self.clients[group.server].abort(ids)
+            except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
+                log.debug("abort of %s failed: %s", ids, exc)
+
+    async def _cancel_stale(self) -> None:
+        limit = self.cfg.max_off_policy_steps
+        if limit < 0:
+            return
+        stale = [gid for gid, g in self._groups.items()
+                 if any(self.counts.model_version - v > limit for (_, _, _, v) in g.running.values())]  # fmt: skip
+        for gid in stale:
+            await self._cancel_group(gid, reason="off_policy")
+
+    # --- trainer side ------------------------------------------------------------------
+    async def _trainer_loop(self) -> None:
+        while self.counts.completed_steps < self.cfg.number_of_steps:
+            waited = time.time()
+            step, batch = await self._batches.get()
+            self._wait_for_data_s = time.time() - waited
+            self._event("trainer", "start", step=step + 1)
+            metrics = await self.trainer.train_step(step, batch)
+            self._event("trainer", "end", step=step + 1)
+            self._event("weight_sync", "start", step=step + 1)
+            sync = dict(await self.trainer.sync_weights(step + 1))
+            self._event(
+                "weight_sync", "end", step=step + 1, version=step + 1, digest=str(sync.pop("digest", ""))
+            )
+            self.counts.model_version = step + 1
+            await self._cancel_stale()
+            self.counts.completed_steps = step + 1
+            self.observer.on_step(step + 1, self._step_metrics(step, batch, metrics, sync))
+            self._poke()
+
+    def _step_metrics(
+        self, step: int, batch: Any, trainer: dict[str, float], sync: dict[str, float]
+    ) -> dict[str, float]:
+        now = time.time()
+        out = dict(trainer)
+        out.update(sync)
+        out.update(batch.metrics)
+        out["timing_step_total"] = now - self._step_started
+        out["timing_waiting_for_data"] = self._wait_for_data_s
+        out["timing_step_active"] = out["timing_step_total"] - self._wait_for_data_s
+        out["async_level"] = float(self.counts.inference_step - self.counts.model_version)
+        out["totals/cancelled_samples"] = float(self.counts.cancelled_samples)
+        out["totals/rollout_errors"] = float(self.counts.rollout_errors)
+        for reason, n in self.counts.discarded.items():
+            out[f"totals/discarded_groups/{reason}"] = float(n)
+        self._step_started = now
+        return out

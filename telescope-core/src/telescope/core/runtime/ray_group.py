@@ -1,0 +1,118 @@
+"""Ray actors for the two pools, and the trainer handle the orchestrator drives."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from telescope.core.runtime.cluster import Pools, scheduling
+from telescope.core.runtime.workers import InferenceServerWorker, TrainerWorker
+
+__all__ = ["RayTrainerGroup", "Servers", "start_servers", "start_trainers"]
+
+log = logging.getLogger("telescope.runtime")
+
+
+@dataclass
+class Servers:
+    """The inference server actors and their URLs."""
+
+    actors: list[Any]
+    urls: list[str]
+    node_ips: list[str]
+
+
+@dataclass
+class RayTrainerGroup:
+    """Trainer rank actors; implements the orchestrator's ``TrainerHandle``."""
+
+    actors: list[Any]
+    dp_world_size: int
+    clients: list[Any] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+
+    async def train_step(self, step: int, batch: Any) -> dict[str, float]:
+        """Every rank trains on its share; rank 0's metrics are the step's (they are all-reduced)."""
+        refs = [actor.train_step.remote(batch.per_rank[rank]) for rank, actor in enumerate(self.actors)]
+        results = await asyncio.gather(*refs)
+        return dict(results[0])
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """Trainer rank 0 broadcasts; every server receives and loads; fingerprints must agree."""
+        from telescope.core.weights.verify import check_sync
+
+        start = time.perf_counter()
+        sends = [actor.send_weights.remote(version) for actor in self.actors]
+        receives = [client.update_weights(version) for client in self.clients]
+        results = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*receives))
+        sent, loaded = results[0][0], results[1]
+        check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(self.urls, loaded, strict=True)},
+                   version)  # fmt: skip
+        fingerprints = sent.get("fingerprints") or {}
+        return {
+            "digest": _digest(fingerprints),
+            "timing_weight_sync_trainer_total": float(sent.get("seconds", 0.0)),
+            "timing_weight_sync_inference_total": max((r.seconds for r in loaded), default=0.0),
+            "timing_weight_sync_total": time.perf_counter() - start,
+            "weight_sync/num_tensors": float(sent.get("num_tensors", 0)),
+            "weight_sync/bytes": float(sent.get("num_bytes", 0)),
+        }
+
+
+def _digest(fingerprints: dict[str, str]) -> str:
+    """One short id for a whole set of per-tensor fingerprints (shown in the sync event)."""
+    import hashlib
+
+    text = "\n".join(f"{k}={v}" for k, v in sorted(fingerprints.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if fingerprints else ""
+
+
+def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, world_size: int,
+                   cpus: float) -> list[Any]:  # fmt: skip
+    """Create the trainer rank actors (one bundle each) on a shared rendezvous address."""
+    import ray
+
+    from telescope.core.weights.group import free_port
+
+    remote = ray.remote(TrainerWorker)
+    master = bundle_ip(pools.trainer, 0)
+    # On one node loopback is the fastest and always-reachable rendezvous.
+    master = "127.0.0.1" if master == ray.util.get_node_ip_address() else master
+    port = free_port("127.0.0.1")
+    actors = []
+    for rank in range(world_size):
+        actor = remote.options(num_cpus=cpus, num_gpus=pools.trainer_gpus, max_restarts=0,
+                               scheduling_strategy=scheduling(pools.trainer, rank),
+                               name=None).remote(cfg_data, plugins, rank, world_size, master, port)  # fmt: skip
+        actors.append(actor)
+    return actors
+
+
+def bundle_ip(pg: Any, index: int) -> str:
+    """The IP of the node holding bundle ``index`` of placement group ``pg``."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    node_id = placement_group_table(pg)["bundles_to_node_id"][index]
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return str(node["NodeManagerAddress"])
+    return "127.0.0.1"
+
+
+def start_servers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, engine: str, num_servers: int,
+                  cpus: float, log_dir: str) -> Servers:  # fmt: skip
+    """Create one server actor per bundle and wait for every server to answer /health."""
+    import ray
+
+    remote = ray.remote(InferenceServerWorker)
+    actors = [
+        remote.options(num_cpus=cpus, num_gpus=pools.inference_gpus, max_restarts=0,
+                       scheduling_strategy=scheduling(pools.inference, i)).remote(cfg_data, plugins, i, engine, log_dir)
+        for i in range(num_servers)
+    ]  # fmt: skip
+    infos = ray.get([a.start.remote() for a in actors])
+    return Servers(actors, [i["url"] for i in infos], [i["node_ip"] for i in infos])

@@ -1,0 +1,122 @@
+"""The processes Ray places: trainer ranks and inference servers.
+
+Both receive the resolved config (as data) and the exact plugin list the driver loaded, so
+every process runs the same components with the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["InferenceServerWorker", "TrainerWorker"]
+
+
+def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[Any, Any]:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.plugins import load_plugins
+
+    cfg = TelescopeConfig.model_validate(cfg_data)
+    _, registry = load_plugins(only=plugins)
+    return cfg, registry
+
+
+def _set_threads(cpus: float) -> None:
+    import torch
+
+    torch.set_num_threads(max(1, int(cpus)))
+
+
+class TrainerWorker:
+    """One trainer rank: the configured backend plus the sending end of the weight sync."""
+
+    def __init__(self, cfg_data: dict[str, Any], plugins: list[str], rank: int, world_size: int,
+                 master_addr: str, master_port: int) -> None:  # fmt: skip
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
+                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})  # fmt: skip
+        self.cfg, registry = _load(cfg_data, plugins)
+        _set_threads(self.cfg.ray_trainer_cpus_per_worker)
+        self.rank = rank
+        self.backend = registry.create(
+            "trainer_backend",
+            self.cfg.train_backend,
+            self.cfg.train_backend_kwargs,
+            cfg=self.cfg,
+            registry=registry,
+        )
+        self._sender: Any = None
+
+    def init(self) -> dict[str, Any]:
+        """Build model and optimizer (collective across ranks)."""
+        return dict(self.backend.init())
+
+    def node_ip(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One training step on this rank's share of the batch."""
+        return dict(self.backend.train_step(batch))
+
+    def init_weight_sync(self, spec: dict[str, Any]) -> None:
+        """Rank 0 joins the weight-sync group as the sender (blocks until every server joined)."""
+        if self.rank != 0:
+            return
+        from telescope.core.weights.group import WeightSyncGroup
+        from telescope.core.weights.sender import WeightSender
+        from telescope.core.weights.settings import GroupSpec, WeightSyncSettings
+
+        group = WeightSyncGroup(GroupSpec(**spec), rank=0)
+        self._sender = WeightSender(group, WeightSyncSettings.from_config(self.cfg))
+
+    def send_weights(self, version: int) -> dict[str, Any]:
+        """Stream the weights to every server (rank 0 sends; the other ranks join the gathers)."""
+        import time
+
+        start = time.perf_counter()
+        weights = self.backend.iter_weights_for_inference()
+        if self.rank != 0:
+            for _ in weights:
+                pass
+            return {}
+        report = self._sender.send(weights, version)
+        return {"fingerprints": report.fingerprints, "num_tensors": report.num_tensors,
+                "num_bytes": report.num_bytes, "seconds": time.perf_counter() - start}  # fmt: skip
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.backend.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.backend.load_checkpoint(directory)
+
+
+class InferenceServerWorker:
+    """Holds one inference server process for the lifetime of the run."""
+
+    def __init__(
+        self, cfg_data: dict[str, Any], plugins: list[str], index: int, engine: str, log_dir: str
+    ) -> None:
+        self.cfg, registry = _load(cfg_data, plugins)
+        self.index = index
+        self.engine = registry.create(
+            "inference_engine", engine, self.cfg.inference_engine_kwargs, cfg=self.cfg
+        )
+        self.log_dir = log_dir
+        self.server: Any = None
+
+    def start(self) -> dict[str, str]:
+        """Launch the server on a free port and wait until it is healthy; returns its URL and node."""
+        import ray
+
+        # Server i listens on inference_host:inference_base_port + i (engine.launch's default).
+        self.server = self.engine.launch(self.index, log_dir=self.log_dir)
+        return {"url": self.server.url, "node_ip": str(ray.util.get_node_ip_address())}
+
+    def log_tail(self) -> str:
+        return self.server.log_tail() if self.server is not None else ""
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace_s=5.0)
+            self.server = None

@@ -1,0 +1,86 @@
+"""Shared fixtures: a config, synthetic rollouts, and a run directory written by our own loggers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
+from telescope.core.observe.local import LocalLogger
+from telescope.core.testing import make_config
+
+
+def synthetic_rows(step: int) -> list[RolloutRecord]:
+    """Two kept groups, one max_async group, one zero-advantage group, one cancelled rollout."""
+    rows = []
+    rewards = {0: [1.0, 0.0, 0.0, float(step % 2)], 1: [0.5, 0.0, 0.25, 1.0]}
+    for gid, rs in rewards.items():
+        mean = sum(rs) / len(rs)
+        for i, r in enumerate(rs):
+            rows.append(
+                RolloutRecord(
+                    step=step, group_id=gid, env="reverse_text", sample_id=i,
+                    prompt_text=f"reverse: word{gid}", prompt_ids=[1, 2, 3],
+                    completion_text=f"<{gid}:{i}> drow", completion_ids=list(range(5 + i)),
+                    reward=r, advantage=r - mean, sample_metrics={"correct": float(r > 0)},
+                    model_version=step - 1, stop_reason="length" if i == 3 else "stop", server=0, lane=i,
+                )
+            )  # fmt: skip
+    for i in range(2):
+        rows.append(
+            RolloutRecord(
+                step=step,
+                group_id=2,
+                env="reverse_text",
+                sample_id=i,
+                prompt_ids=[1],
+                completion_ids=[7] * 3,
+                reward=1.0,
+                discard_reason="max_async",
+            )
+        )
+        rows.append(RolloutRecord(step=step, group_id=3, env="reverse_text", sample_id=i, prompt_ids=[1],
+                                  completion_ids=[7], reward=0.0, discard_reason="zero_advantage",
+                                  zero_advantage_kind="all_zero"))  # fmt: skip
+    rows.append(
+        RolloutRecord(step=step, group_id=4, env="reverse_text", sample_id=0, discard_reason="off_policy")
+    )
+    return rows
+
+
+def write_synthetic_run(run_dir: Path, cfg: Any, steps: int = 4) -> LoggerHub:
+    """A finished run written through a hub with only the local logger."""
+    hub = LoggerHub([LocalLogger()])
+    hub.start(cfg, run_dir, system_metrics=False)
+    hub.log_info({"environments": [{"name": "reverse_text", "reward_min": 0.0, "reward_max": 1.0}]})
+    for step in range(1, steps + 1):
+        rows = synthetic_rows(step)
+        with hub.span("trainer", name="train_step", step=step):
+            pass
+        hub.event("generation", "start", step=step, group_id=0, sample_id=0, server=0, lane=0)
+        hub.event("generation", "end", step=step, group_id=0, sample_id=0, server=0, lane=0)
+        hub.log_rollouts(step, rows)
+        metrics = rollout_metrics(rows)
+        metrics.update({"entropy": 1.0 / step, "grad_norm": 0.5, "timing_step_total": 2.0})
+        hub.log_step(step, metrics)
+    hub.finish("finished")
+    return hub
+
+
+@pytest.fixture
+def cfg() -> Any:
+    return make_config(number_of_steps=4, wandb_run_name="synthetic", use_wandb=False)
+
+
+@pytest.fixture
+def synthetic_run(tmp_path: Path, cfg: Any) -> Path:
+    run_dir = tmp_path / "run"
+    write_synthetic_run(run_dir, cfg)
+    return run_dir
+
+
+@pytest.fixture
+def make_rows():
+    return synthetic_rows

@@ -1,0 +1,192 @@
+"""The local run directory: every file, its documented schema, and crash safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from telescope.core.observe import SCHEMA_VERSION, LoggerHub, RunDirError, RunDirReader
+from telescope.core.observe.jsonl import JsonlReadStats, JsonlWriter, read_jsonl
+from telescope.core.observe.local import LocalLogger
+
+ROLLOUT_FIELDS = {
+    "step", "group_id", "env", "sample_id", "prompt_text", "prompt_ids", "completion_text", "completion_ids",
+    "reward", "raw_reward", "sample_metrics", "advantage", "model_version", "off_policy_steps", "stop_reason",
+    "discard_reason", "zero_advantage_kind", "server", "lane", "timings", "prompt_idx", "num_turns", "time",
+    "kept", "prompt_tokens", "completion_tokens",
+}  # fmt: skip
+EVENT_FIELDS = {
+    "type",
+    "phase",
+    "name",
+    "step",
+    "group_id",
+    "sample_id",
+    "server",
+    "lane",
+    "rank",
+    "time",
+    "attrs",
+}
+
+
+def test_every_file_with_documented_schema(synthetic_run: Path, cfg) -> None:
+    names = {p.name for p in synthetic_run.iterdir()}
+    assert {
+        "run.json",
+        "config.yaml",
+        "metrics.jsonl",
+        "rollouts.jsonl",
+        "events.jsonl",
+        "system.jsonl",
+    } <= names
+    meta = json.loads((synthetic_run / "run.json").read_text())
+    assert meta["schema_version"] == SCHEMA_VERSION and meta["status"] == "finished"
+    assert meta["name"] == "synthetic" and meta["finished_at"] >= meta["started_at"]
+    assert meta["info"]["environments"][0]["reward_max"] == 1.0
+    assert meta["info"]["reward_ranges"] == {"reverse_text": {"min": None, "max": None}}
+    config = yaml.safe_load((synthetic_run / "config.yaml").read_text())
+    assert config == cfg.model_dump(mode="json")
+    steps = read_jsonl(synthetic_run / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert set(steps[0]) == {"step", "time", "metrics"} and steps[0]["metrics"]["entropy"] == 1.0
+    rollouts = read_jsonl(synthetic_run / "rollouts.jsonl")
+    assert len(rollouts) == 4 * 13 and all(set(r) == ROLLOUT_FIELDS for r in rollouts)
+    first = rollouts[0]
+    assert first["prompt_ids"] == [1, 2, 3] and first["completion_tokens"] == 5 and first["kept"] is True
+    events = read_jsonl(synthetic_run / "events.jsonl")
+    assert all(set(e) == EVENT_FIELDS for e in events)
+    trainer_end = [e for e in events if e["type"] == "trainer" and e["phase"] == "end"]
+    assert len(trainer_end) == 4 and trainer_end[0]["attrs"]["duration_s"] >= 0
+    gen = [e for e in events if e["type"] == "generation"]
+    assert {(e["phase"], e["server"], e["lane"]) for e in gen} == {("start", 0, 0), ("end", 0, 0)}
+
+
+def test_log_files_capture_telescope_loggers(tmp_path: Path, cfg) -> None:
+    import logging
+
+    hub = LoggerHub([LocalLogger()])
+    hub.start(cfg, tmp_path, system_metrics=False)
+    logging.getLogger("telescope.orchestrator").info("hello info")
+    logging.getLogger("telescope.orchestrator").debug("hello debug")
+    hub.warn("disk almost full")
+    hub.finish("failed")
+    logging.getLogger("telescope.orchestrator").info("after finish")
+    info = (tmp_path / "logs" / "telescope.log").read_text()
+    detailed = (tmp_path / "logs" / "telescope.detailed.log").read_text()
+    assert "hello info" in info and "hello debug" not in info and "disk almost full" in info
+    assert "hello debug" in detailed and "test_local.py:" in detailed
+    assert "after finish" not in info
+    assert RunDirReader(tmp_path).meta["status"] == "failed"
+
+
+def test_system_samples_written(tmp_path: Path) -> None:
+    from telescope.core.testing import make_config
+
+    cfg = make_config(system_metrics_collection_interval_seconds=0.02, use_wandb=False)
+    hub = LoggerHub([LocalLogger()])
+    hub.start(cfg, tmp_path)
+    deadline = time.monotonic() + 10
+    while len(RunDirReader(tmp_path).system()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hub.finish("finished")
+    samples = RunDirReader(tmp_path).system()
+    assert len(samples) >= 3
+    m = samples[-1]["metrics"]
+    assert 0.0 <= m["cpu_utilization_percent"] <= 100.0
+    assert m["system_memory_used_gb"] > 0 and 0 < m["system_memory_percent"] < 100
+
+
+def test_resume_keeps_run_id_and_appends(tmp_path: Path, cfg) -> None:
+    first = LoggerHub([LocalLogger()])
+    first.start(cfg, tmp_path, system_metrics=False)
+    first.log_step(1, {"x": 1.0})
+    ids = first.run_ids()
+    first.finish("interrupted")
+    second = LoggerHub([LocalLogger()])
+    second.start(cfg, tmp_path, ids, system_metrics=False)
+    second.log_step(2, {"x": 2.0})
+    second.finish("finished")
+    run = RunDirReader(tmp_path)
+    assert run.meta["run_id"] == ids["local"]["run_id"] and run.meta["starts"] == 2
+    assert [s["step"] for s in run.steps()] == [1, 2]
+
+
+_WRITER_SCRIPT = r"""
+import sys, time
+from telescope.core.observe import LoggerHub, RolloutRecord
+from telescope.core.observe.local import LocalLogger
+from telescope.core.testing import make_config
+cfg = make_config(system_metrics_collection_interval_seconds=0.01, use_wandb=False)
+hub = LoggerHub([LocalLogger()])
+hub.start(cfg, sys.argv[1])
+step = 0
+while True:
+    step += 1
+    rows = [RolloutRecord(step=step, group_id=0, env="e", sample_id=i, completion_text="x" * 5000,
+                          completion_ids=list(range(500))) for i in range(4)]
+    hub.log_rollouts(step, rows)
+    hub.event("trainer", "instant", step=step)
+    hub.log_step(step, {"reward/mean": step / 10})
+"""
+
+
+def test_killed_writer_leaves_readable_files(tmp_path: Path) -> None:
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER_SCRIPT, str(run_dir)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len(read_jsonl(run_dir / "metrics.jsonl")) >= 20:
+                break
+            assert proc.poll() is None, "writer exited early"
+            time.sleep(0.05)
+        else:
+            pytest.fail("writer produced no steps in 60 s")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    run = RunDirReader(run_dir)
+    assert run.meta["status"] == "running"  # never finished
+    steps = run.steps()
+    assert [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+    rows = run.rollouts()
+    assert all(len(r["completion_ids"]) == 500 for r in rows)
+    assert len(rows) >= 4 * len(steps) - 4  # rollouts of a step are written before its metrics
+    assert all(e["type"] == "trainer" for e in run.events())
+    assert run.system() is not None
+
+
+def test_torn_tail_is_skipped_and_writer_repairs_it(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    w = JsonlWriter(path)
+    w.write({"a": 1})
+    w.write({"a": 2, "nan": float("nan")})
+    w.close()
+    with open(path, "a") as f:
+        f.write('{"a": 3, "trunc')  # a writer killed mid-line
+    stats = JsonlReadStats()
+    assert read_jsonl(path, stats) == [{"a": 1}, {"a": 2, "nan": None}]
+    assert stats.torn_tail and stats.bad_lines == 0
+    w = JsonlWriter(path)  # a resumed run appends after the torn fragment
+    w.write({"a": 4})
+    w.close()
+    stats = JsonlReadStats()
+    assert read_jsonl(path, stats) == [{"a": 1}, {"a": 2, "nan": None}, {"a": 4}]
+    assert stats.bad_lines == 1 and not stats.torn_tail
+
+
+def test_reader_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match="run.json is missing"):
+        RunDirReader(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(RunDirError, match="upgrade telescope-core"):
+        RunDirReader(tmp_path)

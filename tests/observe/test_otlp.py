@@ -1,0 +1,127 @@
+"""OTLP receiver: protobuf and JSON exports from vLLM-shaped spans, looked up by request id."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from telescope.core.observe.otlp import OtlpReceiver
+from telescope.core.observe.otlp_wire import OtlpDecodeError, spans_from_protobuf
+
+
+# --- a minimal protobuf encoder, written independently of the decoder under test ---------
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _len_field(num: int, payload: bytes) -> bytes:
+    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _attr(key: str, value: object) -> bytes:
+    if isinstance(value, str):
+        any_value = _len_field(1, value.encode())
+    elif isinstance(value, bool):
+        any_value = _varint(2 << 3) + _varint(int(value))
+    elif isinstance(value, int):
+        any_value = _varint(3 << 3) + _varint(value)
+    else:
+        any_value = _varint(4 << 3 | 1) + struct.pack("<d", value)
+    return _len_field(9, _len_field(1, key.encode()) + _len_field(2, any_value))
+
+
+def _export(spans: list[dict]) -> bytes:
+    span_bytes = b""
+    for s in spans:
+        body = _len_field(1, bytes.fromhex("ab" * 16)) + _len_field(2, bytes.fromhex("cd" * 8))
+        body += _len_field(5, s["name"].encode())
+        body += (
+            _varint(7 << 3 | 1) + struct.pack("<Q", 1_000) + _varint(8 << 3 | 1) + struct.pack("<Q", 5_000)
+        )
+        body += b"".join(_attr(k, v) for k, v in s["attributes"].items())
+        span_bytes += _len_field(2, body)
+    scope_spans = _len_field(1, _len_field(1, b"vllm")) + span_bytes  # scope, then spans
+    resource_spans = _len_field(1, b"") + _len_field(2, scope_spans)
+    return _len_field(1, resource_spans)
+
+
+VLLM_SPAN = {
+    "name": "llm_request",
+    "attributes": {
+        "gen_ai.request.id": "cmpl-42-0",
+        "gen_ai.latency.time_in_queue": 0.01,
+        "gen_ai.latency.time_to_first_token": 0.25,
+        "gen_ai.latency.e2e": 1.5,
+        "gen_ai.request.max_tokens": 512,
+        "gen_ai.usage.prompt_tokens": -3,
+        "stream": True,
+    },
+}
+
+
+def test_decode_protobuf_export() -> None:
+    (span,) = spans_from_protobuf(_export([VLLM_SPAN]))
+    assert span["name"] == "llm_request" and span["trace_id"] == "ab" * 16 and span["span_id"] == "cd" * 8
+    assert (span["start_ns"], span["end_ns"]) == (1_000, 5_000)
+    assert span["attributes"] == VLLM_SPAN["attributes"]
+    with pytest.raises(OtlpDecodeError):
+        spans_from_protobuf(_export([VLLM_SPAN])[:-3])
+
+
+def _post(port: int, body: bytes, ctype: str, encoding: str = "") -> int:
+    headers = {"Content-Type": ctype, **({"Content-Encoding": encoding} if encoding else {})}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_receiver_over_http_protobuf_gzip_json_and_lookup() -> None:
+    rx = OtlpReceiver(port=0)
+    rx.start()
+    try:
+        assert _post(rx.port, gzip.compress(_export([VLLM_SPAN])), "application/x-protobuf", "gzip") == 200
+        assert rx.timings("cmpl-42") == {
+            "queue_time": 0.01,
+            "ttft": 0.25,
+            "e2e_latency": 1.5,
+            "max_tokens": 512.0,
+        }
+        doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "llm_request", "attributes": [
+            {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-7"}},
+            {"key": "gen_ai.latency.time_in_model_decode", "value": {"doubleValue": 0.5}},
+            {"key": "gen_ai.request.max_tokens", "value": {"intValue": "64"}}]}]}]}]}  # fmt: skip
+        assert _post(rx.port, json.dumps(doc).encode(), "application/json") == 200
+        assert rx.timings("cmpl-7") == {"decode_time": 0.5, "max_tokens": 64.0}
+        assert _post(rx.port, b"\xff\xff", "application/x-protobuf") == 400 and rx.bad_requests == 1
+        t0 = time.monotonic()
+        assert rx.lookup("never", wait_s=0.05) is None and time.monotonic() - t0 >= 0.05
+        # a span arriving while a lookup waits is returned (the exporter flushes in batches)
+        late = {"name": "x", "attributes": {"gen_ai.request.id": "late"}}
+        threading.Timer(0.05, lambda: rx.ingest(_export([late]))).start()
+        assert rx.lookup("late", wait_s=5)["name"] == "x"
+    finally:
+        rx.stop()
+
+
+def test_capacity_and_ttl() -> None:
+    rx = OtlpReceiver(port=0, max_spans=2, ttl_s=3600)
+    for i in range(3):
+        rx.ingest(_export([{"name": "s", "attributes": {"gen_ai.request.id": f"r{i}"}}]))
+    assert rx.lookup("r0", wait_s=0) is None and rx.lookup("r2", wait_s=0) is not None
+    rx.stop()

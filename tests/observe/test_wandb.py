@@ -1,0 +1,117 @@
+"""W&B logger in offline mode: scalars, rollout tables, code and logs, resume — read back from the files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from telescope.core.observe import LoggerHub, rollout_metrics
+from telescope.core.observe.code_files import is_excluded, select_code_files
+from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
+from telescope.core.testing import make_config
+
+
+def _code_tree(root: Path) -> None:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "train.py").write_text("print('hi')\n")
+    (root / "run.yaml").write_text("algorithm: grpo\n")
+    (root / "big.bin").write_bytes(b"0" * 300_000)
+    (root / ".venv" / "lib").mkdir(parents=True)
+    (root / ".venv" / "lib" / "site.py").write_text("x = 1\n")
+    (root / "pkg" / "skip_me.log").write_text("noise\n")
+
+
+def test_select_code_files(tmp_path: Path) -> None:
+    _code_tree(tmp_path)
+    assert select_code_files(tmp_path, 0.25, [".venv", "*.log"]) == ["pkg/train.py", "run.yaml"]
+    assert "big.bin" in select_code_files(tmp_path, 1.0, [".venv"])
+    assert is_excluded("a/b/__pycache__/x.pyc", ["__pycache__"]) and not is_excluded("src/x.py", ["*.pyc"])
+
+
+def test_log_upload_switches(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("telescope.log", "telescope.detailed.log", "worker.stdout.log"):
+        (logs / name).write_text("x\n")
+    pick = lambda **kw: [p.name for p in log_files_to_upload(tmp_path, **kw)]  # noqa: E731
+    assert pick(logs=True, detailed=False, stdout=False) == ["telescope.log"]
+    assert pick(logs=True, detailed=True, stdout=True) == [
+        "telescope.detailed.log",
+        "telescope.log",
+        "worker.stdout.log",
+    ]
+    assert pick(logs=False, detailed=True, stdout=True) == []
+
+
+def _inspect(run_path: Path) -> list[dict]:
+    exe = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([str(exe), "leet", "inspect", "--json", str(run_path)], capture_output=True, text=True,
+                         timeout=120, check=True).stdout  # fmt: skip
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypatch, make_rows) -> None:
+    wandb_logger = pytest.importorskip("telescope.core.observe.wandb_logger")
+    pytest.importorskip("wandb")
+    for var, sub in (
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_CONFIG_DIR", "config"),
+    ):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    code_root, run_dir = tmp_path / "code", tmp_path / "run"
+    _code_tree(code_root)
+    cfg = make_config(use_wandb=True, wandb_project="proj", wandb_run_name="offline-test", wandb_tags=["t1"],
+                      wandb_code_max_file_size_mb=0.25, wandb_code_exclude_patterns=[".venv", "*.log"])  # fmt: skip
+    hub = LoggerHub([LocalLogger(), wandb_logger.WandbLogger(code_root=str(code_root))])
+    hub.start(cfg, run_dir, system_metrics=False)
+    for step in (1, 2):
+        rows = make_rows(step)
+        hub.log_rollouts(step, rows)
+        hub.log_step(step, {**rollout_metrics(rows), "entropy": 0.5 * step})
+    hub.log_info({"env_details": {"reverse_text": {"reward_min": 0.0}}})
+    ids = hub.run_ids()
+    hub.finish("finished")
+    assert not hub.failures, hub.failures
+
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    records = _inspect(runs[0])
+    run_rec = next(r["run"] for r in records if r["type"] == "run")
+    assert run_rec["project"] == "proj" and run_rec["display_name"] == "offline-test"
+    assert (
+        run_rec["run_id"] == ids["wandb"]["id"]
+        and "t1" in run_rec["tags"]
+        and "schema_version:1" in run_rec["tags"]
+    )
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    scalars = [h for h in history if "reward/mean" in h]
+    assert [h["_step"] for h in scalars] == [1, 2] and scalars[1]["entropy"] == 1.0
+    assert {"discarded/zero_advantage/all_zero_groups", "rollouts/stop_reason_length_pct"} <= set(scalars[0])
+    tables = sorted((runs[0] / "files" / "media" / "table").glob("rollouts_*.table.json"))
+    assert len(tables) == 2
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == ROLLOUT_TABLE_COLUMNS and len(table["data"]) == len(make_rows(1))
+    code_paths = {
+        c["path"]
+        for r in records if r["type"] == "artifact" and r["artifact"]["type"] == "code"
+        for c in r["artifact"]["manifest"]["contents"]
+    }  # fmt: skip
+    assert code_paths == {"pkg/train.py", "run.yaml"}
+    assert (runs[0] / "files" / "logs" / "telescope.log").exists()
+    assert not (runs[0] / "files" / "logs" / "telescope.detailed.log").exists()
+
+    hub2 = LoggerHub([LocalLogger(), wandb_logger.WandbLogger(code_root=str(code_root))])
+    hub2.start(cfg.model_copy(update={"wandb_upload_code": False}), run_dir, ids, system_metrics=False)
+    hub2.log_step(3, {"reward/mean": 0.9})
+    hub2.finish("finished")
+    assert hub2.run_ids()["wandb"]["id"] == ids["wandb"]["id"]
+    resumed = [p for p in (run_dir / "wandb").glob("offline-run-*") if p not in runs]
+    assert resumed and resumed[0].name.endswith(ids["wandb"]["id"])
