@@ -49,6 +49,9 @@ class TransformersEngineKwargs(BaseModel):
     the cores torch sees). Small models decode fastest with 1: extra threads mostly spin."""
     startup_timeout_s: float = Field(default=300.0, gt=0)
     """How long a launched server may take to answer /health."""
+    simulated_decode_step_s: float = Field(default=0.0, ge=0)
+    """Benchmarks only: sleep this long per decode step, simulating a GPU-bound generator whose
+    time does not compete for CPU with the trainer (bench/async.py). 0 = off."""
 
 
 class VllmEngineKwargs(BaseModel):

@@ -10,6 +10,7 @@ event loop stays responsive while the loop thread computes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class EngineOptions:
     scheduling_policy: str
     seed: int
     eos_token_ids: frozenset[int]
+    simulated_decode_step_s: float = 0.0
 
 
 class GenerationEngine:
@@ -248,6 +250,8 @@ class GenerationEngine:
         )
         positions = mask.sum(1, keepdim=True) - 1
         logits = self._forward(self.next_tokens.unsqueeze(1), mask, positions, self.cache)
+        if self.options.simulated_decode_step_s:
+            time.sleep(self.options.simulated_decode_step_s)  # off the GIL, like waiting on a GPU
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(self.running)
         tokens, logprobs = self._sample(self.running, logits)

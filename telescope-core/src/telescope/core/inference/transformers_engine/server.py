@@ -96,6 +96,7 @@ def load_server_state(cfg: Any, kwargs: TransformersEngineKwargs, index: int = 0
         scheduling_policy=cfg.vllm_scheduling_policy,
         seed=cfg.seed + index,
         eos_token_ids=frozenset(eos_ids),
+        simulated_decode_step_s=kwargs.simulated_decode_step_s,
     )
     engine = GenerationEngine(model, options)
     sync = ServerWeightSync(engine, verify=cfg.weight_sync_verify)
