@@ -33,10 +33,32 @@ class ServerCommand:
     url: str
 
 
+def check_port_free(url: str) -> None:
+    """Refuse to launch on a port something already listens on.
+
+    Otherwise the new server would fail to bind while ``/health`` is answered by whatever holds
+    the port (e.g. a server left over from another run), and the run would silently talk to it.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        in_use = sock.connect_ex((host, port)) == 0
+    if in_use:
+        raise RuntimeError(
+            f"port {port} ({url}) is already in use: another inference server (maybe left over from an "
+            f"earlier run) or another program listens there. Stop it, or set inference_base_port to a free port"
+        )
+
+
 class ServerProcess:
     """A running server process (its own session, so stopping it stops its children)."""
 
     def __init__(self, command: ServerCommand, log_path: str | os.PathLike[str]) -> None:
+        check_port_free(command.url)
         self.command = command
         self.url = command.url
         self.log_path = Path(log_path)
@@ -58,7 +80,7 @@ class ServerProcess:
                 )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and self.process.poll() is None:
                         return
             except (urllib.error.URLError, OSError):
                 pass

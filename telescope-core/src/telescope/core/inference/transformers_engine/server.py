@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
+    from telescope.core.inference.parent_watch import exit_with_parent
+
+    exit_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(args.config) as fh:
         cfg = TelescopeConfig.model_validate(json.load(fh))

@@ -1,0 +1,29 @@
+"""Turning a failed run's exception chain into the one line a user needs."""
+
+from __future__ import annotations
+
+__all__ = ["root_cause", "describe_failure"]
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost meaningful exception: unwraps Ray task errors and ``raise ... from`` chains."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError keeps the original here
+        if isinstance(inner, BaseException):
+            exc = inner
+            continue
+        if exc.__cause__ is not None:
+            exc = exc.__cause__
+            continue
+        break
+    return exc
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``Type: message`` of the root cause, first line only (Ray appends remote tracebacks)."""
+    cause = root_cause(exc)
+    message = str(cause).strip().splitlines()
+    first = message[0] if message else ""
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
