@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from telescope.cli.errors import user_errors
 from telescope.core.plugins import load_plugins
@@ -57,7 +58,9 @@ def list_plugins(
         return
     console = Console(soft_wrap=True, highlight=False)
     for p in listing:
-        console.print(f"[bold]{p['plugin']}[/]  {p['distribution']} {p['version']}  [dim]{p['module']}[/]")
+        console.print(
+            f"[bold]{escape(p['plugin'])}[/]  {escape(p['distribution'])} {p['version']}  [dim]{p['module']}[/]"
+        )
         if not p["components"]:
             console.print("    [dim](registers no components)[/]")
         for kind in KINDS:
@@ -65,7 +68,9 @@ def list_plugins(
             if not comps:
                 continue
             names = [
-                c["name"] if c["available"] else f"{c['name']} [red](unavailable: {c['unavailable']})[/]"
+                escape(c["name"])
+                if c["available"]
+                else f"{escape(c['name'])} [red](unavailable: {escape(c['unavailable'])})[/]"
                 for c in comps
             ]
             console.print(f"    {kind.replace('_', ' ')}: " + ", ".join(names))

@@ -51,6 +51,8 @@ def train(
         from telescope.core.runtime.errors import describe_failure
 
         err_console.print(f"[bold red]training failed:[/] {describe_failure(exc)}", markup=True)
-        err_console.print(f"[dim]logs: {cfg.resolved_run_dir}/logs — run with --debug for the full traceback[/]")
+        err_console.print(
+            f"[dim]logs: {cfg.resolved_run_dir}/logs — run with --debug for the full traceback[/]"
+        )
         raise typer.Exit(code=1) from None
     raise typer.Exit(code=code)

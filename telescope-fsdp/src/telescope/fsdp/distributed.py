@@ -1,0 +1,46 @@
+"""Process-group and device setup for one trainer rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["init_process_group", "pick_device"]
+
+
+def pick_device(requested: str) -> torch.device:
+    """``cuda:LOCAL_RANK`` or ``cpu``; ``auto`` takes CUDA when present."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "FSDP backend device 'cuda' was requested but CUDA is not available; use 'auto' or 'cpu'"
+        )
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_process_group(device: torch.device) -> None:
+    """Join the trainer group from the usual env vars (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+
+    Already initialised: kept as is. No WORLD_SIZE in the environment: a one-rank group on a
+    free local port. CUDA gets ``cpu:gloo,cuda:nccl`` so CPU-side collectives also work.
+    """
+    if dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    if "WORLD_SIZE" not in os.environ:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        return
+    dist.init_process_group(backend)
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,65 @@
+"""Packed micro-batches as tensors, and the packed forward pass that turns them into logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from telescope.core.packing import MicroBatch
+
+__all__ = ["DeviceMicroBatch", "packed_logits", "to_device"]
+
+
+@dataclass
+class DeviceMicroBatch:
+    """One packed row on the training device.
+
+    ``input_ids`` and ``position_ids`` are ``[1, L]`` model inputs. The other tensors are 1-D
+    and already shifted to the ``L - 1`` target tokens (element t describes token t + 1, the
+    one predicted from position t), the layout ``LossInputs`` expects.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    target_position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    inference_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    num_samples: int
+    num_loss_tokens: int
+
+
+def to_device(mb: MicroBatch, device: torch.device) -> DeviceMicroBatch:
+    """Build tensors for ``mb`` on ``device`` (one host-to-device copy per field)."""
+    ids = torch.tensor(mb.input_ids, dtype=torch.long)
+    pos = torch.tensor(mb.position_ids, dtype=torch.long)
+    mask = torch.tensor(mb.loss_mask[1:], dtype=torch.float32)
+    lp = torch.tensor(mb.inference_logprobs[1:], dtype=torch.float32)
+    adv = torch.tensor(mb.advantages[1:], dtype=torch.float32)
+    nb = device.type == "cuda"
+    ids, pos, mask, lp, adv = (t.to(device, non_blocking=nb) for t in (ids, pos, mask, lp, adv))
+    return DeviceMicroBatch(
+        input_ids=ids[None],
+        position_ids=pos[None],
+        targets=ids[1:],
+        target_position_ids=pos[1:],
+        loss_mask=mask,
+        inference_logprobs=lp,
+        advantages=adv,
+        num_samples=mb.num_samples,
+        num_loss_tokens=int(sum(mb.loss_mask[1:])),
+    )
+
+
+def packed_logits(model: nn.Module, mb: DeviceMicroBatch) -> torch.Tensor:
+    """Logits ``[L - 1, V]`` predicting ``mb.targets`` from one packed row.
+
+    Packed samples are kept apart by the restarting ``position_ids``: transformers builds a
+    block-diagonal causal mask (sdpa/eager) or varlen boundaries (flash) from them, but only
+    with ``attention_mask=None`` and no KV cache, hence ``use_cache=False`` here.
+    """
+    out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, use_cache=False)
+    return out.logits[0, :-1]
