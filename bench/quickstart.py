@@ -3,7 +3,7 @@
 Runs `telescope train examples/quickstart.yaml` exactly as the README does, in a fresh model
 cache so the one-time build of the demo model is timed too, then reads the run directory.
 
-    .venv/bin/python bench/quickstart.py
+    .venv/bin/python bench/quickstart.py [--keep]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
+    keep = "--keep" in sys.argv  # keep the run directory (e.g. for `telescope runs show`)
     work = Path(tempfile.mkdtemp(prefix="telescope-bench-quickstart-"))
     run_dir = work / "run"
     env = dict(os.environ, TELESCOPE_CACHE_DIR=str(work / "cache"))
@@ -42,7 +43,10 @@ def main() -> None:
         f"mean reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}, gain {last - first:+.3f} (target >= +0.15)"
     )
     print(f"step-0 mismatch KL (kl_divergence_inference at step 1): {rows[0]['kl_divergence_inference']:.2e}")
-    shutil.rmtree(work, ignore_errors=True)
+    if keep:
+        print(f"run directory kept: {run_dir}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

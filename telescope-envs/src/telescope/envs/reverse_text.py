@@ -17,7 +17,6 @@ from telescope.envs.lcs import lcs_ratio
 __all__ = ["ReverseTextEnvironment", "ReverseTextKwargs", "reverse_reward"]
 
 
-
 def reverse_reward(completion: str, answer: str) -> float:
     """LCS ratio between the (think-stripped, trimmed) completion and the reversed text."""
     return lcs_ratio(strip_think_tags(completion).strip(), answer)

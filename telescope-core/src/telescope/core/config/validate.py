@@ -50,7 +50,9 @@ def _selectable(registry: Registry, kind: str, name: str, field: str) -> list[st
     return []
 
 
-def _component_problems(registry: Registry, kind: str, name: str, field: str, kwargs: dict[str, Any]) -> list[str]:
+def _component_problems(
+    registry: Registry, kind: str, name: str, field: str, kwargs: dict[str, Any]
+) -> list[str]:
     problems = _selectable(registry, kind, name, field)
     if problems:
         return problems
