@@ -55,7 +55,7 @@ async def init_weight_sync(session: Any, clients: list[Any]) -> None:
         trainer_ip, session.servers.node_ips, cfg.ray_broadcast_prefer_loopback_if_single_node
     )
     backend = "nccl" if session.pools.trainer_gpus > 0 else "gloo"
-    spec = {"host": host, "port": free_port("127.0.0.1"), "world_size": 1 + len(clients), "backend": backend,
+    spec: dict[str, Any] = {"host": host, "port": free_port("127.0.0.1"), "world_size": 1 + len(clients), "backend": backend,
             "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
     requests = [WeightSyncInitRequest(rank=i + 1, **spec) for i in range(len(clients))]
     await asyncio.gather(

@@ -40,7 +40,7 @@ class RayTrainerGroup:
         results = await asyncio.gather(*refs)
         return dict(results[0])
 
-    async def sync_weights(self, version: int) -> dict[str, float]:
+    async def sync_weights(self, version: int) -> dict[str, Any]:
         """Trainer rank 0 broadcasts; every server receives and loads; fingerprints must agree."""
         from telescope.core.weights.verify import check_sync
 
@@ -77,7 +77,7 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
 
     from telescope.core.weights.group import free_port
 
-    remote = ray.remote(TrainerWorker)
+    remote: Any = ray.remote(TrainerWorker)
     master = bundle_ip(pools.trainer, 0)
     # On one node loopback is the fastest and always-reachable rendezvous.
     master = "127.0.0.1" if master == ray.util.get_node_ip_address() else master
@@ -108,8 +108,8 @@ def start_servers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, en
     """Create one server actor per bundle and wait for every server to answer /health."""
     import ray
 
-    remote = ray.remote(InferenceServerWorker)
-    actors = [
+    remote: Any = ray.remote(InferenceServerWorker)
+    actors: list[Any] = [
         remote.options(num_cpus=cpus, num_gpus=pools.inference_gpus, max_restarts=0,
                        scheduling_strategy=scheduling(pools.inference, i)).remote(cfg_data, plugins, i, engine, log_dir)
         for i in range(num_servers)
