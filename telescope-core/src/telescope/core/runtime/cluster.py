@@ -54,11 +54,13 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
         "ignore_reinit_error": True,
     }
     address = cfg.ray_address
+    started_here = True
     if address == "local":
         ray.init(address="local", **options)
     else:
         try:
             ray.init(address=address, **options)
+            started_here = False
         except ConnectionError as exc:
             if not cfg.ray_auto_start_local:
                 raise ConfigError(
@@ -67,7 +69,8 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
                 ) from None
             log.info("no Ray cluster at %s: starting a local one", address)
             ray.init(address="local", **options)
-    return {"resources": ray.cluster_resources(), "node_ip": ray.util.get_node_ip_address()}
+    return {"resources": ray.cluster_resources(), "node_ip": ray.util.get_node_ip_address(),
+            "started_here": started_here}  # fmt: skip
 
 
 @dataclass
@@ -122,8 +125,12 @@ def scheduling(pg: Any, index: int) -> Any:
     )
 
 
-def shutdown(cfg: TelescopeConfig, pools: Pools | None) -> None:
-    """Remove the placement groups; stop Ray when we started it or ray_shutdown_on_exit is set."""
+def shutdown(cfg: TelescopeConfig, pools: Pools | None, *, started_here: bool = True) -> None:
+    """Remove the placement groups and disconnect (which stops a cluster this run started).
+
+    A cluster that was already running is left alone unless ``ray_shutdown_on_exit`` is set:
+    then ``ray stop`` ends the Ray processes on this node.
+    """
     import ray
 
     if not ray.is_initialized():
@@ -137,3 +144,10 @@ def shutdown(cfg: TelescopeConfig, pools: Pools | None) -> None:
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
     ray.shutdown()
+    if cfg.ray_shutdown_on_exit and not started_here:
+        import subprocess
+
+        log.info("ray_shutdown_on_exit: stopping the Ray cluster processes on this node (ray stop)")
+        subprocess.run(
+            [sys.executable, "-m", "ray.scripts.scripts", "stop"], check=False, capture_output=True
+        )

@@ -83,6 +83,7 @@ class RunSession:
         self.servers: Any = None
         self.trainers: list[Any] = []
         self.trainer_info: list[dict[str, Any]] = []
+        self.started_here = True
 
     def start(self) -> None:
         """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
@@ -93,7 +94,7 @@ class RunSession:
         from telescope.core.runtime.ray_group import start_servers, start_trainers
 
         cfg, data = self.cfg, self.cfg.to_dict()
-        connect(cfg, str(self.run_dir))
+        self.started_here = bool(connect(cfg, str(self.run_dir))["started_here"])
         use_gpus = ray.cluster_resources().get("GPU", 0) > 0
         self.pools = reserve_pools(cfg, num_servers(cfg), use_gpus)
         self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,
@@ -132,5 +133,5 @@ class RunSession:
                 ray.kill(actor)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        shutdown(self.cfg, self.pools)
+        shutdown(self.cfg, self.pools, started_here=self.started_here)
         os.environ.pop("TELESCOPE_RUN_DIR", None)
