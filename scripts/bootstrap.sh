@@ -20,7 +20,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   "$VENV/bin/pip" install --quiet "$TORCH_SPEC"
 fi
 "$VENV/bin/pip" install --quiet \
-  -e "./telescope-core[torch,inference,ray,math]" \
-  -e ./telescope-fsdp -e ./telescope-megatron -e ./telescope-envs \
+  -e "./telescope-core[torch,inference,ray,math,wandb]" \
+  -e ./telescope-fsdp -e ./telescope-megatron -e "./telescope-envs[datasets,math]" \
   -e "./telescope-sandboxes[e2b,modal,prime]" -e ./telescope-cli -e ".[dev]"
 echo "$want" > "$stamp"
