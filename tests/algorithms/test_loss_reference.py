@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -44,7 +46,7 @@ def test_grid_is_complete() -> None:
 
 @pytest.mark.parametrize("case", GRID, ids=[c.id for c in GRID])
 def test_loss_and_gradient_match_reference(case: Case) -> None:
-    batch = packed_batch(seed=hash(case.id) % 2**32)
+    batch = packed_batch(seed=zlib.crc32(case.id.encode()))
     # The minibatch is larger than this micro-batch: the denominators come from outside.
     num_loss_tokens, num_samples = float(batch["mask"].sum()) + 17.0, batch["num_samples"] + 2
     inputs = loss_inputs(batch, num_loss_tokens=num_loss_tokens, num_samples=num_samples)
@@ -64,7 +66,7 @@ def test_loss_and_gradient_match_reference(case: Case) -> None:
 @pytest.mark.parametrize("case", [c for c in GRID if c.use_tis or c.use_ppo_clip or c.algorithm == "cispo"])
 def test_grid_exercises_clipping_and_tis(case: Case) -> None:
     """The random inputs do hit the clip bounds and the TIS cap (else the grid proves little)."""
-    batch = packed_batch(seed=hash(case.id) % 2**32)
+    batch = packed_batch(seed=zlib.crc32(case.id.encode()))
     metrics = StepMetrics()
     metrics.add(get_algorithm(case.algorithm).policy_loss(loss_inputs(batch), config_for(case)).metrics)
     result = metrics.result()
