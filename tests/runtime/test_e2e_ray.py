@@ -51,6 +51,14 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+def test_run_directory_holds_the_resolved_config(run_dir: Path) -> None:
+    import yaml
+
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["inference_engine"] == "transformers" and resolved["number_of_steps"] == 3
+    assert Path(resolved["model"]).is_dir()  # the built-in name resolved to its built folder
+
+
 def test_every_step_logged_with_rewards_and_trainer_metrics(run_dir: Path) -> None:
     steps = read_jsonl(run_dir / "metrics.jsonl")
     assert [int(s["step"]) for s in steps] == [1, 2, 3]

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from telescope.core.config import TelescopeConfig, config_to_yaml
+from telescope.core.config import TelescopeConfig
 from telescope.core.runtime.preflight import check_supported
 
 __all__ = ["run_training"]
@@ -17,10 +17,9 @@ log = logging.getLogger("telescope.runtime")
 
 
 def prepare_run_dir(cfg: TelescopeConfig) -> Path:
-    """Create the run directory and write the resolved config into it."""
+    """Create the run directory (the ``local`` logger writes config.yaml and the records into it)."""
     run_dir = Path(cfg.resolved_run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
     return run_dir
 
 

@@ -34,12 +34,6 @@ class Lanes:
     def num_servers(self) -> int:
         return len(self._servers)
 
-    def free_count(self, server: int) -> int:
-        return len(self._servers[server].free)
-
-    def busy_count(self) -> int:
-        return sum(self.slots_per_server - len(s.free) for s in self._servers)
-
     def queued_count(self, server: int | None = None) -> int:
         if server is not None:
             return len(self._servers[server].queue)

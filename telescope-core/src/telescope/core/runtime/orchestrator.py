@@ -75,18 +75,6 @@ class Counts:
     rollout_errors: int = 0
 
 
-def _debug_dump(batch: Any) -> None:
-    """TELESCOPE_DEBUG_DUMP_BATCH=PREFIX pickles every batch's groups (for offline replay)."""
-    import os
-
-    prefix = os.environ.get("TELESCOPE_DEBUG_DUMP_BATCH")
-    if prefix:
-        import pickle
-
-        with open(f"{prefix}.driver.step{batch.step}.pkl", "wb") as fh:
-            pickle.dump(batch.groups, fh)
-
-
 class Orchestrator:
     """One run's rollout/training loop (asyncio, in the driver process)."""
 
@@ -254,7 +242,6 @@ class Orchestrator:
         while len(self._bucket) >= size and self.counts.inference_step < self.cfg.number_of_steps:
             groups, self._bucket = self._bucket[:size], self._bucket[size:]
             batch = self.batches.build(groups, self.trainer.dp_world_size, self.counts.inference_step)
-            _debug_dump(batch)
             self._batches.put_nowait((self.counts.inference_step, batch))
             self.counts.inference_step += 1
 

@@ -42,7 +42,6 @@ class PromptSource:
         self.prefetch = prefetch
         self._queue: asyncio.Queue[PreparedPrompt] | None = None
         self._task: asyncio.Task[None] | None = None
-        self.handed_out: list[int] = []
 
     def prepare(self, item: PromptItem) -> PreparedPrompt:
         """Render and tokenize one scheduled prompt."""
@@ -81,5 +80,4 @@ class PromptSource:
             prepared = await self._queue.get()
         else:
             prepared = await asyncio.to_thread(self.prepare, self.scheduler.next())
-        self.handed_out.append(prepared.item.group_id)
         return prepared

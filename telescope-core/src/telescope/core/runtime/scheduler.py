@@ -12,8 +12,6 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from telescope.core.env.types import Sample
-
 __all__ = ["PromptItem", "PromptScheduler", "SourceEnv"]
 
 
@@ -123,8 +121,3 @@ def _rng_state_to_list(state: tuple[Any, ...]) -> list[Any]:
 
 def _rng_state_from_list(data: list[Any]) -> tuple[Any, ...]:
     return (data[0], tuple(data[1]), data[2])
-
-
-def sample_of(envs: dict[str, Any], item: PromptItem) -> Sample:
-    """The dataset sample an item refers to."""
-    return envs[item.env_name].get_sample(item.sample_idx)  # type: ignore[no-any-return]
