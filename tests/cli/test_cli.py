@@ -186,6 +186,7 @@ BAD_CONFIGS = [
         [],
         "inference_engine_kwargs.max_num_seqs",
     ),
+    ("model-builtin-typo", {**GOOD, "model": "telescope/tiny-revers"}, [], "telescope/tiny-reverse"),
     ("algo-unknown", {**GOOD, "algorithm": "grop"}, [], "algorithm"),
     ("backend-unknown", {**GOOD, "train_backend": "fdsp"}, [], "train_backend"),
     ("backend-unavailable", {**GOOD, "train_backend": "megatron"}, [], "train_backend"),

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from telescope.core.config.errors import problems_from_validation_error
 from telescope.core.config.schema import TelescopeConfig
-from telescope.core.registry import Registry, UnknownComponentError
+from telescope.core.registry import Registry, UnknownComponentError, did_you_mean
 
 __all__ = ["default_advantage_norm", "registry_problems"]
 
@@ -24,7 +24,7 @@ def default_advantage_norm(raw: dict[str, Any], registry: Registry) -> str | Non
 
 def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     """Every problem of ``cfg`` that needs the registry to see (empty when valid)."""
-    problems = _algorithm_problems(cfg, registry)
+    problems = _model_problems(cfg.model) + _algorithm_problems(cfg, registry)
     problems += _component_problems(registry, "trainer_backend", cfg.train_backend, "train_backend",
                                     cfg.train_backend_kwargs)  # fmt: skip
     if cfg.inference_engine != "auto":
@@ -35,6 +35,18 @@ def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     for i, ev in enumerate(cfg.evals):
         problems += _entry_problems(registry, ("eval", "environment"), ev.name, ev.kwargs, f"evals[{i}]")
     return problems
+
+
+def _model_problems(model: str) -> list[str]:
+    """A ``telescope/...`` name must be one of the built-in demo models (hub ids and paths pass)."""
+    from telescope.core.models.tiny import PREFIX, TINY_MODEL_SPECS
+
+    if not model.startswith(PREFIX) or model in TINY_MODEL_SPECS:
+        return []
+    names = sorted(TINY_MODEL_SPECS)
+    return [
+        f"model: unknown built-in model '{model}'.{did_you_mean(model, names)} Built-in models: {', '.join(names)}"
+    ]
 
 
 def _selectable(registry: Registry, kind: str, name: str, field: str) -> list[str]:
