@@ -1,11 +1,15 @@
 """Weight-sync throughput over gloo: 1 sender -> 2 receivers on 127.0.0.1, both modes, next to a raw
 ``broadcast`` of the same number of bytes.
 
-    .venv/bin/python bench/weight_sync.py [--sizes 2M,20M,100M] [--reps 3] [--bucket-mb 256]
+    .venv/bin/python bench/weight_sync.py [--sizes 2M,20M,100M] [--reps 9] [--bucket-mb 256] [--direct-mb 4,1e6]
 
-Models are Qwen2-architecture state dicts (fp32) of about 2M, 20M and 100M parameters. Each
-figure is the median of ``--reps`` syncs, timed on the sender from a barrier before the sync to
-a barrier after every receiver has finished (receive, metadata, fingerprints when verifying).
+Models are Qwen2-architecture state dicts (fp32) of about 2M, 20M and 100M parameters. Each sync
+is timed on the sender from a barrier before it to a barrier after every receiver has finished
+(receive, metadata, fingerprints when verifying). The raw broadcast and every sync variant take
+turns within each round, and "% raw" is the median over rounds of raw/sync measured in the same
+round: on a shared machine the load drifts between rounds, so only side-by-side ratios mean
+anything. ``--direct-mb`` adds flattened_bucket variants (no verification) with another
+threshold for sending a tensor directly instead of bucketing it (1e6: bucket everything).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -24,7 +29,13 @@ from telescope.core.weights.sender import WeightSender
 
 # name -> (hidden, layers, intermediate, vocab)
 SIZES = {"2M": (256, 4, 512, 384), "20M": (512, 4, 2048, 8000), "100M": (768, 10, 3072, 16000)}
-MODES = [("flattened_bucket", False), ("flattened_bucket", True), ("per_tensor", False), ("per_tensor", True)]
+# (mode, verify, direct threshold in MiB or None for the default)
+MODES: list[tuple[str, bool, float | None]] = [
+    ("flattened_bucket", False, None),
+    ("flattened_bucket", True, None),
+    ("per_tensor", False, None),
+    ("per_tensor", True, None),
+]
 
 
 def state_dict(size: str) -> dict[str, torch.Tensor]:
@@ -40,7 +51,9 @@ def state_dict(size: str) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-def run_rank(rank: int, port: int, sizes: list[str], reps: int, bucket_mb: int, out: dict) -> None:
+def run_rank(
+    rank: int, port: int, sizes: list[str], reps: int, bucket_mb: int, modes: list, out: dict
+) -> None:  # type: ignore[type-arg]
     torch.set_num_threads(1)
     group = WeightSyncGroup(GroupSpec(host="127.0.0.1", port=port, world_size=3, timeout_s=600), rank)
     for size in sizes:
@@ -49,63 +62,76 @@ def run_rank(rank: int, port: int, sizes: list[str], reps: int, bucket_mb: int, 
         group.broadcast_now(total)
         nbytes = int(total.item())
         raw = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else torch.empty(nbytes, dtype=torch.uint8)
-        times = {"raw": _timed(group, reps, lambda r=raw: group.broadcast_now(r))}
-        for mode, verify in MODES:
-            settings = WeightSyncSettings(mode=mode, bucket_mb=bucket_mb, verify=verify)
+        steps: dict[Any, Any] = {"raw": lambda r=raw: group.broadcast_now(r)}
+        for mode, verify, direct in modes:
+            settings = WeightSyncSettings(
+                mode=mode, bucket_mb=bucket_mb, verify=verify, direct_tensor_mb=direct
+            )
             if rank == 0:
                 sender = WeightSender(group, settings)
-                step = lambda s=sender, t=tensors: s.send(iter(t.items()), 1)  # noqa: E731
+                steps[(mode, verify, direct)] = lambda s=sender, t=tensors: s.send(iter(t.items()), 1)
             else:
                 receiver = WeightReceiver(group, verify=verify)
-                step = lambda r=receiver: r.receive_all()  # noqa: E731
-            times[(mode, verify)] = _timed(group, reps, step)
+                steps[(mode, verify, direct)] = lambda r=receiver: r.receive_all()
+        rounds = _timed_rounds(group, reps, steps)
         if rank == 0:
             params = sum(t.numel() for t in tensors.values())
-            out[size] = (params, nbytes, len(tensors), times)
+            out[size] = (params, nbytes, len(tensors), rounds)
         del raw, tensors
 
 
-def _timed(group: WeightSyncGroup, reps: int, step) -> float:  # type: ignore[no-untyped-def]
-    samples = []
-    for i in range(reps + 1):  # the first run warms up the connections and the metadata cache
-        group.barrier()
-        start = time.perf_counter()
-        step()
-        group.barrier()
+def _timed_rounds(group: WeightSyncGroup, reps: int, steps: dict[Any, Any]) -> list[dict[Any, float]]:
+    """Seconds of every step in every round (the steps take turns within a round)."""
+    rounds = []
+    for i in range(reps + 1):  # the first round warms up connections, buffers and the metadata cache
+        times = {}
+        for key, step in steps.items():
+            group.barrier()
+            start = time.perf_counter()
+            step()
+            group.barrier()
+            times[key] = time.perf_counter() - start
         if i:
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+            rounds.append(times)
+    return rounds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2M,20M,100M")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--bucket-mb", type=int, default=256)
+    parser.add_argument(
+        "--direct-mb", default="", help="extra flattened_bucket direct thresholds, e.g. 4,1e6"
+    )
     args = parser.parse_args()
     sizes = args.sizes.split(",")
+    modes = MODES + [("flattened_bucket", False, float(v)) for v in args.direct_mb.split(",") if v]
     manager = mp.Manager()
     out = manager.dict()
     mp.start_processes(
-        run_rank, args=(free_port(), sizes, args.reps, args.bucket_mb, out), nprocs=3, start_method="spawn"
+        run_rank,
+        args=(free_port(), sizes, args.reps, args.bucket_mb, modes, out),
+        nprocs=3,
+        start_method="spawn",
     )
+    print(f"weight sync over gloo, 1 sender -> 2 receivers, bucket {args.bucket_mb} MB, {args.reps} rounds")
     print(
-        f"weight sync over gloo, 1 sender -> 2 receivers, bucket {args.bucket_mb} MB, median of {args.reps}"
-    )
-    print(
-        f"{'model':>6} {'params':>8} {'MB':>7} {'tensors':>7}  {'mode':<17} {'verify':<6} {'ms':>8} {'GB/s':>6} {'% raw':>6}"
+        f"{'model':>6} {'params':>8} {'MB':>7} {'tensors':>7}  {'mode':<17} {'verify':<6} {'direct':>6}"
+        f" {'ms':>8} {'GB/s':>6} {'% raw':>6}"
     )
     for size in sizes:
-        params, nbytes, count, times = out[size]
-        raw = times["raw"]
+        params, nbytes, count, rounds = out[size]
         head = f"{size:>6} {params / 1e6:>7.1f}M {nbytes / 1e6:>7.1f} {count:>7}"
-        print(
-            f"{head}  {'raw broadcast':<17} {'-':<6} {raw * 1e3:>8.1f} {nbytes / raw / 1e9:>6.2f} {100:>5.0f}%"
-        )
-        for mode, verify in MODES:
-            t = times[(mode, verify)]
+        for key in ["raw", *modes]:
+            seconds = statistics.median(r[key] for r in rounds)
+            ratio = statistics.median(r["raw"] / r[key] for r in rounds)
+            mode, verify, direct = ("raw broadcast", "-", "-") if key == "raw" else key
+            direct = "1" if direct is None else ("all" if direct == "-" else f"{direct:g}")
+            direct = "-" if key == "raw" else direct
             print(
-                f"{head}  {mode:<17} {str(verify):<6} {t * 1e3:>8.1f} {nbytes / t / 1e9:>6.2f} {100 * raw / t:>5.0f}%"
+                f"{head}  {mode:<17} {str(verify):<6} {direct:>6} {seconds * 1e3:>8.1f}"
+                f" {nbytes / seconds / 1e9:>6.2f} {100 * ratio:>5.0f}%"
             )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,3 +31,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 has_gpu = _cuda_available()
             if not has_gpu:
                 item.add_marker(pytest.mark.skip(reason="gpu: no CUDA device here"))
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """TELESCOPE_CACHE_DIR pointed at a fresh folder (server subprocesses inherit it)."""
+    path = str(tmp_path_factory.mktemp("telescope-cache"))
+    old = os.environ.get("TELESCOPE_CACHE_DIR")
+    os.environ["TELESCOPE_CACHE_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("TELESCOPE_CACHE_DIR", None)
+    else:
+        os.environ["TELESCOPE_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_path(model_cache: str) -> str:
+    """Folder of the built-in tiny model, built once per session in the private cache."""
+    from telescope.core.models import resolve_model_path
+
+    return resolve_model_path("telescope/tiny")

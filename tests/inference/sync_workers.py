@@ -11,8 +11,14 @@ from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.receiver import WeightReceiver
 from telescope.core.weights.sender import WeightSender
 
-#: (mode, version) of each sync in the group test; the last one carries a corrupted byte.
-PLAN = [("flattened_bucket", 1), ("per_tensor", 2), ("flattened_bucket", 3), ("flattened_bucket", 4)]
+#: (mode, version) of each sync in the group test; v4 carries a corrupted byte, v5 follows it.
+PLAN = [
+    ("flattened_bucket", 1),
+    ("per_tensor", 2),
+    ("flattened_bucket", 3),
+    ("flattened_bucket", 4),
+    ("flattened_bucket", 5),
+]
 CORRUPTED = ("layer.bias", 4)
 
 
@@ -35,8 +41,8 @@ class CorruptingSender(WeightSender):
 
     corrupt_name: str | None = None
 
-    def _flat_buffer(self, meta: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        flat = super()._flat_buffer(meta, tensors)
+    def _flat_buffer(self, meta: Any, tensors: dict[str, torch.Tensor], index: int) -> torch.Tensor:
+        flat = super()._flat_buffer(meta, tensors, index)
         for slot in meta.flat:
             if slot.name == self.corrupt_name:
                 flat[slot.offset] ^= 0xFF
@@ -54,7 +60,7 @@ def group_worker(rank: int, port: int, world: int, queue: Any) -> None:
         for mode, version in PLAN:
             senders[mode].corrupt_name = CORRUPTED[0] if version == CORRUPTED[1] else None
             report = senders[mode].send(iter(example_tensors(version)), version)
-            queue.put(("sent", version, report.num_broadcasts, report.fingerprints))
+            queue.put(("sent", version, report.num_broadcasts, report.fingerprints, report.num_meta_sent))
         return
     receiver = WeightReceiver(group)
     for _, version in PLAN:
@@ -65,7 +71,7 @@ def group_worker(rank: int, port: int, world: int, queue: Any) -> None:
             continue
         expected = example_tensors(version)
         same = [n for n, t in expected if n in got and got[n].dtype == t.dtype and torch.equal(got[n], t)]
-        queue.put(("got", rank, version, list(got), same))
+        queue.put(("got", rank, version, list(got), same, got["big.weight"].data_ptr()))
 
 
 def perturbed_state(model_path: str, seed: int) -> dict[str, torch.Tensor]:

@@ -38,17 +38,24 @@ def test_group_sync_both_modes_cache_and_corruption() -> None:
         workers.group_worker, args=(free_port(), 3, q), nprocs=3, start_method="spawn", join=True
     )
     items = drain(q, len(workers.PLAN) * 3)
-    sent = {v: (n, fps) for kind, v, n, fps in (i for i in items if i[0] == "sent")}
+    sent = {v: (n, fps, meta) for kind, v, n, fps, meta in (i for i in items if i[0] == "sent")}
     names = [n for n, _ in workers.example_tensors(1)]
     assert sent[2][0] == len(names)  # per_tensor: one broadcast per tensor
     # flattened_bucket, 1 MB buckets: [3 small in a flat buffer + the 2.4 MB tensor direct], [2 small, flat]
     assert sent[1][0] == 3
-    for version, (_, fps) in sent.items():  # sender fingerprints are the tensors' own
+    # metadata travels once per layout (2 messages each), however the layouts alternate
+    assert [sent[v][2] for v in (1, 2, 3, 4, 5)] == [2, 2, 0, 0, 0]
+    for version, (_, fps, _) in sent.items():  # sender fingerprints are the tensors' own
         assert fps == {n: fingerprint(t) for n, t in workers.example_tensors(version)}
     got = [i for i in items if i[0] == "got"]
-    assert len(got) == 6  # 2 receivers x 3 clean syncs
-    for _, rank, version, received, same in got:
+    assert len(got) == 8  # 2 receivers x 4 clean syncs (v5 after the failed v4: the protocol stays in step)
+    for _, rank, version, received, same, _ in got:
         assert received == names and same == names, (rank, version)
+    # v5 has the layout of v4 and v3: its data landed in the buffers they used (no fresh
+    # allocation) and is right; v3 followed v2's other layout, so it needed new buffers
+    ptrs = {(rank, version): ptr for _, rank, version, _, _, ptr in got}
+    for rank in (1, 2):
+        assert ptrs[(rank, 5)] == ptrs[(rank, 3)] and ptrs[(rank, 3)] != ptrs[(rank, 2)]
     mismatches = sorted(i for i in items if i[0] == "mismatch")
     assert mismatches == [("mismatch", 1, 4, ["layer.bias"]), ("mismatch", 2, 4, ["layer.bias"])]
 
@@ -96,6 +103,7 @@ def _reference(model_path: str, version: int, prompt: list[int], max_tokens: int
 
 
 def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path) -> None:
+    """v1 is loaded, v2 is received with apply=False (an eval server held at v1), v3 is loaded."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.inference.settings import TransformersEngineKwargs
     from telescope.core.inference.transformers_engine.engine import TransformersEngine
@@ -107,8 +115,10 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     store_port = free_port()
-    plan = [("flattened_bucket", 1), ("per_tensor", 2)]
-    trainer = ctx.Process(target=workers.trainer_worker, args=(store_port, plan, tiny_path, q))
+    plan = [("flattened_bucket", 1, True), ("per_tensor", 2, False), ("flattened_bucket", 3, True)]
+    trainer = ctx.Process(
+        target=workers.trainer_worker, args=(store_port, [(m, v) for m, v, _ in plan], tiny_path, q)
+    )
     trainer.start()
     prompt = [5, 17, 42, 99, 7]
     try:
@@ -120,8 +130,8 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
                 await client.init_weight_sync(
                     WeightSyncInitRequest(host="127.0.0.1", port=store_port, world_size=2, rank=1)
                 )
-                for _, version in plan:
-                    update = await client.update_weights(version)
+                for _, version, apply in plan:
+                    update = await client.update_weights(version, apply=apply)
                     out = await client.complete(prompt, temperature=0.0, max_tokens=12, ignore_eos=True)
                     results.append((update, out, await client.weight_version()))
             return results
@@ -134,14 +144,42 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
         if trainer.is_alive():
             trainer.kill()
     assert trainer.exitcode == 0
-    for (_, version), (update, out, served) in zip(plan, after, strict=True):
+    served_before = 0
+    for (_, version, apply), (update, out, served) in zip(plan, after, strict=True):
+        # what the server holds == what the trainer sent (loaded), or == what arrived (held back)
+        assert update.fingerprints == sent[version]
+        assert update.received_version == version and update.applied is apply
+        if not apply:  # the held server keeps its weights and version: the same outputs, bit for bit
+            assert served == served_before and update.version == served_before
+            held = after[plan.index(("flattened_bucket", served_before, True))][1][0]
+            assert out[0].token_ids == held.token_ids and out[0].logprobs == held.logprobs
+            assert out[0].weight_versions == [served_before]
+            continue
         tokens, logprobs = _reference(tiny_path, version, prompt, 12)
         assert served == version and update.version == version
-        assert update.fingerprints == sent[version]  # what the model holds == what the trainer sent
         assert out[0].token_ids == tokens and out[0].weight_versions == [version]
         assert torch.allclose(torch.tensor(out[0].logprobs), logprobs, atol=1e-5, rtol=0)
         # the tiny random model's greedy text can stay the same; its distribution must not
         assert (torch.tensor(out[0].logprobs) - torch.tensor(before[0].logprobs)).abs().max() > 1e-2
+        served_before = version
+    # v2 was not loaded, so the v3 sync loaded the newest weights (checked against v3's reference above)
+    assert [u.applied for u, _, _ in after] == [True, False, True]
+
+
+def test_fingerprint_is_xxh3_of_the_bytes_and_sees_one_changed_element() -> None:
+    import xxhash
+
+    from telescope.core.weights.fingerprint import digest, format_fingerprint
+
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    expected = xxhash.xxh3_64_hexdigest(t.numpy().tobytes())
+    assert fingerprint(t) == f"float32:3x4:{expected}"
+    assert fingerprint(t.t().contiguous().t()) == fingerprint(t)  # layout independent
+    assert format_fingerprint("float32", (3, 4), digest(t)) == fingerprint(t)
+    changed = t.clone()
+    changed.view(torch.int32)[2, 3] ^= 1  # one bit of one element
+    assert fingerprint(changed) != fingerprint(t)
+    assert fingerprint(torch.tensor(1.5, dtype=torch.bfloat16)).startswith("bfloat16::")
 
 
 def test_check_sync_compares_every_server_and_never_passes_by_omission() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,74 @@ def write_synthetic_run(run_dir: Path, cfg: Any, steps: int = 4) -> LoggerHub:
         hub.log_step(step, metrics)
     hub.finish("finished")
     return hub
+
+
+class FakeClock:
+    """A clock tests move by hand: ``clock()`` reads it, ``clock.advance(s)``/``clock.at(t)`` move it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = float(now)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> FakeClock:
+        self.now += seconds
+        return self
+
+    def at(self, t: float) -> FakeClock:
+        self.now = float(t)
+        return self
+
+
+class FakeTable:
+    def __init__(self, columns: list[str], data: list[list[Any]]) -> None:
+        self.columns, self.data = list(columns), [list(r) for r in data]
+
+
+class FakeRun:
+    """Records what the W&B logger asks of a run: history entries, file saves, summary, code."""
+
+    def __init__(self, **init_kwargs: Any) -> None:
+        self.init_kwargs = init_kwargs
+        self.id, self.project = "fake123", init_kwargs.get("project")
+        self.logged: list[tuple[dict[str, Any], int]] = []
+        self.saved: list[tuple[str, str, str]] = []
+        self.summary: dict[str, Any] = {}
+        self.finished: int | None = None
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        self.logged.append((dict(data), step))
+
+    def save(self, path: str, base_path: str, policy: str) -> None:
+        self.saved.append((str(Path(path).relative_to(base_path)), Path(path).read_text(), policy))
+
+    def log_code(self, **kwargs: Any) -> None:
+        raise AssertionError("code upload is off in these tests")
+
+    def finish(self, exit_code: int) -> None:
+        self.finished = exit_code
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """A ``wandb`` module stand-in in sys.modules; ``.runs`` lists the runs ``init`` made."""
+    runs: list[FakeRun] = []
+
+    def init(**kwargs: Any) -> FakeRun:
+        runs.append(FakeRun(**kwargs))
+        return runs[-1]
+
+    module = types.ModuleType("wandb")
+    module.init = init  # type: ignore[attr-defined]
+    module.Table = FakeTable  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return types.SimpleNamespace(module=module, runs=runs)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture

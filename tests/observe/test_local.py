@@ -44,12 +44,17 @@ def test_every_file_with_documented_schema(synthetic_run: Path, cfg) -> None:
         "run.json",
         "config.yaml",
         "metrics.jsonl",
-        "rollouts.jsonl",
-        "events.jsonl",
         "system.jsonl",
+        "rollouts",
+        "events",
+        "evals",
     } <= names
+    assert {p.name for p in (synthetic_run / "events").iterdir()} == {"block_000000.jsonl", "tail.jsonl"}
+    assert {p.name for p in (synthetic_run / "rollouts").iterdir()} == {"block_000000.jsonl"}
+    assert {p.name for p in (synthetic_run / "evals").iterdir()} == {"metrics.jsonl", "samples.jsonl"}
     meta = json.loads((synthetic_run / "run.json").read_text())
-    assert meta["schema_version"] == SCHEMA_VERSION and meta["status"] == "finished"
+    assert meta["schema_version"] == SCHEMA_VERSION == 2 and meta["status"] == "finished"
+    assert meta["layout"] == {"rollout_block_size": 500, "event_block_duration_seconds": 1800.0}
     assert meta["name"] == "synthetic" and meta["finished_at"] >= meta["started_at"]
     assert meta["info"]["environments"][0]["reward_max"] == 1.0
     assert meta["info"]["reward_ranges"] == {"reverse_text": {"min": None, "max": None}}
@@ -58,11 +63,12 @@ def test_every_file_with_documented_schema(synthetic_run: Path, cfg) -> None:
     steps = read_jsonl(synthetic_run / "metrics.jsonl")
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert set(steps[0]) == {"step", "time", "metrics"} and steps[0]["metrics"]["entropy"] == 1.0
-    rollouts = read_jsonl(synthetic_run / "rollouts.jsonl")
+    rollouts = read_jsonl(synthetic_run / "rollouts" / "block_000000.jsonl")
     assert len(rollouts) == 4 * 13 and all(set(r) == ROLLOUT_FIELDS for r in rollouts)
     first = rollouts[0]
     assert first["prompt_ids"] == [1, 2, 3] and first["completion_tokens"] == 5 and first["kept"] is True
-    events = read_jsonl(synthetic_run / "events.jsonl")
+    events = read_jsonl(synthetic_run / "events" / "block_000000.jsonl")
+    assert read_jsonl(synthetic_run / "events" / "tail.jsonl") == events  # all within the last 60 s
     assert all(set(e) == EVENT_FIELDS for e in events)
     trainer_end = [e for e in events if e["type"] == "trainer" and e["phase"] == "end"]
     assert len(trainer_end) == 4 and trainer_end[0]["attrs"]["duration_s"] >= 0
@@ -91,7 +97,9 @@ def test_log_files_capture_telescope_loggers(tmp_path: Path, cfg) -> None:
 def test_system_samples_written(tmp_path: Path) -> None:
     from telescope.core.testing import make_config
 
-    cfg = make_config(system_metrics_collection_interval_seconds=0.02, use_wandb=False)
+    cfg = make_config(
+        system_metrics_collection_interval_seconds=0.02, metrics_logger_interval_seconds=0.05, use_wandb=False
+    )
     hub = LoggerHub([LocalLogger()])
     hub.start(cfg, tmp_path)
     deadline = time.monotonic() + 10
@@ -190,3 +198,20 @@ def test_reader_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1}))
     with pytest.raises(RunDirError, match="upgrade telescope-core"):
         RunDirReader(tmp_path)
+
+
+def test_schema_1_directory_still_reads(tmp_path: Path) -> None:
+    """Schema 1 kept rollouts and events in single files; the reader reads them before any blocks."""
+    (tmp_path / "run.json").write_text(
+        json.dumps({"schema_version": 1, "run_id": "old", "status": "finished"})
+    )
+    w = JsonlWriter(tmp_path / "rollouts.jsonl")
+    w.write_many([{"step": 1, "group_id": 0, "kept": True}, {"step": 2, "group_id": 0, "kept": True}])
+    w.close()
+    w = JsonlWriter(tmp_path / "events.jsonl")
+    w.write({"type": "run", "name": "old"})
+    w.close()
+    run = RunDirReader(tmp_path)
+    assert [r["step"] for r in run.rollouts()] == [1, 2] and run.rollouts(step=2)[0]["step"] == 2
+    assert [e["name"] for e in run.events()] == ["old"]
+    assert run.latest_evals() == {} and run.events_tail() == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from telescope.core.observe import LoggerHub, rollout_metrics
+from telescope.core.observe import SCHEMA_VERSION, LoggerHub, rollout_metrics
 from telescope.core.observe.code_files import is_excluded, select_code_files
 from telescope.core.observe.local import LocalLogger
 from telescope.core.observe.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
@@ -76,6 +76,8 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
         rows = make_rows(step)
         hub.log_rollouts(step, rows)
         hub.log_step(step, {**rollout_metrics(rows), "entropy": 0.5 * step})
+        hub.event("trainer", "instant", step=step)
+    hub.log_eval(2, "math", {"pass@1": 0.5}, [{"prompt": "1+1", "completion": "2", "reward": 1.0}])
     hub.log_info({"env_details": {"reverse_text": {"reward_min": 0.0}}})
     ids = hub.run_ids()
     hub.finish("finished")
@@ -89,7 +91,7 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
     assert (
         run_rec["run_id"] == ids["wandb"]["id"]
         and "t1" in run_rec["tags"]
-        and "schema_version:1" in run_rec["tags"]
+        and f"schema_version:{SCHEMA_VERSION}" in run_rec["tags"]
     )
     history = [r["history"]["item"] for r in records if r["type"] == "history"]
     scalars = [h for h in history if "reward/mean" in h]
@@ -106,6 +108,18 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
     }  # fmt: skip
     assert code_paths == {"pkg/train.py", "run.yaml"}
     assert (runs[0] / "files" / "logs" / "telescope.log").exists()
+    evals = [h for h in history if "eval/math/pass@1" in h]
+    assert [(h["_step"], h["eval/math/pass@1"]) for h in evals] == [(2, 0.5)]
+    assert (
+        len(list((runs[0] / "files" / "media" / "table" / "eval" / "math").glob("samples_*.table.json"))) == 1
+    )
+    uploaded = runs[0] / "files"
+    assert [
+        json.loads(x)["step"] for x in (uploaded / "events" / "block_000000.jsonl").read_text().splitlines()
+    ] == [1, 2]
+    assert (uploaded / "events" / "tail.jsonl").exists() and (
+        uploaded / "rollouts" / "block_000000.jsonl"
+    ).exists()
     assert not (runs[0] / "files" / "logs" / "telescope.detailed.log").exists()
 
     hub2 = LoggerHub([LocalLogger(), wandb_logger.WandbLogger(code_root=str(code_root))])

@@ -60,14 +60,16 @@ class FakeTrainer:
     dp_world_size: int = 1
     batches: list[Any] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    holds: list[set[int]] = field(default_factory=list)
 
     async def train_step(self, step: int, batch: Any) -> dict[str, float]:
         self.batches.append(batch)
         await asyncio.sleep(0.01)
         return {"loss": 0.0}
 
-    async def sync_weights(self, version: int) -> dict[str, float]:
+    async def sync_weights(self, version: int, hold: frozenset[int] = frozenset()) -> dict[str, float]:
         self.versions.append(version)
+        self.holds.append(set(hold))
         return {"timing_weight_sync_total": 0.0}
 
 

@@ -1,9 +1,10 @@
-"""End to end on Ray: 2 FSDP trainer ranks (gloo), 1 transformers inference server, real weight sync.
+"""End to end on Ray: 2 FSDP trainer ranks (gloo), 2 transformers inference servers, real weight sync.
 
 One run covers: on-policy logprob agreement between engine and trainer (fp32,
 max_async_rollout 0), a fingerprint-verified weight change after every step, multi-environment
-sampling with a multi-turn environment (wordle, exact token reuse across turns), and the run
-directory files. ~1 minute on 2 cores.
+sampling with a multi-turn environment (wordle, exact token reuse across turns), evals before,
+during (on the second server, held at the eval step's weights) and after training with
+held-out samples, and the run directory files. ~1.5 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from telescope.core.config import load_config
+from telescope.core.observe import RunDirReader
 from telescope.core.plugins import load_plugins
 
 pytest.importorskip("ray")
@@ -40,12 +42,14 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
         "environments": [{"name": "reverse_text", "weight": 1.0}, {"name": "wordle", "weight": 1.0,
                                                                     "kwargs": {"max_turns": 2}}],
-        "inference_engine": "transformers", "inference_num_workers": 1, "trainer_num_workers": 2,
+        "inference_engine": "transformers", "inference_num_workers": 2, "trainer_num_workers": 2,
         "ray_inference_cpus_per_worker": 0.5, "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local",
         "inference_base_port": free_port(), "group_size": 4, "prompts_batch_size_for_trainer": 2,
         "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 12, "seq_len": 1024, "pad_to_multiple_of": 8,
         "learning_rate": 1e-3, "discard_group_zero_advantage": False, "use_wandb": False,
-        "eval_before_training": False, "eval_after_training": False, "run_dir": str(run_dir), "seed": 3,
+        "evals": [{"name": "reverse_text", "eval_every": 2, "num_samples": 4, "separate_eval_samples": True,
+                   "pass_k": [1, 2]}],
+        "eval_before_training": True, "eval_after_training": True, "run_dir": str(run_dir), "seed": 3,
     }, registry)  # fmt: skip
     assert run_training(cfg, pset, registry) == 0
     return run_dir
@@ -76,17 +80,37 @@ def test_on_policy_logprobs_agree_at_step_0(run_dir: Path) -> None:
 
 
 def test_weights_change_and_are_verified_every_step(run_dir: Path) -> None:
-    events = read_jsonl(run_dir / "events.jsonl")
+    events = RunDirReader(run_dir).events()
     syncs = [e for e in events if e["type"] == "weight_sync" and e["phase"] == "end"]
     digests = [e["attrs"]["digest"] for e in syncs]
     assert len(digests) == 3 and all(digests) and len(set(digests)) == 3
 
 
 def test_multi_env_and_multi_turn_rollouts(run_dir: Path) -> None:
-    rows = read_jsonl(run_dir / "rollouts.jsonl")
+    rows = RunDirReader(run_dir).rollouts()
     envs = {r["env"] for r in rows}
     assert envs == {"reverse_text", "wordle"}
     wordle = [r for r in rows if r["env"] == "wordle"]
     assert any(r["num_turns"] == 2 for r in wordle)
-    generation = [e for e in read_jsonl(run_dir / "events.jsonl") if e["type"] == "generation"]
+    generation = [e for e in RunDirReader(run_dir).events() if e["type"] == "generation"]
     assert {e["phase"] for e in generation} == {"start", "end"}
+
+
+def test_evals_before_during_and_after_training(run_dir: Path) -> None:
+    rows = read_jsonl(run_dir / "evals" / "metrics.jsonl")
+    assert [(r["step"], r["name"]) for r in rows] == [
+        (0, "reverse_text"),
+        (2, "reverse_text"),
+        (3, "reverse_text"),
+    ]
+    for r in rows:
+        metrics = r["metrics"]
+        assert metrics["num_samples"] == 4 and metrics["num_completions"] == 8  # n = max k = 2
+        assert {"pass@1/reward", "pass@2/reward"} <= set(metrics)
+        assert metrics["pass@1/reward"] <= metrics["pass@2/reward"] + 1e-12
+
+
+def test_eval_samples_never_reach_training(run_dir: Path) -> None:
+    eval_prompts = {r["prompt"] for r in read_jsonl(run_dir / "evals" / "samples.jsonl")}
+    trained = {r["prompt_text"] for r in RunDirReader(run_dir).rollouts() if r["env"] == "reverse_text"}
+    assert len(eval_prompts) == 4 and trained and not eval_prompts & trained

@@ -6,7 +6,6 @@ import asyncio
 import time
 from typing import Any
 
-import pytest
 from fakes import FakeClient, FakeTrainer, RecordingObserver, ToyEnv
 
 from telescope.core.algorithms import get_algorithm
@@ -20,17 +19,8 @@ from telescope.core.runtime.tokens import stop_token_ids
 from telescope.core.testing import make_config
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from telescope.core.models.tiny import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path("telescope/tiny"))
-
-
 def build(
-    tokenizer: Any, env: ToyEnv, client: FakeClient, **overrides: Any
+    tokenizer: Any, env: ToyEnv, client: FakeClient | list[FakeClient], **overrides: Any
 ) -> tuple[Orchestrator, FakeTrainer, RecordingObserver]:
     fields = {"environments": [{"name": "toy"}], "group_size": 4, "prompts_batch_size_for_trainer": 2,
               "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 256, "pad_to_multiple_of": 8,
@@ -42,7 +32,8 @@ def build(
     runner = RolloutRunner(tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), None)
     trainer, observer = FakeTrainer(), RecordingObserver()
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm), 0)
-    return Orchestrator(cfg, prompts, runner, [client], trainer, batches, observer), trainer, observer
+    clients = client if isinstance(client, list) else [client]
+    return Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer), trainer, observer
 
 
 def varied_reply(tokenizer: Any) -> Any:

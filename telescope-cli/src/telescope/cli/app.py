@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from telescope.cli.commands import checkpoint as checkpoint_cmd
 from telescope.cli.commands import config as config_cmd
+from telescope.cli.commands import eval as eval_cmd
 from telescope.cli.commands import plugins as plugins_cmd
 from telescope.cli.commands import train as train_cmd
 
@@ -49,8 +51,10 @@ def _root(
 
 
 app.command("train", context_settings=train_cmd.CONTEXT)(train_cmd.train)
+app.command("eval", context_settings=eval_cmd.CONTEXT)(eval_cmd.eval_command)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(plugins_cmd.app, name="plugins")
+app.add_typer(checkpoint_cmd.app, name="checkpoint")
 
 
 def _add_optional_commands() -> None:

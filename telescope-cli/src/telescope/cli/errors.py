@@ -14,7 +14,7 @@ from telescope.core.config import ConfigError
 from telescope.core.plugins import PluginLoadError
 from telescope.core.registry import DuplicateComponentError, UnavailableComponentError, UnknownComponentError
 
-__all__ = ["USER_ERRORS", "err_console", "user_errors"]
+__all__ = ["USER_ERRORS", "err_console", "run_reporting_failures", "user_errors"]
 
 #: Exceptions that mean "the user can fix this": printed plainly, exit code 2.
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -51,3 +51,27 @@ def user_errors(func: F) -> F:
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def run_reporting_failures(
+    work: Callable[[], Any], *, what: str, interrupted: str, logs: str, debug: bool
+) -> Any:
+    """Run a long command's work: Ctrl-C exits 130, a runtime failure prints its root cause and exits 1.
+
+    User errors propagate (``user_errors`` turns them into exit code 2).
+    """
+    try:
+        return work()
+    except KeyboardInterrupt:
+        err_console.print(f"[bold yellow]interrupted:[/] {interrupted}")
+        raise typer.Exit(code=130) from None
+    except USER_ERRORS:
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        from telescope.core.runtime.errors import describe_failure
+
+        err_console.print(f"[bold red]{what} failed:[/] {describe_failure(exc)}", markup=True)
+        err_console.print(f"[dim]logs: {logs} — run with --debug for the full traceback[/]")
+        raise typer.Exit(code=1) from None

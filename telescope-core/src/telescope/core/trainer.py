@@ -8,7 +8,7 @@ implements ``TrainerBackend``.
 Call order on every rank of the trainer group (all ranks must make the same calls, since
 they run collectives): ``init()`` once, then per step ``train_step(batch)`` and
 ``iter_weights_for_inference()`` (fully consumed on every rank), and when asked
-``save_checkpoint(dir)`` / ``load_checkpoint(dir)``.
+``save_checkpoint(dir, training_state=...)`` / ``load_checkpoint(dir, training_state=...)``.
 """
 
 from __future__ import annotations
@@ -123,12 +123,25 @@ class TrainerBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def save_checkpoint(self, directory: str) -> None:
-        """Write model, optimizer, scheduler and counters to ``directory`` (collective)."""
+    def save_checkpoint(self, directory: str, *, training_state: bool = True) -> None:
+        """Write this trainer's part of a checkpoint into ``directory`` (collective: every rank).
+
+        Always: the model (sharded, HF parameter names), ``trainer_state.pt`` (step and
+        counters), ``trainer_meta.json``, each rank's RNG states and ``hf_meta/``. With
+        ``training_state`` also the optimizer and LR scheduler, so a resume continues exactly.
+        ``directory`` exists and is empty (``CheckpointManager.begin``); the caller commits it.
+        See ``telescope.core.checkpoint.layout`` for the file names.
+        """
 
     @abc.abstractmethod
-    def load_checkpoint(self, directory: str) -> None:
-        """Restore what ``save_checkpoint`` wrote (collective)."""
+    def load_checkpoint(self, directory: str, *, training_state: bool = True) -> dict[str, Any]:
+        """Restore what ``save_checkpoint`` wrote (collective); returns at least
+        ``{"step": <completed training steps>, "training_state": <restored optimizer/scheduler?>}``.
+
+        ``training_state=False`` loads the weights only. A weights-only checkpoint loaded with
+        ``training_state=True`` loads the weights, starts the optimizer fresh, sets the LR
+        scheduler to the saved step, logs a warning and returns ``training_state: False``.
+        """
 
     @property
     @abc.abstractmethod

@@ -161,11 +161,13 @@ class FSDPBackend(TrainerBackend):
                 yield name, full
             del full
 
-    def save_checkpoint(self, directory: str) -> None:
-        checkpoint.save(self._require_state(), directory, self._rank)
+    def save_checkpoint(self, directory: str, *, training_state: bool = True) -> None:
+        """Sharded model (+ optimizer, scheduler with ``training_state``), RNG, hf_meta (collective)."""
+        checkpoint.save(self._require_state(), directory, self._rank, training_state=training_state)
 
-    def load_checkpoint(self, directory: str) -> None:
-        checkpoint.load(self._require_state(), directory, self._rank)
+    def load_checkpoint(self, directory: str, *, training_state: bool = True) -> dict[str, Any]:
+        """Restore a checkpoint (collective); see ``telescope.fsdp.checkpoint``."""
+        return checkpoint.load(self._require_state(), directory, self._rank, training_state=training_state)
 
     # --- ranks -------------------------------------------------------------------------
     @property

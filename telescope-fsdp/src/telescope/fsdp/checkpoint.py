@@ -1,68 +1,163 @@
-"""Checkpoints: sharded model + optimizer via torch.distributed.checkpoint, plus trainer state.
+"""FSDP checkpoints: sharded model (+ optimizer) via torch.distributed.checkpoint, plus trainer state.
 
-Layout of a checkpoint directory:
-- ``.metadata`` and ``__<rank>_0.distcp``: DCP files of ``{"model": ..., "optimizer": ...}``;
-  model keys are Hugging Face names, so the files convert offline to safetensors;
-- ``trainer_state.pt`` (rank 0): LR scheduler state and step counters;
-- ``rng_rank_<r>.pt``: each rank's torch RNG state.
-Writing to a temporary name and renaming is the caller's job (the orchestrator owns naming).
+Files written into the checkpoint folder (names in ``telescope.core.checkpoint.layout``):
+
+- ``.metadata`` and ``__<rank>_0.distcp``: DCP files of ``{"model": ...}``, plus
+  ``"optimizer"`` when ``training_state``; model keys are Hugging Face names, so the files
+  convert offline (``telescope checkpoint convert``); a tied parameter is stored once, under
+  its first name (``model.embed_tokens.weight``, not ``lm_head.weight``);
+- ``trainer_state.pt`` (rank 0): ``step`` (completed training steps = scheduler steps),
+  counters and, with training state, the LR scheduler's state;
+- ``rng_rank_<r>.pt``: each rank's python/numpy/torch(/CUDA) RNG states;
+- ``hf_meta/`` (rank 0): the base model's HF config, generation config and tokenizer;
+- ``trainer_meta.json`` (rank 0, after every other file): backend, base model, step, world
+  size and whether training state was saved.
+
+On load the LR scheduler is always put at the saved step with the *current* run's schedule
+(``base_lr * lr_lambda(step)``), so the next step uses exactly the LR the uninterrupted run
+would have used. A weights-only checkpoint loaded with ``training_state=True`` gets a fresh
+optimizer (warned). Atomic naming is ``CheckpointManager``'s job.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from telescope.core.checkpoint.hf_meta import write_hf_meta
+from telescope.core.checkpoint.layout import HF_META_DIR, TRAINER_META, TRAINER_STATE, read_trainer_meta
+from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
+
 if TYPE_CHECKING:
     from telescope.fsdp.steps import TrainState
 
-__all__ = ["load", "save"]
+__all__ = ["load", "save", "set_scheduler_step", "tied_aliases"]
 
-TRAINER_STATE = "trainer_state.pt"
+logger = logging.getLogger(__name__)
 
 
-def save(st: TrainState, directory: str, rank: int) -> None:
+def save(st: TrainState, directory: str, rank: int, *, training_state: bool = True) -> None:
     """Write the checkpoint (collective: every rank calls it)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(st.model, st.optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path))
+    aliases = tied_aliases(st.model)
+    if training_state:
+        model_sd, optim_sd = get_state_dict(st.model, st.optimizer)
+        dcp.save({"model": _drop(model_sd, aliases), "optimizer": optim_sd}, checkpoint_id=str(path))
+    else:
+        dcp.save({"model": _drop(get_model_state_dict(st.model), aliases)}, checkpoint_id=str(path))
+    save_rng_states(path, rank)
+    step = int(st.scheduler.last_epoch)
     if rank == 0:
-        torch.save(
-            {"scheduler": st.scheduler.state_dict(), "counters": dict(st.counters)}, path / TRAINER_STATE
-        )
-    torch.save({"torch": torch.get_rng_state()}, path / f"rng_rank_{rank}.pt")
+        trainer_state: dict[str, Any] = {"step": step, "counters": dict(st.counters)}
+        if training_state:
+            trainer_state["scheduler"] = st.scheduler.state_dict()
+        torch.save(trainer_state, path / TRAINER_STATE)
+        write_hf_meta(st.cfg.model, path / HF_META_DIR)
+    dist.barrier()  # every rank's files are written before the description that marks them done
+    if rank == 0:
+        meta = {"backend": "fsdp", "base_model": st.cfg.model, "step": step, "training_state": training_state,
+                "world_size": dist.get_world_size(), "model_dtype": st.cfg.model_dtype}  # fmt: skip
+        (path / TRAINER_META).write_text(json.dumps(meta, indent=2))
     dist.barrier()
 
 
-def load(st: TrainState, directory: str, rank: int) -> None:
-    """Restore model, optimizer, scheduler, counters and RNG (collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
+def load(st: TrainState, directory: str, rank: int, *, training_state: bool = True) -> dict[str, Any]:
+    """Restore the checkpoint (collective); returns ``{"step", "training_state"}``."""
     path = Path(directory)
+    _check_is_fsdp_checkpoint(path)
+    saved_training_state = bool(read_trainer_meta(path).get("training_state", True))
+    restore_optimizer = training_state and saved_training_state
+    _load_weights(st, path, with_optimizer=restore_optimizer)
+    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
+    step = int(trainer_state["step"])
+    if training_state:
+        if not saved_training_state:
+            logger.warning("%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
+                           "continues at step %d", path, step)  # fmt: skip
+            st.optimizer.state.clear()
+        if "scheduler" in trainer_state and restore_optimizer:
+            st.scheduler.load_state_dict({**trainer_state["scheduler"], "lr_lambdas": [None] * len(
+                st.optimizer.param_groups)})  # fmt: skip
+        set_scheduler_step(st.scheduler, step)
+        st.counters.clear()
+        st.counters.update(trainer_state["counters"])
+        load_rng_states(path, rank)
+    dist.barrier()
+    return {"step": step, "training_state": restore_optimizer}
+
+
+def _check_is_fsdp_checkpoint(path: Path) -> None:
     if not (path / ".metadata").is_file() or not (path / TRAINER_STATE).is_file():
         raise FileNotFoundError(
             f"{path} is not an FSDP checkpoint (missing .metadata or {TRAINER_STATE}); "
             "point load_checkpoint at a directory written by save_checkpoint"
         )
-    model_sd, optim_sd = get_state_dict(st.model, st.optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(
-        st.model, st.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    backend = read_trainer_meta(path).get("backend", "fsdp")
+    if backend != "fsdp":
+        raise ValueError(
+            f"{path} was written by the {backend!r} trainer backend; load it with train_backend: {backend}"
+        )
+
+
+def _load_weights(st: TrainState, path: Path, *, with_optimizer: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
     )
-    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
-    st.scheduler.load_state_dict(trainer_state["scheduler"])
-    st.counters.clear()
-    st.counters.update(trainer_state["counters"])
-    rng_file = path / f"rng_rank_{rank}.pt"
-    if rng_file.is_file():
-        torch.set_rng_state(torch.load(rng_file, weights_only=False)["torch"])
-    dist.barrier()
+
+    aliases = tied_aliases(st.model)
+    if with_optimizer:
+        model_sd, optim_sd = get_state_dict(st.model, st.optimizer)
+        state: dict[str, Any] = {"model": _drop(model_sd, aliases), "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        model_sd = _with_aliases(state["model"], aliases)
+        set_state_dict(st.model, st.optimizer, model_state_dict=model_sd, optim_state_dict=state["optimizer"])
+    else:
+        state = {"model": _drop(get_model_state_dict(st.model), aliases)}
+        dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(st.model, _with_aliases(state["model"], aliases))
+
+
+def tied_aliases(model: Any) -> dict[str, str]:
+    """``{alias: first name}`` for parameters registered under two names (tied embeddings):
+    the tensor is stored once, under its first name, as in a Hugging Face checkpoint."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def _drop(state: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in aliases}
+
+
+def _with_aliases(state: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    return {**state, **{alias: state[first] for alias, first in aliases.items() if first in state}}
+
+
+def set_scheduler_step(scheduler: Any, step: int) -> None:
+    """Put a ``LambdaLR`` at ``step`` completed steps and set each group's LR for the next one."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None:
+        raise TypeError(f"set_scheduler_step supports LambdaLR schedulers, got {type(scheduler).__name__}")
+    lrs = [base_lr * fn(step) for fn, base_lr in zip(lambdas, scheduler.base_lrs, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler.last_epoch = step
+    scheduler._last_lr = list(lrs)

@@ -185,11 +185,16 @@ class MegatronBackend(TrainerBackend):
             if self.rank == 0:
                 stream.finish()
 
-    def save_checkpoint(self, directory: str) -> None:
-        checkpoint.save(self, directory)
+    def save_checkpoint(self, directory: str, *, training_state: bool = True) -> None:
+        """Dist-checkpoint model (+ optimizer), trainer state, RNG, hf_meta (collective)."""
+        checkpoint.save(self, directory, training_state=training_state)
 
-    def load_checkpoint(self, directory: str) -> None:
-        checkpoint.load(self, directory)
+    def load_checkpoint(self, directory: str, *, training_state: bool = True) -> dict[str, Any]:
+        """Restore a checkpoint (collective); see ``telescope.megatron.checkpoint``."""
+        info = checkpoint.load(self, directory, training_state=training_state)
+        if training_state:
+            self._set_lr()  # the LR of the next step, from the restored schedule step
+        return info
 
     # --- ranks -------------------------------------------------------------------------
     @property

@@ -3,13 +3,18 @@
 Run so far only on CPU with real megatron-core 0.19.2 (one rank, fp32, plain optimizer): the
 round trip restores weights, optimizer state and the next update exactly. Never run on CUDA,
 with the distributed optimizer, or resharded (saved with one TP/PP, loaded with another).
+The weights-only paths (``training_state=False`` on save or load) have not run at all: the
+session that wrote them had no megatron-core.
 
-Layout of a checkpoint directory:
-- Megatron ``dist_checkpointing`` files of ``{"model": ..., "optimizer": ...}`` (re-shardable:
-  loadable with other TP/PP sizes);
-- ``trainer_state.pt`` (rank 0): LR-schedule step and counters;
-- ``rng_rank_<r>.pt``: torch CPU/CUDA RNG and Megatron's model-parallel CUDA RNG tracker;
-- ``meta.json``: backend, base model, vocab and padded vocab, TP/PP/EP sizes;
+Layout of a checkpoint directory (shared names: ``telescope.core.checkpoint.layout``):
+- Megatron ``dist_checkpointing`` files of ``{"model": ...}`` plus ``"optimizer"`` with
+  training state (re-shardable: loadable with other TP/PP sizes);
+- ``trainer_state.pt`` (rank 0): step (= LR-schedule step) and counters;
+- ``rng_rank_<r>.pt``: python/numpy/torch/CUDA RNG (core helpers) plus, as the extra entry
+  ``tracker``, Megatron's model-parallel CUDA RNG tracker;
+- ``hf_meta/`` (rank 0): the base model's HF config, generation config and tokenizer;
+- ``trainer_meta.json`` (rank 0, last): backend, base model, step, training_state, vocab and
+  padded vocab, TP/PP/EP sizes;
 - ``hf/`` (when ``checkpoint_hf_weights``): ``model-XXXXX.safetensors`` + index + ``config.json``,
   written by global rank 0 from ``iter_weights_for_inference``; converting to HF is a copy.
 """
@@ -17,43 +22,49 @@ Layout of a checkpoint directory:
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from telescope.core.checkpoint.hf_meta import write_hf_meta
+from telescope.core.checkpoint.layout import HF_META_DIR, TRAINER_META, TRAINER_STATE, read_trainer_meta
+from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
+
 if TYPE_CHECKING:
     from telescope.megatron.backend import MegatronBackend
 
 __all__ = ["load", "save", "write_hf_weights"]
 
-TRAINER_STATE = "trainer_state.pt"
+logger = logging.getLogger(__name__)
+
 SHARD_BYTES = 4 * 2**30
 
 
-def save(backend: MegatronBackend, directory: str) -> None:
+def save(backend: MegatronBackend, directory: str, *, training_state: bool = True) -> None:
     """Write the checkpoint (collective: every rank calls it)."""
     from megatron.core import dist_checkpointing, tensor_parallel
 
     st, path = backend.require_state(), Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     model_sd = st.built.gpt.sharded_state_dict()  # the bare GPTModel: keys without wrapper prefixes
-    dist_checkpointing.save(
-        {"model": model_sd, "optimizer": st.optimizer.sharded_state_dict(model_sd)}, str(path)
-    )
+    state: dict[str, Any] = {"model": model_sd}
+    if training_state:
+        state["optimizer"] = st.optimizer.sharded_state_dict(model_sd)
+    dist_checkpointing.save(state, str(path))
     rank = dist.get_rank()
-    if rank == 0:
-        torch.save({"scheduler_step": st.scheduler_step, "counters": dict(st.counters)}, path / TRAINER_STATE)
-        (path / "meta.json").write_text(json.dumps(_meta(backend), indent=2))
-    rng = {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(),
-        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
-    torch.save(rng, path / f"rng_rank_{rank}.pt")
+    save_rng_states(path, rank, extra={"tracker": tensor_parallel.get_cuda_rng_tracker().get_states()})
     if backend.kwargs.checkpoint_hf_weights:
         write_hf_weights(backend, path / "hf")
+    if rank == 0:
+        torch.save({"step": st.scheduler_step, "counters": dict(st.counters)}, path / TRAINER_STATE)
+        write_hf_meta(st.cfg.model, path / HF_META_DIR)
+    dist.barrier()
+    if rank == 0:
+        meta = {**_meta(backend), "step": st.scheduler_step, "training_state": training_state}
+        (path / TRAINER_META).write_text(json.dumps(meta, indent=2))
     dist.barrier()
 
 
@@ -101,29 +112,49 @@ def write_hf_weights(backend: MegatronBackend, out: Path) -> None:
         backend.require_state().built.hf_config.save_pretrained(str(out))
 
 
-def load(backend: MegatronBackend, directory: str) -> None:
-    """Restore model, optimizer, schedule step, counters and RNG (collective)."""
+def load(backend: MegatronBackend, directory: str, *, training_state: bool = True) -> dict[str, Any]:
+    """Restore model (+ optimizer), schedule step, counters and RNG (collective);
+    returns ``{"step", "training_state"}``."""
     from megatron.core import dist_checkpointing, tensor_parallel
 
     st, path = backend.require_state(), Path(directory)
-    if not (path / TRAINER_STATE).is_file() or not (path / "meta.json").is_file():
+    meta = read_trainer_meta(path)
+    if not (path / TRAINER_STATE).is_file() or meta.get("backend") != "megatron":
         raise FileNotFoundError(
-            f"{path} is not a Megatron checkpoint (missing {TRAINER_STATE} or meta.json); "
-            "point load_checkpoint at a directory written by save_checkpoint"
+            f"{path} is not a Megatron checkpoint (missing {TRAINER_STATE}, or {TRAINER_META} does not say "
+            "megatron); point load_checkpoint at a directory written by save_checkpoint"
         )
+    restore_optimizer = training_state and bool(meta.get("training_state", True))
     model_sd = st.built.gpt.sharded_state_dict()
-    template = {"model": model_sd, "optimizer": st.optimizer.sharded_state_dict(model_sd, is_loading=True)}
+    template: dict[str, Any] = {"model": model_sd}
+    if restore_optimizer:
+        template["optimizer"] = st.optimizer.sharded_state_dict(model_sd, is_loading=True)
     loaded = dist_checkpointing.load(template, str(path))
     st.built.gpt.load_state_dict(loaded["model"])
-    st.optimizer.load_state_dict(loaded["optimizer"])
+    if restore_optimizer:
+        st.optimizer.load_state_dict(loaded["optimizer"])
     trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
-    st.scheduler_step = int(trainer_state["scheduler_step"])
-    st.counters.clear()
-    st.counters.update(trainer_state["counters"])
-    rng_file = path / f"rng_rank_{dist.get_rank()}.pt"
-    if rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        torch.cuda.set_rng_state(rng["cuda"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+    step = int(trainer_state["step"])
+    if training_state:
+        if not restore_optimizer:
+            logger.warning("%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
+                           "continues at step %d", path, step)  # fmt: skip
+            _fresh_optimizer(st.optimizer)
+        st.scheduler_step = step
+        st.counters.clear()
+        st.counters.update(trainer_state["counters"])
+        extra = load_rng_states(path, dist.get_rank())
+        if extra and "tracker" in extra:
+            tensor_parallel.get_cuda_rng_tracker().set_states(extra["tracker"])
     dist.barrier()
+    return {"step": step, "training_state": restore_optimizer}
+
+
+def _fresh_optimizer(optimizer: Any) -> None:
+    """Drop optimizer moments and re-copy fp32 main params from the just-loaded model params."""
+    if hasattr(optimizer, "reload_model_params"):
+        optimizer.reload_model_params()
+    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    for opt in chained:
+        inner = getattr(opt, "optimizer", opt)
+        inner.state.clear()

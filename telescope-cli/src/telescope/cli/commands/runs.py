@@ -105,7 +105,31 @@ def _latest(console: Console, steps: list[dict[str, Any]], limit: int) -> None:
         console.print(f"  ... {len(keys) - limit} more (use --metrics N)")
 
 
+def _evals(console: Console, run: RunDirReader, limit: int) -> None:
+    """The latest record of each eval: its step and up to ``limit`` metrics."""
+    latest = run.latest_evals()
+    if not latest:
+        return
+    table = Table(title="Latest evals", title_justify="left")
+    hidden = 0
+    for col, justify in (("eval", "left"), ("step", "right"), ("metric", "left"), ("value", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name in sorted(latest):
+        rec = latest[name]
+        metrics = rec.get("metrics", {}) or {}
+        keys = sorted(metrics)[:limit]
+        hidden += max(len(metrics) - limit, 0)
+        for i, key in enumerate(keys or ["-"]):
+            value = _fmt(metrics[key]) if key in metrics else "-"
+            table.add_row(name if i == 0 else "", str(rec.get("step")) if i == 0 else "", key, value)
+    console.print(table)
+    if hidden:
+        console.print(f"  ... {hidden} more eval metrics (use --metrics N)")
+
+
 def _discards(console: Console, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
     reasons = Counter(r.get("discard_reason") or "kept" for r in rows)
     kinds = Counter(r.get("zero_advantage_kind") for r in rows if r.get("discard_reason") == "zero_advantage")
     table = Table(title="Rollouts by outcome (all steps)", title_justify="left")
@@ -143,7 +167,7 @@ def show(
     metrics: int = typer.Option(40, "--metrics", help="Latest-step metrics to print."),
     reward_key: str = typer.Option("reward/mean", "--reward-key", help="Step metric drawn as the curve."),
 ) -> None:
-    """Summarise a run: config highlights, reward curve, latest metrics, discards, sample rollouts."""
+    """Summarise a run: config highlights, reward curve, latest metrics and evals, discards, sample rollouts."""
     try:
         run = RunDirReader(run_dir)
     except RunDirError as exc:
@@ -156,6 +180,7 @@ def show(
     _config(console, run.config())
     _reward_curve(console, run, reward_key)
     _latest(console, steps, metrics)
+    _evals(console, run, metrics)
     _discards(console, rows)
     _samples(console, rows, rollouts, width=100)
     damaged = {f: s for f, s in run.read_stats.items() if s.torn_tail or s.bad_lines}

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from telescope.cli.context import load_run
-from telescope.cli.errors import USER_ERRORS, err_console, user_errors
+from telescope.cli.errors import err_console, run_reporting_failures, user_errors
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -38,21 +38,8 @@ def train(
             "the config above is valid but no training was run."
         )
         raise typer.Exit(code=1) from None
-    try:
-        code = int(runtime.run_training(run.cfg, run.pset, run.registry) or 0)
-    except KeyboardInterrupt:
-        err_console.print("[bold yellow]interrupted:[/] every server and trainer process was stopped")
-        raise typer.Exit(code=130) from None
-    except USER_ERRORS:
-        raise
-    except Exception as exc:
-        if debug:
-            raise
-        from telescope.core.runtime.errors import describe_failure
-
-        err_console.print(f"[bold red]training failed:[/] {describe_failure(exc)}", markup=True)
-        err_console.print(
-            f"[dim]logs: {cfg.resolved_run_dir}/logs — run with --debug for the full traceback[/]"
-        )
-        raise typer.Exit(code=1) from None
+    code = run_reporting_failures(
+        lambda: int(runtime.run_training(run.cfg, run.pset, run.registry) or 0), what="training",
+        interrupted="every server and trainer process was stopped", logs=f"{cfg.resolved_run_dir}/logs", debug=debug,
+    )  # fmt: skip
     raise typer.Exit(code=code)

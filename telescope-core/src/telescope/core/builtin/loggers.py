@@ -27,7 +27,7 @@ def telescope_register_loggers(register: Register) -> None:
     register.add(
         "local",
         f"{_MODULE}.local:LocalLogger",
-        description="Run directory: config.yaml, run.json, metrics/rollouts/events/system JSONL, logs",
+        description="Run directory: config.yaml, run.json, metrics/system JSONL, rollout and event blocks, evals, logs",
     )
     register.add(
         "console",

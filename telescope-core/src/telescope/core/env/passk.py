@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from math import comb
 
-__all__ = ["aggregate_pass_k", "pass_at_k", "pass_pow_k"]
+__all__ = ["aggregate_pass_k", "pass_at_k", "pass_pow_k", "sample_pass_k"]
 
 
 def _check(n: int, c: int, k: int) -> None:
@@ -39,6 +39,24 @@ def pass_pow_k(n: int, c: int, k: int) -> float:
     return comb(c, k) / comb(n, k)
 
 
+_ESTIMATORS = {"at": pass_at_k, "pow": pass_pow_k}
+
+
+def sample_pass_k(
+    values: Sequence[float], k: int, *, kind: str = "at", threshold: float = 0.0
+) -> float | None:
+    """pass@k (``kind="at"``) or pass^k (``kind="pow"``) of one prompt from all its completions' values.
+
+    A completion passes when its value is ``> threshold``; None when fewer than k values exist.
+    """
+    fn = _ESTIMATORS.get(kind)
+    if fn is None:
+        raise ValueError(f"kind must be 'at' or 'pow', got {kind!r}")
+    if len(values) < k:
+        return None
+    return fn(len(values), sum(x > threshold for x in values), k)
+
+
 def aggregate_pass_k(
     values_per_prompt: Iterable[Sequence[float]],
     ks: Iterable[int],
@@ -52,13 +70,13 @@ def aggregate_pass_k(
     fewer than k valid completions are skipped for that k (they cannot give an unbiased
     estimate); a k no prompt supports is left out of the result.
     """
-    fn = {"at": pass_at_k, "pow": pass_pow_k}.get(kind)
-    if fn is None:
+    if kind not in _ESTIMATORS:
         raise ValueError(f"kind must be 'at' or 'pow', got {kind!r}")
     prompts = [list(v) for v in values_per_prompt]
     out: dict[int, float] = {}
     for k in ks:
-        scores = [fn(len(v), sum(x > threshold for x in v), k) for v in prompts if len(v) >= k]
+        per_prompt = [sample_pass_k(v, k, kind=kind, threshold=threshold) for v in prompts]
+        scores = [s for s in per_prompt if s is not None]
         if scores:
             out[k] = sum(scores) / len(scores)
     return out

@@ -164,28 +164,40 @@ class InferenceClient:
             return
         await self._request("POST", ENDPOINTS["weights_init"], json=request.model_dump())
 
-    async def update_weights(self, version: int) -> WeightUpdateResponse:
+    async def update_weights(self, version: int, apply: bool = True) -> WeightUpdateResponse:
         """Make the server receive and load the next sync (run concurrently with the trainer's send).
 
         On vLLM the server is paused (``keep``: in-flight requests freeze, then continue with the
         new weights) around the worker-extension call; the transformers engine swaps between
-        decode steps by itself.
+        decode steps by itself. With ``apply=False`` the server takes part in the broadcast and
+        verifies it but keeps its weights and weight version (``applied`` is false in the answer).
         """
         if self.weight_api == "vllm_collective_rpc":
-            start = asyncio.get_running_loop().time()
+            return await self._update_weights_vllm(version, apply)
+        raw = await self._request(
+            "POST", ENDPOINTS["weights_update"], json={"version": version, "apply": apply}
+        )
+        return WeightUpdateResponse.model_validate(raw)
+
+    async def _update_weights_vllm(self, version: int, apply: bool) -> WeightUpdateResponse:
+        start = asyncio.get_running_loop().time()
+        if not apply:  # nothing changes for in-flight requests: no pause
+            results = await self._rpc("telescope_update_weights", str(version), apply=False)
+        else:
             await self.pause("keep")
             try:
-                results = await self._rpc("telescope_update_weights", str(version))
+                results = await self._rpc("telescope_update_weights", str(version), apply=True)
             finally:
                 await self.resume()
-            first = results[0]
-            seconds = asyncio.get_running_loop().time() - start
-            return WeightUpdateResponse(
-                version=first["version"], num_tensors=first["num_tensors"], seconds=seconds,
-                fingerprints=first.get("fingerprints"),
-            )  # fmt: skip
-        raw = await self._request("POST", ENDPOINTS["weights_update"], json={"version": version})
-        return WeightUpdateResponse.model_validate(raw)
+        first = results[0]
+        return WeightUpdateResponse(
+            version=first["version"],
+            received_version=first.get("received_version", first["version"]),
+            applied=bool(first.get("applied", True)),
+            num_tensors=first["num_tensors"],
+            seconds=asyncio.get_running_loop().time() - start,
+            fingerprints=first.get("fingerprints"),
+        )
 
     async def weight_version(self) -> int:
         """The weight version the server serves."""
@@ -193,9 +205,9 @@ class InferenceClient:
             return int((await self._rpc("telescope_weight_version"))[0])
         return int((await self._request("GET", ENDPOINTS["weights_version"]))["weight_version"])
 
-    async def _rpc(self, method: str, *args: str) -> list[Any]:
-        """vLLM dev-mode ``POST /collective_rpc``: one result per worker."""
-        body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": {}, "timeout": None}
+    async def _rpc(self, method: str, *args: str, **kwargs: Any) -> list[Any]:
+        """vLLM dev-mode ``POST /collective_rpc``: one result per worker (``kwargs`` must be JSON values)."""
+        body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs, "timeout": None}
         raw = await self._request("POST", "/collective_rpc", json=body)
         results = raw.get("results") if isinstance(raw, dict) else None
         if not results:

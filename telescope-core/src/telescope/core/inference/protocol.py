@@ -170,6 +170,9 @@ class WeightUpdateRequest(BaseModel):
 
     version: int = Field(ge=0)
     """The version the trainer is about to send (checked against the stream's own header)."""
+    apply: bool = True
+    """Load the received weights. False: take part in the broadcast and verify the transport, but keep
+    serving the current weights and weight version (eval servers held at an eval step's weights)."""
 
 
 class WeightUpdateResponse(BaseModel):
@@ -178,10 +181,15 @@ class WeightUpdateResponse(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     version: int
-    """Weight version now served."""
+    """Weight version now served (with ``applied`` false: the version served before the sync)."""
+    received_version: int | None = None
+    """Version the trainer sent in this sync (equals ``version`` when applied)."""
+    applied: bool = True
+    """Whether the received weights were loaded (false for a request with ``apply`` false)."""
     num_tensors: int
     """Tensors received."""
     seconds: float
     """Receive + load time on the server."""
     fingerprints: dict[str, str] | None = None
-    """Fingerprints of the model's tensors after loading (null without verification)."""
+    """Fingerprints of the model's tensors after loading, or with ``applied`` false of the tensors received
+    (null without verification)."""

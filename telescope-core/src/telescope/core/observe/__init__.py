@@ -11,7 +11,12 @@ Typical use by the orchestrator::
     rows = records_from_group(group, step)               # every kept/discarded/cancelled group
     hub.log_rollouts(step, rows)
     hub.log_step(step, {**trainer_metrics, **rollout_metrics(rows), **perf_metrics(dt, tokens, lag)})
+    hub.log_eval(step, "math", {"pass@1": 0.4}, sample_rows)   # evals/ files, W&B eval/math/*
+    hub.add_torch_memory_source(RayDrainFetcher(trainers))     # workers run a TorchMemorySampler
     hub.finish("finished")                               # or "failed" / "interrupted"
+
+Buffered output (system samples, W&B history, the events tail and uploads) goes out at the
+seed's logging intervals from the hub's tick thread; see docs/run-directory.md.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ __all__ = ["Logger"]
 class Logger:
     """Base class of logger plugins (``telescope_register_loggers``).
 
-    Call order: ``start`` once, then any number of ``log_*``/``warn`` calls (possibly from a
-    background thread for ``log_system``), then ``finish`` once. ``required = True`` makes a
+    Call order: ``start`` once, then any number of ``log_*``/``warn``/``tick`` calls (possibly
+    from a background thread for ``log_system`` and ``tick``), then ``finish`` once, which
+    must hand over anything still buffered. ``required = True`` makes a
     failure in ``start`` stop the run (the local run directory); other loggers are dropped.
     """
 
@@ -38,13 +39,19 @@ class Logger:
         """Record timeline events."""
 
     def log_system(self, sample: dict[str, Any]) -> None:
-        """Record one system-metrics sample: ``{"time", "node", "metrics": {name: value}}``."""
+        """Record one system-metrics sample: ``{"time", "node", "source", "metrics": {name: value}}``."""
+
+    def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        """Record one eval's results at ``step``: its scores and its per-sample ``rows``."""
 
     def log_info(self, info: dict[str, Any]) -> None:
         """Record run-level facts (environment details, reward/metric ranges, setup)."""
 
     def warn(self, message: str) -> None:
         """Show a warning to the user."""
+
+    def tick(self) -> None:
+        """Called every ``LoggerHub.tick_s`` seconds from the hub's thread: hand over what is due."""
 
     def finish(self, status: str) -> None:
         """Close outputs. ``status``: ``finished``, ``failed`` or ``interrupted``."""

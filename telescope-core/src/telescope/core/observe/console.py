@@ -13,7 +13,7 @@ from rich.console import Console
 
 from telescope.core.observe.base import Logger
 
-__all__ = ["ConsoleLogger", "format_duration", "format_progress"]
+__all__ = ["ConsoleLogger", "format_duration", "format_eval", "format_progress"]
 
 #: Step-metric keys the progress line reads (first one present wins).
 REWARD_KEYS = ("reward/mean",)
@@ -58,6 +58,17 @@ def format_progress(
     parts.append(f"discarded {discarded}")
     parts.append(f"cancelled {cancelled}")
     return " | ".join(parts)
+
+
+def format_eval(step: int, name: str, metrics: dict[str, float], samples: int, limit: int = 8) -> str:
+    """``eval math @ step 10: pass@1 0.4500, accuracy 0.4400 (500 samples)`` (first ``limit`` metrics, sorted)."""
+    shown = []
+    for key in sorted(metrics)[:limit]:
+        value = metrics[key]
+        shown.append(f"{key} {value:.4f}" if isinstance(value, int | float) else f"{key} {value}")
+    more = f", +{len(metrics) - limit} more" if len(metrics) > limit else ""
+    body = ", ".join(shown) if shown else "no metrics"
+    return f"eval {name} @ step {step}: {body}{more} ({samples} samples)"
 
 
 class ConsoleLogger(Logger):
@@ -145,6 +156,9 @@ class ConsoleLogger(Logger):
             self._progress.update(self._task, completed=done, description=line.split(" | ", 1)[1])
         else:
             self._print(line)
+
+    def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        self._print(format_eval(step, name, metrics, len(rows)), style="bold cyan")
 
     def warn(self, message: str) -> None:
         self._print(f"WARNING: {message}", style="bold yellow")

@@ -29,6 +29,15 @@ FINISH_STATUSES = ("finished", "failed", "interrupted")
 HUB_WARNING = {"telescope_hub_warning": True}
 
 
+def tick_seconds(cfg: Any) -> float:
+    """Tick period: a quarter of the shortest buffering interval, kept within 0.05..0.5 s."""
+    shortest = min(
+        float(getattr(cfg, "metrics_logger_interval_seconds", 2.0)),
+        float(getattr(cfg, "event_upload_interval_seconds", 5)),
+    )
+    return min(max(shortest / 4, 0.05), 0.5)
+
+
 class LoggerStartError(RuntimeError):
     """A required logger (the local run directory) could not start."""
 
@@ -43,6 +52,9 @@ class LoggerHub:
         self._lock = threading.Lock()
         self._sampler: Any = None
         self._scrapers: list[Any] = []
+        self._threads: list[Any] = []
+        self._stopped: set[int] = set()
+        self._cfg: Any = None
         self._finished = False
         #: Enabled loggers that could not be built here, ``{name: reason}`` (warned at start).
         self.skipped: dict[str, str] = {}
@@ -79,13 +91,17 @@ class LoggerHub:
         resume_ids: dict[str, dict[str, Any]] | None = None,
         *,
         system_metrics: bool = True,
+        ticker: bool = True,
     ) -> None:
-        """Start every logger; then the system-metrics sampler (``cfg`` intervals).
+        """Start every logger; then the system-metrics sampler and the tick thread (``cfg`` intervals).
 
         Args:
             resume_ids: ``run_ids()`` of the run being resumed (``{logger name: ids}``).
             system_metrics: sample CPU/memory (and GPUs when ``cfg.track_gpu_events``).
+            ticker: call every logger's ``tick`` every ``tick_seconds(cfg)`` (buffered files and
+                uploads go out at their intervals); off, they go out at ``finish``.
         """
+        self._cfg = cfg
         run_dir = Path(run_dir)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +130,32 @@ class LoggerHub:
                 gpus=bool(getattr(cfg, "track_gpu_events", True)),
             )
             self._sampler.start()
+        if ticker:
+            from telescope.core.observe.periodic import PeriodicThread
+
+            self._start_thread(PeriodicThread(self.tick, tick_seconds(cfg), "telescope-logger-tick"))
+
+    def _start_thread(self, thread: Any) -> None:
+        thread.start()
+        self._threads.append(thread)
+
+    def tick(self) -> None:
+        """Let every logger hand over what is due (called by the tick thread)."""
+        self._call("tick")
+
+    def add_torch_memory_source(self, fetch: Any, interval_s: float | None = None) -> None:
+        """Every ``ray_torch_memory_drain_interval_seconds``, log the samples ``fetch()`` returns.
+
+        Args:
+            fetch: returns the torch-memory samples taken since its last call, e.g.
+                ``telescope.core.observe.torch_memory.RayDrainFetcher(trainer_actors)``.
+            interval_s: overrides the config's drain interval.
+        """
+        from telescope.core.observe.torch_memory import TorchMemoryDrainer
+
+        if interval_s is None:
+            interval_s = float(getattr(self._cfg, "ray_torch_memory_drain_interval_seconds", 0.5))
+        self._start_thread(TorchMemoryDrainer(fetch, self.log_system, interval_s))
 
     def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float = 1.0) -> None:
         """Scrape each inference server's ``/metrics`` (vLLM) into ``log_system`` until finish.
@@ -136,11 +178,19 @@ class LoggerHub:
         if self._finished:
             return
         self._finished = True
-        if self._sampler is not None:
-            self._sampler.stop()
-        for scraper in self._scrapers:
-            scraper.stop()
+        self.stop_sources()
         self._call("finish", status)
+
+    def stop_sources(self) -> None:
+        """Stop the samplers, scrapers, torch-memory drains and the tick thread (idempotent).
+
+        Call it before stopping the processes they read from (a torch-memory drain makes one
+        last call to the workers); ``finish`` calls it too. Logging still works afterwards.
+        """
+        for source in [self._sampler, *self._scrapers, *self._threads]:
+            if source is not None and id(source) not in self._stopped:
+                self._stopped.add(id(source))
+                source.stop()
 
     def run_ids(self) -> dict[str, dict[str, Any]]:
         """``{logger name: ids}`` to store in the checkpoint and pass back to ``start``."""
@@ -187,6 +237,12 @@ class LoggerHub:
 
     def log_info(self, info: dict[str, Any]) -> None:
         self._call("log_info", dict(info))
+
+    def log_eval(
+        self, step: int, name: str, metrics: dict[str, float], rows: Sequence[dict[str, Any]] = ()
+    ) -> None:
+        """One eval's scores (``{metric: value}``) and per-sample ``rows`` at trainer ``step``."""
+        self._call("log_eval", int(step), str(name), dict(metrics), [dict(r) for r in rows])
 
     def warn(self, message: str) -> None:
         """Show ``message`` on the console and record it in the run's log."""

@@ -9,9 +9,15 @@ from typing import Any
 
 __all__ = [
     "CONFIG_FILE",
+    "EVALS_DIR",
+    "EVAL_METRICS_FILE",
+    "EVAL_SAMPLES_FILE",
+    "EVENTS_DIR",
     "EVENTS_FILE",
+    "EVENTS_TAIL_FILE",
     "LOGS_DIR",
     "METRICS_FILE",
+    "ROLLOUTS_DIR",
     "ROLLOUTS_FILE",
     "RUN_FILE",
     "SYSTEM_FILE",
@@ -22,8 +28,16 @@ __all__ = [
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+#: Schema 1 single files (read for old run directories; schema 2 writes the block folders).
 ROLLOUTS_FILE = "rollouts.jsonl"
 EVENTS_FILE = "events.jsonl"
+#: Schema 2: ``rollouts/block_{k}.jsonl`` (by step), ``events/block_{k}.jsonl`` (by time) + tail.
+ROLLOUTS_DIR = "rollouts"
+EVENTS_DIR = "events"
+EVENTS_TAIL_FILE = "events/tail.jsonl"
+EVALS_DIR = "evals"
+EVAL_METRICS_FILE = "evals/metrics.jsonl"
+EVAL_SAMPLES_FILE = "evals/samples.jsonl"
 SYSTEM_FILE = "system.jsonl"
 LOGS_DIR = "logs"
 

@@ -5,24 +5,29 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from telescope.core.observe.base import Logger
+from telescope.core.observe.blocks import EventBlocks, StepBlocks
 from telescope.core.observe.jsonl import JsonlWriter
 from telescope.core.observe.layout import (
     CONFIG_FILE,
-    EVENTS_FILE,
+    EVAL_METRICS_FILE,
+    EVAL_SAMPLES_FILE,
+    EVENTS_DIR,
     LOGS_DIR,
     METRICS_FILE,
-    ROLLOUTS_FILE,
+    ROLLOUTS_DIR,
     RUN_FILE,
     SYSTEM_FILE,
     config_to_dict,
     write_json_atomic,
 )
+from telescope.core.observe.periodic import IntervalBuffer, IntervalGate
 from telescope.core.observe.reader import read_run_meta
 from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord, TimelineEvent
 
@@ -39,18 +44,46 @@ def reward_ranges(cfg: Any) -> dict[str, dict[str, float | None]]:
     }
 
 
+def block_layout(cfg: Any, previous: dict[str, Any]) -> dict[str, float]:
+    """Block sizes of the run directory: those of the first start win, so a resume keeps numbering."""
+    layout = {
+        "rollout_block_size": int(getattr(cfg, "rollout_block_size", 500)),
+        "event_block_duration_seconds": float(getattr(cfg, "event_block_duration_seconds", 1800)),
+    }
+    return {**layout, **dict(previous.get("layout", {}))}
+
+
+def eval_sample_record(step: int, name: str, row: dict[str, Any]) -> dict[str, Any]:
+    """``{"step", "name", **row}``; a row's own ``step``/``name`` keys are kept as ``row_step``/``row_name``."""
+    record: dict[str, Any] = {"step": step, "name": name}
+    for key, value in row.items():
+        record[f"row_{key}" if key in ("step", "name") else key] = value
+    return record
+
+
 class LocalLogger(Logger):
-    """Writes config.yaml, run.json, metrics/rollouts/events/system JSONL and logs/."""
+    """Writes config.yaml, run.json, metrics/system JSONL, rollout/event blocks, evals and logs/.
+
+    Step metrics, rollouts, events and evals are appended at once (crash safety); samples
+    (system, vLLM, torch memory) are buffered and appended every
+    ``metrics_logger_interval_seconds``; ``events/tail.jsonl`` is rewritten every
+    ``event_upload_interval_seconds``. ``clock`` (unix seconds) drives both and the blocks.
+    """
 
     name = "local"
     required = True
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.run_dir: Path | None = None
+        self._clock = clock
         self._writers: dict[str, JsonlWriter] = {}
         self._meta: dict[str, Any] = {}
         self._handlers: list[logging.Handler] = []
         self._previous_level = logging.NOTSET
+        self._events: EventBlocks | None = None
+        self._rollouts: StepBlocks | None = None
+        self._samples: IntervalBuffer[dict[str, Any]] | None = None
+        self._tail_gate: IntervalGate | None = None
 
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
@@ -59,21 +92,43 @@ class LocalLogger(Logger):
             yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
         previous = read_run_meta(self.run_dir) if (self.run_dir / RUN_FILE).exists() else {}
         run_id = (resume_ids or {}).get("run_id") or previous.get("run_id") or uuid.uuid4().hex[:12]
+        now = self._clock()
         self._meta = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
             "name": getattr(cfg, "wandb_run_name", ""),
             "status": "running",
-            "created_at": previous.get("created_at", time.time()),
-            "started_at": time.time(),
+            "created_at": previous.get("created_at", now),
+            "started_at": now,
             "finished_at": None,
             "starts": int(previous.get("starts", 0)) + 1,
+            "layout": block_layout(cfg, previous),
             "info": {**previous.get("info", {}), "reward_ranges": reward_ranges(cfg)},
         }
         write_json_atomic(self.run_dir / RUN_FILE, self._meta)
-        for fname in (METRICS_FILE, ROLLOUTS_FILE, EVENTS_FILE, SYSTEM_FILE):
-            self._writers[fname] = JsonlWriter(self.run_dir / fname)
+        self._open_writers(cfg)
         self._attach_log_files(self.run_dir / LOGS_DIR)
+
+    def _open_writers(self, cfg: Any) -> None:
+        assert self.run_dir is not None
+        for fname in (METRICS_FILE, SYSTEM_FILE, EVAL_METRICS_FILE, EVAL_SAMPLES_FILE):
+            self._writers[fname] = JsonlWriter(self.run_dir / fname)
+        layout = self._meta["layout"]
+        self._rollouts = StepBlocks(self.run_dir / ROLLOUTS_DIR, int(layout["rollout_block_size"]))
+        self._events = EventBlocks(
+            self.run_dir / EVENTS_DIR,
+            origin=float(self._meta["created_at"]),
+            block_duration_s=float(layout["event_block_duration_seconds"]),
+            tail_window_s=float(getattr(cfg, "event_tail_window_seconds", 60)),
+            clock=self._clock,
+        )
+        self._events.write_tail()  # the tail exists from the start (empty until events come)
+        self._tail_gate = IntervalGate(float(getattr(cfg, "event_upload_interval_seconds", 5)), self._clock)
+        self._samples = IntervalBuffer(
+            self._writers[SYSTEM_FILE].write_many,
+            float(getattr(cfg, "metrics_logger_interval_seconds", 2.0)),
+            clock=self._clock,
+        )
 
     def _attach_log_files(self, logs_dir: Path) -> None:
         """telescope.log (INFO) and telescope.detailed.log (DEBUG, file:line) for 'telescope.*' loggers."""
@@ -101,13 +156,30 @@ class LocalLogger(Logger):
         self._writer(METRICS_FILE).write({"step": step, "time": time.time(), "metrics": metrics})
 
     def log_rollouts(self, step: int, rows: list[RolloutRecord]) -> None:
-        self._writer(ROLLOUTS_FILE).write_many([r.to_dict() for r in rows])
+        self._started(self._rollouts).write(step, [r.to_dict() for r in rows])
 
     def log_events(self, events: list[TimelineEvent]) -> None:
-        self._writer(EVENTS_FILE).write_many([e.to_dict() for e in events])
+        self._started(self._events).write([e.to_dict() for e in events])
 
     def log_system(self, sample: dict[str, Any]) -> None:
-        self._writer(SYSTEM_FILE).write(sample)
+        self._started(self._samples).add(sample)
+
+    def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        self._writer(EVAL_METRICS_FILE).write(
+            {"step": step, "name": name, "time": self._clock(), "metrics": metrics, "samples": len(rows)}
+        )
+        self._writer(EVAL_SAMPLES_FILE).write_many([eval_sample_record(step, name, r) for r in rows])
+
+    def _started(self, part: Any) -> Any:
+        if part is None:
+            raise RuntimeError("local logger: written before start(): call LoggerHub.start first")
+        return part
+
+    def tick(self) -> None:
+        if self._samples is not None:
+            self._samples.tick()
+        if self._tail_gate is not None and self._events is not None and self._tail_gate.due():
+            self._events.write_tail()
 
     def log_info(self, info: dict[str, Any]) -> None:
         self._meta.setdefault("info", {}).update(info)
@@ -115,6 +187,13 @@ class LocalLogger(Logger):
             write_json_atomic(self.run_dir / RUN_FILE, self._meta)
 
     def finish(self, status: str) -> None:
+        if self._samples is not None:
+            self._samples.flush()
+        if self._events is not None:
+            self._events.write_tail()
+            self._events.close()
+        if self._rollouts is not None:
+            self._rollouts.close()
         for writer in self._writers.values():
             writer.close()
         root = logging.getLogger("telescope")

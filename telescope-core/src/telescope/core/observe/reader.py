@@ -11,11 +11,17 @@ from typing import Any
 
 import yaml
 
+from telescope.core.observe.blocks import block_files, block_name
 from telescope.core.observe.jsonl import JsonlReadStats, read_jsonl
 from telescope.core.observe.layout import (
     CONFIG_FILE,
+    EVAL_METRICS_FILE,
+    EVAL_SAMPLES_FILE,
+    EVENTS_DIR,
     EVENTS_FILE,
+    EVENTS_TAIL_FILE,
     METRICS_FILE,
+    ROLLOUTS_DIR,
     ROLLOUTS_FILE,
     RUN_FILE,
     SYSTEM_FILE,
@@ -81,13 +87,53 @@ class RunDirReader:
                 out.append((int(rec["step"]), float(value)))
         return out
 
+    def _read_blocks(self, folder: str, legacy_file: str) -> list[dict[str, Any]]:
+        """Schema 1's single file (if any) then every ``folder/block_{k}.jsonl`` in block order."""
+        records = self._read(legacy_file) if (self.path / legacy_file).exists() else []
+        for _, path in block_files(self.path / folder):
+            records.extend(self._read(f"{folder}/{path.name}"))
+        return records
+
     def rollouts(self, step: int | None = None) -> list[dict[str, Any]]:
-        """rollouts.jsonl rows (of one step when ``step`` is given)."""
-        rows = self._read(ROLLOUTS_FILE)
+        """Rollout rows of every block (of one step when ``step`` is given)."""
+        if step is not None:
+            size = self.meta.get("layout", {}).get("rollout_block_size")
+            if isinstance(size, int) and size > 0 and not (self.path / ROLLOUTS_FILE).exists():
+                # schema 2: only the block holding that step is read
+                rows = self._read(f"{ROLLOUTS_DIR}/{block_name(max(step, 0) // size)}")
+                return [r for r in rows if r.get("step") == step]
+        rows = self._read_blocks(ROLLOUTS_DIR, ROLLOUTS_FILE)
         return rows if step is None else [r for r in rows if r.get("step") == step]
 
     def events(self) -> list[dict[str, Any]]:
-        return self._read(EVENTS_FILE)
+        """Timeline events of every block, in the order they were written."""
+        return self._read_blocks(EVENTS_DIR, EVENTS_FILE)
+
+    def events_tail(self) -> list[dict[str, Any]]:
+        """The events of the last ``event_tail_window_seconds`` as of the latest tail rewrite."""
+        return self._read(EVENTS_TAIL_FILE)
+
+    def evals(self, name: str | None = None) -> list[dict[str, Any]]:
+        """evals/metrics.jsonl records ``{"step", "name", "time", "metrics", "samples"}``."""
+        records = self._read(EVAL_METRICS_FILE)
+        return records if name is None else [r for r in records if r.get("name") == name]
+
+    def latest_evals(self) -> dict[str, dict[str, Any]]:
+        """``{eval name: its last record}`` (highest step, then latest written)."""
+        latest: dict[str, dict[str, Any]] = {}
+        for rec in self.evals():
+            name = str(rec.get("name"))
+            if name not in latest or int(rec.get("step", -1)) >= int(latest[name].get("step", -1)):
+                latest[name] = rec
+        return latest
+
+    def eval_samples(self, name: str | None = None, step: int | None = None) -> list[dict[str, Any]]:
+        """evals/samples.jsonl rows (filtered by eval name and/or step)."""
+        rows = self._read(EVAL_SAMPLES_FILE)
+        return [
+            r for r in rows
+            if (name is None or r.get("name") == name) and (step is None or r.get("step") == step)
+        ]  # fmt: skip
 
     def system(self) -> list[dict[str, Any]]:
         return self._read(SYSTEM_FILE)

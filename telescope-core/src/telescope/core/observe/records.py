@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 #: Version of the run-directory layout and of every record below (bump on breaking change).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Why a finished rollout was not used for training.
 DISCARD_REASONS = ("max_async", "zero_advantage")

@@ -1,21 +1,30 @@
 """``wandb`` logger (``use_wandb``): step metrics as scalars, rollouts as tables, code and logs.
 
 Honours every seed ``wandb_*`` field. ``WANDB_MODE=offline`` works without network; the W&B
-files then live under ``RUN_DIR/wandb/``. Timeline events and system samples stay in the
-local run directory (W&B samples its own system stats).
+files then live under ``RUN_DIR/wandb/``. History writes (step scalars, rollout tables, eval
+scores) are queued and sent, in order, every ``metrics_logger_interval_seconds`` from the
+hub's tick thread, so a slow W&B never blocks training. Every ``event_upload_interval_seconds``
+the local ``events/tail.jsonl`` and every closed event/rollout block are uploaded
+(``BlockUploader``); the open blocks go at finish. System samples stay local (W&B samples
+its own system stats).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.code_files import select_code_files
 from telescope.core.observe.layout import LOGS_DIR, config_to_dict
+from telescope.core.observe.periodic import IntervalBuffer
 from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord
+from telescope.core.observe.wandb_uploads import BlockUploader
 
 __all__ = ["ROLLOUT_TABLE_COLUMNS", "WandbLogger", "log_files_to_upload"]
 
@@ -33,6 +42,13 @@ def _table_row(r: RolloutRecord) -> list[Any]:
         r.kept, r.discard_reason or "", r.stop_reason, r.model_version, r.prompt_tokens,
         r.completion_tokens, r.server, r.lane, json.dumps(r.sample_metrics, sort_keys=True),
     ]  # fmt: skip
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: scalars and text as they are, anything else as JSON text."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def log_files_to_upload(run_dir: Path, *, logs: bool, detailed: bool, stdout: bool) -> list[Path]:
@@ -56,17 +72,43 @@ def log_files_to_upload(run_dir: Path, *, logs: bool, detailed: bool, stdout: bo
     return out
 
 
+def eval_scalars(name: str, metrics: dict[str, float]) -> dict[str, float]:
+    """``{"eval/<name>/<metric>": value}`` for the numeric metrics of one eval."""
+    return {
+        f"eval/{name}/{key}": float(value)
+        for key, value in metrics.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
 class WandbLogger(Logger):
-    """One W&B run per Telescope run; resumes the same id when ``resume_ids`` has it."""
+    """One W&B run per Telescope run; resumes the same id when ``resume_ids`` has it.
+
+    Args:
+        code_root: folder uploaded as code (default: the working directory).
+        upload_rollouts: log each step's rollouts and each eval's samples as tables.
+        clock: monotonic seconds for the history and upload intervals (tests inject one).
+    """
 
     name = "wandb"
 
-    def __init__(self, code_root: str | None = None) -> None:
+    def __init__(
+        self,
+        code_root: str | None = None,
+        *,
+        upload_rollouts: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.code_root = Path(code_root or os.getcwd())
+        self.upload_rollouts = upload_rollouts
         self.run: Any = None
         self._cfg: Any = None
         self._run_dir: Path | None = None
         self._ids: dict[str, Any] = {}
+        self._clock = clock
+        self._history: IntervalBuffer[tuple[dict[str, Any], int]] | None = None
+        self._uploader: BlockUploader | None = None
+        self._run_lock = threading.RLock()  # one W&B call at a time (caller and tick threads)
 
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         try:
@@ -88,8 +130,29 @@ class WandbLogger(Logger):
             resume="allow" if resume_id else None,
         )
         self._ids = {"id": self.run.id, "project": self.run.project}
+        self._history = IntervalBuffer(
+            self._send_history, float(cfg.metrics_logger_interval_seconds), clock=self._clock, max_items=1000
+        )
+        self._uploader = BlockUploader(
+            self._save, self._run_dir, float(cfg.event_upload_interval_seconds), clock=self._clock
+        )
         if cfg.wandb_upload_code:
             self._upload_code()
+
+    def _send_history(self, entries: list[tuple[dict[str, Any], int]]) -> None:
+        with self._run_lock:
+            for payload, step in entries:
+                self.run.log(payload, step=step)
+
+    def _save(self, path: Path) -> None:
+        assert self._run_dir is not None
+        with self._run_lock:
+            self.run.save(str(path), base_path=str(self._run_dir), policy="now")
+
+    def _queue(self, payload: dict[str, Any], step: int) -> None:
+        if self._history is None:
+            raise RuntimeError("wandb logger: logged before start(): call LoggerHub.start first")
+        self._history.add((payload, step))
 
     def _upload_code(self) -> None:
         cfg = self._cfg
@@ -106,25 +169,47 @@ class WandbLogger(Logger):
         )
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(dict(metrics), step=step)
+        self._queue(dict(metrics), step)
 
     def log_rollouts(self, step: int, rows: list[RolloutRecord]) -> None:
-        if not rows:
+        if not rows or not self.upload_rollouts:
             return
         import wandb
 
         table = wandb.Table(columns=list[Any](ROLLOUT_TABLE_COLUMNS), data=[_table_row(r) for r in rows])
-        self.run.log({"rollouts": table}, step=step)
+        self._queue({"rollouts": table}, step)
+
+    def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        payload: dict[str, Any] = dict(eval_scalars(name, metrics))
+        if rows and self.upload_rollouts:
+            import wandb
+
+            columns = sorted({key for row in rows for key in row})
+            data = [[_cell(row.get(c)) for c in columns] for row in rows]
+            payload[f"eval/{name}/samples"] = wandb.Table(columns=list[Any](columns), data=data)
+        if payload:
+            self._queue(payload, step)
 
     def log_info(self, info: dict[str, Any]) -> None:
-        for key, value in info.items():
-            self.run.summary[key] = value
+        with self._run_lock:
+            for key, value in info.items():
+                self.run.summary[key] = value
+
+    def tick(self) -> None:
+        if self._history is not None:
+            self._history.tick()
+        if self._uploader is not None:
+            self._uploader.tick()
 
     def finish(self, status: str) -> None:
         if self.run is None:
             return
         cfg, run_dir = self._cfg, self._run_dir
         assert run_dir is not None
+        if self._history is not None:
+            self._history.flush()
+        if self._uploader is not None:
+            self._uploader.upload_all()
         for path in log_files_to_upload(
             run_dir,
             logs=cfg.wandb_upload_logs,

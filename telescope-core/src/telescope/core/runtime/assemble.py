@@ -15,7 +15,7 @@ from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
 from telescope.core.runtime.tokens import Interleaver, stop_token_ids
 
-__all__ = ["build_orchestrator", "load_environments", "load_tokenizer"]
+__all__ = ["add_checkpoints_and_evals", "build_orchestrator", "load_environments", "load_tokenizer"]
 
 
 def load_tokenizer(cfg: Any) -> Any:
@@ -64,6 +64,15 @@ async def init_weight_sync(session: Any, clients: list[Any]) -> None:
     )
 
 
+def eval_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
+    """Training samples reserved for evals (``separate_eval_samples``)."""
+    if not cfg.evals:
+        return {}
+    from telescope.core.evals import training_exclusions
+
+    return dict(training_exclusions(cfg, registry))
+
+
 async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Orchestrator, list[Any]]:
     """The orchestrator for a started session (servers healthy, trainers initialised)."""
     from telescope.core.algorithms import get_algorithm
@@ -75,7 +84,9 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     clients = [InferenceClient(url) for url in session.servers.urls]
     await init_weight_sync(session, clients)
     chat = ChatOptions.from_config(cfg)
-    sources = [SourceEnv(e.name, e.weight, len(envs[e.name])) for e in cfg.environments]
+    excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)
+    sources = [SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))
+               for e in cfg.environments]  # fmt: skip
     ranges = {e.name: (e.reward_min, e.reward_max) for e in cfg.environments}
     prefetch = cfg.prompt_prefetch_buffer_size if cfg.enable_prompt_prefetch else 0
     prompts = PromptSource(PromptScheduler(sources, cfg.seed), envs, ranges, tokenizer, chat, prefetch)
@@ -87,4 +98,37 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     trainer = RayTrainerGroup(session.trainers, dp, clients, session.servers.urls)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
-    return Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer), clients
+    orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer)
+    orchestrator.tokenizer = tokenizer
+    return orchestrator, clients
+
+
+async def add_checkpoints_and_evals(orchestrator: Orchestrator, session: Any, observer: Any) -> Any:
+    """Resume state, the checkpoint hook and the eval controller; returns the controller (or None)."""
+    from telescope.core.runtime.checkpointing import RunCheckpointer
+    from telescope.core.runtime.eval_control import EvalController
+
+    cfg, resume, trainer = session.cfg, session.resume, orchestrator.trainer
+    assert isinstance(trainer, RayTrainerGroup)
+    if resume is not None:
+        await trainer.load_checkpoint(str(resume.path))
+        orchestrator.load_state_dict(resume.orchestrator_state)
+        await orchestrator.sync_weights(resume.step)  # the servers started from the base model
+    if cfg.checkpoint_every:
+        orchestrator.hooks.append(RunCheckpointer(cfg, trainer, _call(observer, "logger_ids", dict),
+                                                  _call(observer, "warn", lambda msg: None)))  # fmt: skip
+    if not cfg.evals:
+        return None
+    from telescope.core.evals import EvalRunner
+
+    runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.tokenizer)
+    controller = EvalController(
+        cfg, runner, orchestrator.clients, _call(observer, "on_eval", lambda s, r: None)
+    )
+    orchestrator.hooks.append(controller)
+    return controller
+
+
+def _call(observer: Any, name: str, default: Any) -> Any:
+    """An optional observer method (test observers may not have it)."""
+    return getattr(observer, name, default)

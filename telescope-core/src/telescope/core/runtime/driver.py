@@ -34,26 +34,35 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
 def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any = None) -> int:
     """Train ``cfg`` to completion; returns the process exit code (0 on success)."""
     from telescope.core.inference.auto import resolve_inference_engine
+    from telescope.core.runtime.checkpointing import find_resume_point
 
     check_supported(cfg)
+    resume = find_resume_point(cfg)
     run_dir = prepare_run_dir(cfg)
     engine, why = resolve_inference_engine(cfg.inference_engine)
     log.info(why)
     wcfg = worker_config(cfg, engine, run_dir)
     session = RunSession(wcfg, pset.names, registry, run_dir)
+    session.resume = resume
     hub = None
     if observer is None:
         from telescope.core.observe import build_logger_hub
         from telescope.core.runtime.observer import HubObserver
 
         hub = build_logger_hub(wcfg, registry)
-        hub.start(wcfg, run_dir)
+        hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
+        if resume is not None:
+            hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path)}})
         hub.log_info({"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}})
         observer = HubObserver(wcfg, hub, pset)
     status, error = "failed", None
     pset.pm.hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
     try:
         session.start()
+        if hub is not None:
+            from telescope.core.observe.torch_memory import RayDrainFetcher
+
+            hub.add_torch_memory_source(RayDrainFetcher(session.trainers))
         asyncio.run(session.train(observer, pset))
         status = "completed"
     except KeyboardInterrupt:
@@ -63,6 +72,8 @@ def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any =
         error = exc
         raise
     finally:
+        if hub is not None:
+            hub.stop_sources()  # the last drain happens before the actors are killed
         session.stop()
         if hub is not None:
             hub.finish("finished" if status == "completed" else status)
@@ -83,6 +94,8 @@ class RunSession:
         self.trainers: list[Any] = []
         self.trainer_info: list[dict[str, Any]] = []
         self.started_here = True
+        self.resume: Any = None
+        """The ``ResumePoint`` this run continues from, or None."""
 
     def start(self) -> None:
         """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
@@ -105,12 +118,20 @@ class RunSession:
 
     async def train(self, observer: Any, pset: Any) -> None:
         """Build the orchestrator around the started processes and run it."""
-        from telescope.core.runtime.assemble import build_orchestrator
+        from telescope.core.runtime.assemble import add_checkpoints_and_evals, build_orchestrator
 
         orchestrator, clients = await build_orchestrator(self, observer, pset)
+        evals = None
         try:
+            evals = await add_checkpoints_and_evals(orchestrator, self, observer)
+            if evals is not None:
+                await evals.before_training(resumed=self.resume is not None)
             await orchestrator.run()
+            if evals is not None:
+                await evals.after_training(orchestrator)
         finally:
+            if evals is not None:
+                await evals.close()
             for client in clients:
                 await client.close()
 

@@ -21,6 +21,7 @@ class QueuedSample:
 class _Server:
     free: list[int]
     queue: deque[QueuedSample] = field(default_factory=deque)
+    enabled: bool = True
 
 
 class Lanes:
@@ -44,9 +45,14 @@ class Lanes:
         best, best_room = None, need - 1
         for i, s in enumerate(self._servers):
             room = len(s.free) - len(s.queue)
-            if room > best_room:
+            if s.enabled and room > best_room:
                 best, best_room = i, room
         return best
+
+    def set_enabled(self, servers: set[int], enabled: bool) -> None:
+        """A disabled server gets no new groups (e.g. while it runs evals)."""
+        for i in servers:
+            self._servers[i].enabled = enabled
 
     def acquire(self, server: int) -> int:
         return heapq.heappop(self._servers[server].free)

@@ -57,3 +57,15 @@ class HubObserver:
         self.steps.append(metrics)
         if self.pset is not None:
             self.pset.pm.hook.telescope_step_end(step=step, metrics=metrics)
+
+    def on_eval(self, step: int, results: list[Any]) -> None:
+        """Eval results (``EvalResult`` objects) of one eval round at ``step``."""
+        for result in results:
+            self.hub.log_eval(step, result.name, result.metrics, result.rows)
+
+    def logger_ids(self) -> dict[str, Any]:
+        """Each logger's run ids, stored in checkpoints so a resume continues the same runs."""
+        return dict(self.hub.run_ids())
+
+    def warn(self, message: str) -> None:
+        self.hub.warn(message)

@@ -25,7 +25,8 @@ from telescope.core.runtime.batching import BatchBuilder
 from telescope.core.runtime.groups import RolloutGroup, RolloutSample, zero_advantage_kind
 from telescope.core.runtime.lanes import Lanes, QueuedSample
 from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
-from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask
+from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
+from telescope.core.runtime.step_metrics import step_metrics
 
 __all__ = ["Orchestrator", "TrainerHandle"]
 
@@ -39,7 +40,13 @@ class TrainerHandle(Protocol):
 
     async def train_step(self, step: int, batch: Any) -> dict[str, float]: ...
 
-    async def sync_weights(self, version: int) -> dict[str, Any]: ...
+    async def sync_weights(self, version: int, hold: frozenset[int] = frozenset()) -> dict[str, Any]: ...
+
+
+class StepHook(Protocol):
+    """Runs after each step's weight sync, before the next step trains (checkpoints, evals)."""
+
+    async def after_step(self, orchestrator: Orchestrator, step: int) -> None: ...
 
 
 class RunObserver(Protocol):
@@ -74,6 +81,20 @@ class Counts:
     cancelled_samples: int = 0
     rollout_errors: int = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready counters (a checkpoint's ``orchestrator_state.json``)."""
+        return {"model_version": self.model_version, "completed_steps": self.completed_steps,
+                "discarded": dict(self.discarded), "zero_advantage": dict(self.zero_advantage),
+                "cancelled_samples": self.cancelled_samples, "rollout_errors": self.rollout_errors}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Counts:
+        """Counters of a resumed run: batches after the checkpoint's step are generated again."""
+        step = int(state["completed_steps"])
+        return cls(inference_step=step, model_version=int(state["model_version"]), completed_steps=step,
+                   discarded=Counter(state["discarded"]), zero_advantage=Counter(state["zero_advantage"]),
+                   cancelled_samples=int(state["cancelled_samples"]), rollout_errors=int(state["rollout_errors"]))  # fmt: skip
+
 
 class Orchestrator:
     """One run's rollout/training loop (asyncio, in the driver process)."""
@@ -100,6 +121,21 @@ class Orchestrator:
         self._step_started = time.time()
         self._wait_for_data_s = 0.0
         self._fatal: BaseException | None = None
+        self.hooks: list[StepHook] = []
+        self.tokenizer: Any = None
+        self.held_servers: set[int] = set()
+        """Servers kept at older weights (eval servers): later syncs reach them without applying."""
+        self.last_sync_hold: frozenset[int] = frozenset()
+        """The servers the latest sync did not apply to."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and prompt ledger, taken between two awaits (so they agree with each other)."""
+        return {"counts": self.counts.state_dict(), "prompts": self.prompts.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue a checkpointed run (before ``run()``)."""
+        self.counts = Counts.from_state(state["counts"])
+        self.prompts.load_state_dict(state["prompts"])
 
     # --- main loop ---------------------------------------------------------------------
     async def run(self) -> Counts:
@@ -117,6 +153,7 @@ class Orchestrator:
                 self._wake.clear()
                 if self._fatal is not None:
                     raise self._fatal
+            await trainer_task  # the last step's hooks (checkpoint, evals) finish before shutdown
         finally:
             await self._shutdown(trainer_task)
         return self.counts
@@ -192,7 +229,8 @@ class Orchestrator:
             "generation", "start", group_id=p.item.group_id, sample_id=index, server=server, lane=slot
         )
         task = SampleTask(request_id, p.env, p.sample, p.prompt_ids, p.prompt_text, p.reward_min, p.reward_max,
-                          server, slot, lambda: self.counts.model_version)  # fmt: skip
+                          server, slot, lambda: self.counts.model_version,
+                          request_seed(self.cfg.seed, p.item.group_id, index))  # fmt: skip
         try:
             result = await self.runner.run(self.clients[server], task, free_lane)
             group.results[index] = result
@@ -232,6 +270,7 @@ class Orchestrator:
                 self.counts.zero_advantage[kind] += 1
         if done.discard_reason is not None:
             self.counts.discarded[done.discard_reason] += 1
+            self.prompts.resolve([item.group_id])
         else:
             self._bucket.append(done)
         self.observer.on_group(done, self.counts.inference_step)
@@ -241,14 +280,20 @@ class Orchestrator:
         size = self.cfg.prompts_batch_size_for_trainer
         while len(self._bucket) >= size and self.counts.inference_step < self.cfg.number_of_steps:
             groups, self._bucket = self._bucket[:size], self._bucket[size:]
+            groups.sort(key=lambda g: g.group_id)  # the batch does not depend on completion order
             batch = self.batches.build(groups, self.trainer.dp_world_size, self.counts.inference_step)
             self._batches.put_nowait((self.counts.inference_step, batch))
             self.counts.inference_step += 1
 
-    async def _cancel_group(self, gid: int, reason: str | None) -> None:
+    async def _cancel_group(self, gid: int, reason: str | None, requeue: bool = False) -> None:
+        """Cancel a running group: ``reason`` counts it as discarded; ``requeue`` serves its prompt again."""
         group = self._groups.pop(gid, None)
         if group is None:
             return
+        if requeue:
+            self.prompts.requeue([group.prepared.item])
+        elif reason is not None:
+            self.prompts.resolve([gid])
         self.lanes.drop_group(gid)
         ids = [rid for (_, rid, _, _) in group.running.values()]
         for task, *_ in list(group.running.values()):
@@ -268,6 +313,19 @@ class Orchestrator:
             except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
                 log.debug("abort of %s failed: %s", ids, exc)
 
+    async def drain_servers(self, servers: set[int]) -> int:
+        """Stop using ``servers``: their queued and running groups are cancelled and re-queued."""
+        self.lanes.set_enabled(servers, False)
+        gids = [gid for gid, g in self._groups.items() if g.server in servers]
+        for gid in gids:
+            await self._cancel_group(gid, reason=None, requeue=True)
+        return len(gids)
+
+    def restore_servers(self, servers: set[int]) -> None:
+        """Use ``servers`` for training rollouts again."""
+        self.lanes.set_enabled(servers, True)
+        self._poke()
+
     async def _cancel_stale(self) -> None:
         limit = self.cfg.max_off_policy_steps
         if limit < 0:
@@ -285,32 +343,27 @@ class Orchestrator:
             self._wait_for_data_s = time.time() - waited
             self._event("trainer", "start", step=step + 1)
             metrics = await self.trainer.train_step(step, batch)
+            self.prompts.resolve([g.group_id for g in batch.groups])
             self._event("trainer", "end", step=step + 1)
-            self._event("weight_sync", "start", step=step + 1)
-            sync = dict(await self.trainer.sync_weights(step + 1))
-            self._event(
-                "weight_sync", "end", step=step + 1, version=step + 1, digest=str(sync.pop("digest", ""))
-            )
+            sync = await self.sync_weights(step + 1)
             self.counts.model_version = step + 1
             await self._cancel_stale()
             self.counts.completed_steps = step + 1
-            self.observer.on_step(step + 1, self._step_metrics(step, batch, metrics, sync))
+            now = time.time()
+            timing = {
+                "timing_step_total": now - self._step_started,
+                "timing_waiting_for_data": self._wait_for_data_s,
+            }
+            self._step_started = now
+            self.observer.on_step(step + 1, step_metrics(self.counts, batch, metrics, sync, timing))
             self._poke()
+            for hook in self.hooks:
+                await hook.after_step(self, step + 1)
 
-    def _step_metrics(
-        self, step: int, batch: Any, trainer: dict[str, float], sync: dict[str, float]
-    ) -> dict[str, float]:
-        now = time.time()
-        out = dict(trainer)
-        out.update(sync)
-        out.update(batch.metrics)
-        out["timing_step_total"] = now - self._step_started
-        out["timing_waiting_for_data"] = self._wait_for_data_s
-        out["timing_step_active"] = out["timing_step_total"] - self._wait_for_data_s
-        out["async_level"] = float(self.counts.inference_step - self.counts.model_version)
-        out["totals/cancelled_samples"] = float(self.counts.cancelled_samples)
-        out["totals/rollout_errors"] = float(self.counts.rollout_errors)
-        for reason, n in self.counts.discarded.items():
-            out[f"totals/discarded_groups/{reason}"] = float(n)
-        self._step_started = now
-        return out
+    async def sync_weights(self, version: int) -> dict[str, Any]:
+        """Broadcast the trainer's weights as ``version``; held servers receive without applying."""
+        self._event("weight_sync", "start", step=version)
+        self.last_sync_hold = frozenset(self.held_servers)
+        sync = dict(await self.trainer.sync_weights(version, self.last_sync_hold))
+        self._event("weight_sync", "end", step=version, version=version, digest=str(sync.pop("digest", "")))
+        return sync

@@ -1,4 +1,4 @@
-"""Checks before anything starts: features this release cannot run are refused, never ignored."""
+"""Checks before anything starts: settings that cannot work together are refused, never ignored."""
 
 from __future__ import annotations
 
@@ -6,25 +6,27 @@ from typing import Any
 
 from telescope.core.config import ConfigError
 
-__all__ = ["unsupported_problems"]
+__all__ = ["check_supported", "unsupported_problems"]
 
 
 def unsupported_problems(cfg: Any) -> list[str]:
-    """Fields set to values whose feature is not part of this release (each names the fix)."""
+    """Settings this run cannot honour (each names the fix)."""
+    from telescope.core.inference.settings import num_servers
+
     problems = []
-    if cfg.evals:
+    servers = num_servers(cfg)
+    periodic = bool(cfg.evals) and cfg.eval_num_servers > 0
+    if periodic and cfg.eval_num_servers >= servers:
         problems.append(
-            "evals: evaluations during training are not implemented in this release yet; remove the `evals` "
-            "list (eval_before_training / eval_after_training then have nothing to run)"
+            f"eval_num_servers: {cfg.eval_num_servers} leaves no server for training rollouts (the run has "
+            f"{servers} inference server(s)); use at most {servers - 1}, add servers (inference_num_workers), "
+            "or set eval_num_servers: 0 to run only the evals before and after training"
         )
-    if cfg.checkpoint_every:
+    if cfg.evals and cfg.eval_num_servers == 0 and not cfg.eval_start_end_use_all_servers:
         problems.append(
-            f"checkpoint_every: {cfg.checkpoint_every} — checkpointing is not implemented in this release yet; "
-            "set checkpoint_every: false"
-        )
-    if cfg.resume_from_checkpoint is not False:
-        problems.append(
-            "resume_from_checkpoint: resuming is not implemented in this release yet; set it to false"
+            "evals are configured but no server may run them (eval_num_servers: 0 and "
+            "eval_start_end_use_all_servers: false); set eval_num_servers >= 1 or "
+            "eval_start_end_use_all_servers: true"
         )
     if cfg.use_wandb:
         try:
@@ -37,7 +39,7 @@ def unsupported_problems(cfg: Any) -> list[str]:
 
 
 def check_supported(cfg: Any) -> None:
-    """Raise ``ConfigError`` listing every unsupported setting."""
+    """Raise ``ConfigError`` listing every setting that cannot work."""
     problems = unsupported_problems(cfg)
     if problems:
         raise ConfigError(problems)

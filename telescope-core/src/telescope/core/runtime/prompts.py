@@ -1,9 +1,16 @@
-"""Prompt preparation with optional prefetch: scheduled, rendered and tokenized ahead of use."""
+"""Prompt preparation with optional prefetch, and the ledger of prompts not yet trained on.
+
+Every prompt drawn from the scheduler stays *outstanding* until the orchestrator resolves it
+(its group was trained, or discarded). A checkpoint stores the scheduler state together with
+the outstanding prompts; a resumed run serves those first (same group ids, so the same
+per-request seeds), then continues the scheduler — no prompt is lost or repeated.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from telescope.core.env.base import MultiTurnEnvironment
@@ -42,6 +49,45 @@ class PromptSource:
         self.prefetch = prefetch
         self._queue: asyncio.Queue[PreparedPrompt] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._outstanding: dict[int, PromptItem] = {}
+        self._requeued: deque[PromptItem] = deque()
+
+    # --- the ledger ----------------------------------------------------------------------
+    def _draw(self) -> PromptItem:
+        item = self._requeued.popleft() if self._requeued else self.scheduler.next()
+        self._outstanding[item.group_id] = item
+        return item
+
+    def resolve(self, group_ids: list[int]) -> None:
+        """These groups were trained on or discarded: their prompts are used up."""
+        for gid in group_ids:
+            self._outstanding.pop(gid, None)
+
+    def requeue(self, items: list[PromptItem]) -> None:
+        """Serve these prompts again before new ones (a drained server's groups, a resume)."""
+        for item in sorted(items, key=lambda i: i.group_id, reverse=True):
+            self._outstanding.pop(item.group_id, None)
+            self._requeued.appendleft(item)
+
+    def outstanding(self) -> list[PromptItem]:
+        """Prompts drawn but not yet resolved, plus those waiting to be served again."""
+        items = {i.group_id: i for i in [*self._outstanding.values(), *self._requeued]}
+        return [items[g] for g in sorted(items)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scheduler position plus the outstanding prompts (JSON-ready)."""
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "outstanding": [asdict(i) for i in self.outstanding()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``: outstanding prompts are served first, in group-id order."""
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._outstanding.clear()
+        self._requeued = deque(
+            PromptItem(**i) for i in sorted(state["outstanding"], key=lambda i: i["group_id"])
+        )
 
     def prepare(self, item: PromptItem) -> PreparedPrompt:
         """Render and tokenize one scheduled prompt."""
@@ -68,7 +114,7 @@ class PromptSource:
     async def _fill(self) -> None:
         assert self._queue is not None
         while True:
-            item = self.scheduler.next()
+            item = self._draw()
             prepared = await asyncio.to_thread(self.prepare, item)
             await self._queue.put(prepared)
 
@@ -79,5 +125,5 @@ class PromptSource:
                 self._task.result()  # surface a failure in preparation
             prepared = await self._queue.get()
         else:
-            prepared = await asyncio.to_thread(self.prepare, self.scheduler.next())
+            prepared = await asyncio.to_thread(self.prepare, self._draw())
         return prepared

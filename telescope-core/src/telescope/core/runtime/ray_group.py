@@ -40,13 +40,19 @@ class RayTrainerGroup:
         results = await asyncio.gather(*refs)
         return dict(results[0])
 
-    async def sync_weights(self, version: int) -> dict[str, Any]:
-        """Trainer rank 0 broadcasts; every server receives and loads; fingerprints must agree."""
+    async def sync_weights(self, version: int, hold: frozenset[int] = frozenset()) -> dict[str, Any]:
+        """Trainer rank 0 broadcasts; every server receives; fingerprints must agree.
+
+        Servers in ``hold`` (eval servers kept at an eval step's weights) take part in the
+        broadcast and verify it, but do not load the new weights.
+        """
         from telescope.core.weights.verify import check_sync
 
         start = time.perf_counter()
         sends = [actor.send_weights.remote(version) for actor in self.actors]
-        receives = [client.update_weights(version) for client in self.clients]
+        receives = [
+            client.update_weights(version, apply=i not in hold) for i, client in enumerate(self.clients)
+        ]
         results = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*receives))
         sent, loaded = results[0][0], results[1]
         check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(self.urls, loaded, strict=True)},
@@ -60,6 +66,15 @@ class RayTrainerGroup:
             "weight_sync/num_tensors": float(sent.get("num_tensors", 0)),
             "weight_sync/bytes": float(sent.get("num_bytes", 0)),
         }
+
+    async def save_checkpoint(self, directory: str, training_state: bool) -> None:
+        """Every rank writes its shard of the checkpoint into ``directory``."""
+        await asyncio.gather(*[a.save_checkpoint.remote(directory, training_state) for a in self.actors])
+
+    async def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Every rank restores ``directory``; returns rank 0's report (``step``, ``training_state``)."""
+        results = await asyncio.gather(*[a.load_checkpoint.remote(directory) for a in self.actors])
+        return dict(results[0] or {})
 
 
 def _digest(fingerprints: dict[str, str]) -> str:

@@ -18,7 +18,14 @@ from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
 from telescope.core.runtime.groups import RolloutSample, normalize_reward
 from telescope.core.runtime.tokens import Interleaver
 
-__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask"]
+__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "request_seed"]
+
+
+def request_seed(run_seed: int, *parts: object) -> int:
+    """A stable 31-bit sampling seed for one request (``hash()`` differs between processes)."""
+    import zlib
+
+    return zlib.crc32(":".join(str(p) for p in (run_seed, *parts)).encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class SampleTask:
     server: int = -1
     lane: int = -1
     model_version: Callable[[], int] = lambda: -1
+    seed: int | None = None
+    """Sampling seed of the first request (turn t uses ``seed + t``): a rerun, or a resumed run,
+    samples the same tokens from the same weights."""
 
 
 class RolloutRunner:
@@ -63,7 +73,7 @@ class RolloutRunner:
         self.interleaver = interleaver
         self.eos_text = tokenizer.eos_token or ""
 
-    def _params(self, prompt_len: int, turn: int, request_id: str) -> dict[str, Any] | None:
+    def _params(self, prompt_len: int, turn: int, request_id: str, seed: int | None) -> dict[str, Any] | None:
         room = self.settings.max_model_len - prompt_len
         if room < 1:
             return None
@@ -71,6 +81,7 @@ class RolloutRunner:
             "temperature": self.settings.temperature, "top_p": self.settings.top_p,
             "max_tokens": min(self.settings.max_tokens, room), "stop_token_ids": self.settings.stop_token_ids,
             "priority": -turn if self.settings.priority_by_turn else 0, "request_id": request_id,
+            "seed": None if seed is None else (seed + turn) & 0x7FFFFFFF,
         }  # fmt: skip
 
     def decode(self, ids: list[int]) -> str:
@@ -86,7 +97,7 @@ class RolloutRunner:
         self, client: Any, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         start_version, t0 = task.model_version(), time.time()
-        params = self._params(len(task.prompt_ids), 0, task.request_id)
+        params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
         if params is None:
             on_generated()
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
@@ -111,7 +122,7 @@ class RolloutRunner:
         mask: list[int] = []
         finish = "stop"
         for turn in range(env.max_turns):
-            params = self._params(len(prompt_ids), turn, f"{task.request_id}-t{turn}")
+            params = self._params(len(prompt_ids), turn, f"{task.request_id}-t{turn}", task.seed)
             if params is None:
                 state.stop_reason, finish = "context_exhausted", "length"
                 break

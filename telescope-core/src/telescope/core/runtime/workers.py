@@ -37,6 +37,9 @@ class TrainerWorker:
         self.cfg, registry = _load(cfg_data, plugins)
         _set_threads(self.cfg.ray_trainer_cpus_per_worker)
         self.rank = rank
+        from telescope.core.observe.torch_memory import TorchMemorySampler
+
+        self._torch_memory = TorchMemorySampler.from_config(self.cfg, rank=rank).start()
         self.backend = registry.create(
             "trainer_backend",
             self.cfg.train_backend,
@@ -58,6 +61,10 @@ class TrainerWorker:
     def train_step(self, batch: Any) -> dict[str, float]:
         """One training step on this rank's share of the batch."""
         return dict(self.backend.train_step(batch))
+
+    def drain_torch_memory(self) -> list[dict[str, Any]]:
+        """Torch memory samples taken since the last drain (the driver logs them)."""
+        return list(self._torch_memory.drain())
 
     def init_weight_sync(self, spec: dict[str, Any]) -> None:
         """Rank 0 joins the weight-sync group as the sender (blocks until every server joined)."""
@@ -84,11 +91,13 @@ class TrainerWorker:
         return {"fingerprints": report.fingerprints, "num_tensors": report.num_tensors,
                 "num_bytes": report.num_bytes, "seconds": time.perf_counter() - start}  # fmt: skip
 
-    def save_checkpoint(self, directory: str) -> None:
-        self.backend.save_checkpoint(directory)
+    def save_checkpoint(self, directory: str, training_state: bool = True) -> None:
+        """Write this rank's part of a checkpoint (collective)."""
+        self.backend.save_checkpoint(directory, training_state=training_state)
 
-    def load_checkpoint(self, directory: str) -> None:
-        self.backend.load_checkpoint(directory)
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restore a checkpoint on this rank (collective)."""
+        return dict(self.backend.load_checkpoint(directory) or {})
 
 
 class InferenceServerWorker:

@@ -13,9 +13,11 @@ Layout (heavy modules import torch; this package's ``__init__`` and ``settings``
 
 Protocol of one sync (``wire``): messages of up to ``weight_broadcast_bucket_mb`` each, a header
 then the payloads; small tensors share one flat byte buffer, tensors of 1 MiB or more travel
-directly; metadata is resent only when it changed; the end message carries the sender's
-fingerprints. Receivers check the transport; the transformers engine also checks what landed
-in the model. ``weight_broadcast_cpu_staging`` moves each tensor to CPU as the source yields
+directly; metadata travels once per layout (content-addressed cache on every member); the last
+message is flagged, and with verification one int64 buffer of the sender's digests follows it.
+Both ends reuse their CPU staging/receive buffers from one sync to the next (fresh buffers cost
+page faults as slow as the transfer). Receivers fingerprint each payload while the next ones are
+in flight and check the transport; the transformers engine also checks what landed in the model. ``weight_broadcast_cpu_staging`` moves each tensor to CPU as the source yields
 it (frees accelerator memory; always the case with gloo); ``weight_broadcast_pin_memory`` pins
 those buffers when CUDA is present (ignored on CPU-only hosts).
 """

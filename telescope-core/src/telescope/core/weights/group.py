@@ -58,10 +58,12 @@ class WeightSyncGroup:
             else torch.device("cpu")
         )
         self._pg: Any = self._make_process_group(store, rank, spec, timeout)
-        # Metadata per message index of the group's last sync, kept by every member: rank 0 the
-        # encoded blobs it sent, receivers the decoded metadata. It lives on the group (not on a
-        # sender or receiver object) so that every sender/receiver of the group stays in step.
-        self.meta_cache: list[Any] = []
+        # Metadata that travelled in this group, by content hash, kept by every member (see
+        # wire.MetaCache). It lives on the group (not on a sender or receiver object) so that
+        # every sender/receiver of the group stays in step.
+        from telescope.core.weights.wire import MetaCache
+
+        self.meta_cache = MetaCache()
 
     @staticmethod
     def _make_process_group(store: Any, rank: int, spec: GroupSpec, timeout: datetime.timedelta) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -10,10 +9,20 @@ from typing import Any
 
 import torch
 
-from telescope.core.weights.fingerprint import fingerprint
+from telescope.core.weights.fingerprint import digest, format_fingerprint
 from telescope.core.weights.group import WeightSyncGroup
-from telescope.core.weights.settings import DIRECT_TENSOR_BYTES, WeightSyncSettings
-from telescope.core.weights.wire import OP_END, OP_TENSORS, MessageMeta, TensorSlot, dtype_name, tensor_bytes
+from telescope.core.weights.settings import WeightSyncSettings
+from telescope.core.weights.wire import (
+    FLAG_FINGERPRINTS,
+    FLAG_LAST,
+    OP_TENSORS,
+    MessageMeta,
+    MetaCache,
+    TensorSlot,
+    dtype_name,
+    meta_id,
+    tensor_bytes,
+)
 
 __all__ = ["SyncReport", "WeightSender"]
 
@@ -30,6 +39,8 @@ class SyncReport:
     num_messages: int = 0
     num_broadcasts: int = 0
     """Payload broadcasts (per_tensor: one per tensor; flattened_bucket: one per bucket + large tensors)."""
+    num_meta_sent: int = 0
+    """Messages whose metadata travelled (the others reused metadata every receiver had cached)."""
     seconds: float = 0.0
     fingerprints: dict[str, str] | None = None
     """Sender-side fingerprints by tensor name (None without verification)."""
@@ -49,27 +60,35 @@ class WeightSender:
             raise ValueError(f"WeightSender must be rank 0 of its weight-sync group, got rank {group.rank}")
         self.group = group
         self.settings = settings
-        self._meta_cache: list[bytes] = group.meta_cache  # shared with the receivers' view, see group
+        self._meta_cache: MetaCache = group.meta_cache  # the receivers hold the same entries, see group
         self._pin = settings.pin_memory and torch.cuda.is_available()
         self._in_flight: list[Any] = []  # work handles of the previous message (kept alive until done)
+        # Flat staging buffer per message index, reused by the next sync when its size is unchanged:
+        # a fresh CPU buffer pays a page fault per 4 KiB on first touch (as slow as the transfer).
+        self._flat_pool: list[torch.Tensor | None] = []
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
         """Send every tensor of ``named_tensors`` (consumed lazily, one bucket at a time)."""
         start = time.perf_counter()
         report = SyncReport(version=version, fingerprints={} if self.settings.verify else None)
+        digests: list[int] = []
+        items = iter(named_tensors)
+        upcoming = next(items, None)  # one tensor of lookahead: the last message is flagged as such
         pending: list[tuple[str, torch.Tensor]] = []
         pending_bytes = 0
-        for name, tensor in named_tensors:
+        while upcoming is not None:
+            name, tensor = upcoming
             staged = self._stage(tensor)
             pending.append((name, staged))
             pending_bytes += staged.numel() * staged.element_size()
-            if pending_bytes >= self.settings.bucket_bytes:
-                self._send_message(pending, report)
+            upcoming = next(items, None)
+            if upcoming is None or pending_bytes >= self.settings.bucket_bytes:
+                self._send_message(pending, report, digests, last=upcoming is None)
                 pending, pending_bytes = [], 0
-        if pending:
-            self._send_message(pending, report)
-        self._send_end(report)
-        del self._meta_cache[report.num_messages :]
+        if report.num_messages == 0:  # nothing to send: one empty message still ends the sync
+            self._send_message([], report, digests, last=True)
+        self._send_fingerprints(digests)
+        del self._flat_pool[report.num_messages :]
         report.seconds = time.perf_counter() - start
         return report
 
@@ -84,7 +103,7 @@ class WeightSender:
         return tensor.contiguous()
 
     def _plan(self, pending: list[tuple[str, torch.Tensor]]) -> MessageMeta:
-        small_limit = min(DIRECT_TENSOR_BYTES, self.settings.bucket_bytes)
+        small_limit = self.settings.direct_tensor_bytes()
         meta = MessageMeta()
         for name, tensor in pending:
             nbytes = tensor.numel() * tensor.element_size()
@@ -98,45 +117,62 @@ class WeightSender:
                 meta.direct.append(slot)
         return meta
 
-    def _send_message(self, pending: list[tuple[str, torch.Tensor]], report: SyncReport) -> None:
+    def _send_message(
+        self, pending: list[tuple[str, torch.Tensor]], report: SyncReport, digests: list[int], last: bool
+    ) -> None:
         meta = self._plan(pending)
         blob = meta.encode()
         index = report.num_messages
-        cached = index < len(self._meta_cache) and self._meta_cache[index] == blob
-        works = [self._broadcast_header(OP_TENSORS, 0 if cached else len(blob), report.version, index)]
+        key = meta_id(blob)
+        cached = key in self._meta_cache
+        flags = (FLAG_LAST if last else 0) | (FLAG_FINGERPRINTS if last and self.settings.verify else 0)
+        works = [self._broadcast_header(0 if cached else len(blob), report.version, index, flags, key)]
         if not cached:
+            self._meta_cache.put(key, True)
+            report.num_meta_sent += 1
             works.append(
                 self.group.broadcast(self._to_device(torch.frombuffer(bytearray(blob), dtype=torch.uint8)))
             )
         tensors = dict(pending)
         if meta.flat:
-            works.append(self.group.broadcast(self._flat_buffer(meta, tensors)))
+            works.append(self.group.broadcast(self._flat_buffer(meta, tensors, index)))
         for slot in meta.direct:
             works.append(self.group.broadcast(tensor_bytes(self._to_device(tensors[slot.name]))))
         if report.fingerprints is not None:  # hash while the broadcasts are in flight
-            for name, tensor in pending:
-                report.fingerprints[name] = fingerprint(tensor)
+            for slot in meta.slots:
+                digests.append(digest(tensors[slot.name]))
+                report.fingerprints[slot.name] = format_fingerprint(slot.dtype, slot.shape, digests[-1])
         # Double buffering: message i stays in flight while message i+1 is prepared and issued,
         # so the per-message latency of small broadcasts overlaps with the payloads.
         for work in self._in_flight:
             work.wait()
         self._in_flight = works
-        if index < len(self._meta_cache):
-            self._meta_cache[index] = blob
-        else:
-            self._meta_cache.append(blob)
         report.num_messages += 1
         report.num_broadcasts += len(meta.direct) + (1 if meta.flat else 0)
         report.num_tensors += len(pending)
         report.num_bytes += sum(t.numel() * t.element_size() for _, t in pending)
-        report.names.extend(name for name, _ in pending)
+        report.names.extend(slot.name for slot in meta.slots)
 
-    def _flat_buffer(self, meta: MessageMeta, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        flat = torch.empty(meta.flat_nbytes, dtype=torch.uint8, device=self.group.device)
+    def _flat_buffer(self, meta: MessageMeta, tensors: dict[str, torch.Tensor], index: int) -> torch.Tensor:
+        flat = self._flat_storage(meta.flat_nbytes, index)
         for slot in meta.flat:
             flat[slot.offset : slot.offset + slot.nbytes].copy_(
                 tensor_bytes(tensors[slot.name]), non_blocking=True
             )
+        return flat
+
+    def _flat_storage(self, nbytes: int, index: int) -> torch.Tensor:
+        """The flat buffer of message ``index`` (the previous sync's, when the size matches).
+
+        Safe to reuse: a sync waits for all its broadcasts before returning, and the padding
+        between tensors is never read (fingerprints cover the tensors' own bytes).
+        """
+        while len(self._flat_pool) <= index:
+            self._flat_pool.append(None)
+        flat = self._flat_pool[index]
+        if flat is None or flat.numel() != nbytes:
+            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
+            self._flat_pool[index] = flat
         return flat
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -144,15 +180,15 @@ class WeightSender:
             return tensor
         return tensor.to(self.group.device, non_blocking=True)
 
-    def _broadcast_header(self, op: int, meta_nbytes: int, version: int, index: int):  # type: ignore[no-untyped-def]
-        header = torch.tensor([op, meta_nbytes, version, index], dtype=torch.int64)
+    def _broadcast_header(self, meta_nbytes: int, version: int, index: int, flags: int, key: int) -> Any:
+        header = torch.tensor([OP_TENSORS, meta_nbytes, version, index, flags, key], dtype=torch.int64)
         return self.group.broadcast(self._to_device(header))
 
-    def _send_end(self, report: SyncReport) -> None:
-        for work in self._in_flight:
+    def _send_fingerprints(self, digests: list[int]) -> None:
+        """After the last message: the digests (with verification), then wait for everything."""
+        works = self._in_flight
+        if self.settings.verify:
+            works.append(self.group.broadcast(self._to_device(torch.tensor(digests, dtype=torch.int64))))
+        for work in works:
             work.wait()
         self._in_flight = []
-        body = {"version": report.version, "count": report.num_tensors, "fingerprints": report.fingerprints}
-        blob = json.dumps(body, separators=(",", ":")).encode()
-        self._broadcast_header(OP_END, len(blob), report.version, report.num_messages).wait()
-        self.group.broadcast(self._to_device(torch.frombuffer(bytearray(blob), dtype=torch.uint8))).wait()

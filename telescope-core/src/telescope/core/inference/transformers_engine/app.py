@@ -246,7 +246,7 @@ async def weights_update(request: web.Request) -> web.Response:
     sync: ServerWeightSync = request.app[STATE].weight_sync
     try:
         body = await _parse(request, WeightUpdateRequest)
-        result = await asyncio.get_running_loop().run_in_executor(None, sync.update, body.version)
+        result = await asyncio.get_running_loop().run_in_executor(None, sync.update, body.version, body.apply)
     except BadRequest as exc:
         return _error(400, str(exc))
     except WeightSyncMismatchError as exc:

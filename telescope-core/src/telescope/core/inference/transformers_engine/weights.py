@@ -23,6 +23,7 @@ class ServerWeightSync:
     checked against the model (names, shapes, coverage) before anything changes, copied into the
     parameters on the generation thread between steps, and, with ``verify``, fingerprinted
     from the parameters themselves: the fingerprints returned are what the model now holds.
+    An update with ``apply=False`` stops after the checks: the model keeps its weights and version.
     """
 
     def __init__(self, engine: Any, verify: bool) -> None:
@@ -45,19 +46,29 @@ class ServerWeightSync:
         with self._lock:
             self.receiver = WeightReceiver(WeightSyncGroup(spec, body.rank), verify=self.verify)
 
-    def update(self, version: int) -> WeightUpdateResponse:
-        """Receive the next sync and serve it as ``version``."""
+    def update(self, version: int, apply: bool = True) -> WeightUpdateResponse:
+        """Receive the next sync and serve it as ``version`` (``apply=False``: receive, verify, keep serving)."""
         with self._lock:
             if self.receiver is None:
                 raise WeightSyncError("no weight-sync group: POST /telescope/weights/init first")
             start = time.perf_counter()
             named = self.receiver.receive_all()
-            sent_version = self.receiver.last_sync.version if self.receiver.last_sync else -1
+            last = self.receiver.last_sync
+            sent_version = last.version if last else -1
             if sent_version != version:
                 raise WeightSyncError(
                     f"asked to load version {version} but the trainer sent version {sent_version}"
                 )
             self.loader.check(named)
+            if not apply:  # transport verified by the receiver; the model and its version stay as they are
+                return WeightUpdateResponse(
+                    version=self.engine.weight_version,
+                    received_version=version,
+                    applied=False,
+                    num_tensors=len(named),
+                    seconds=time.perf_counter() - start,
+                    fingerprints=last.received_fingerprints if last else None,
+                )
 
             def swap() -> None:
                 self.loader.apply(named)
@@ -69,6 +80,7 @@ class ServerWeightSync:
             )
             return WeightUpdateResponse(
                 version=version,
+                received_version=version,
                 num_tensors=len(named),
                 seconds=time.perf_counter() - start,
                 fingerprints=fingerprints,

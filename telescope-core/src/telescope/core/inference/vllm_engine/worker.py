@@ -39,24 +39,38 @@ class TelescopeWeightSyncExtension:
         body = WeightSyncInitRequest.model_validate_json(request_json)
         rank = body.rank + get_tensor_model_parallel_rank()
         spec = GroupSpec(**body.model_dump(exclude={"rank"}))
-        self._telescope_receiver = WeightReceiver(WeightSyncGroup(spec, rank), verify=_verify_enabled())
+        # Fresh buffers per sync (CUDA's caching allocator makes them cheap): load_weights may keep
+        # references to the tensors it is given, which reused buffers would overwrite next sync.
+        self._telescope_receiver = WeightReceiver(
+            WeightSyncGroup(spec, rank), verify=_verify_enabled(), reuse_buffers=False
+        )
         self._telescope_version = 0
         return {"rank": rank}
 
-    def telescope_update_weights(self, version: str) -> dict[str, Any]:
-        """Receive one sync straight into ``model.load_weights`` (streamed, bucket by bucket)."""
+    def telescope_update_weights(self, version: str, apply: bool = True) -> dict[str, Any]:
+        """Receive one sync straight into ``model.load_weights`` (streamed, bucket by bucket).
+
+        ``apply=False``: receive and verify the transport, load nothing, keep the served version.
+        """
         receiver = getattr(self, "_telescope_receiver", None)
         if receiver is None:
             raise RuntimeError("no weight-sync group: call telescope_init_weight_sync first")
-        self.model_runner.model.load_weights(receiver.receive())
+        if apply:
+            self.model_runner.model.load_weights(receiver.receive())
+        else:
+            for _ in receiver.receive():  # take part in every broadcast; verified at the end
+                pass
         last = receiver.last_sync
         if last is None or last.version != int(version):
             raise RuntimeError(
                 f"asked to load version {version}, trainer sent {last.version if last else None}"
             )
-        self._telescope_version = last.version
+        if apply:
+            self._telescope_version = last.version
         return {
-            "version": last.version,
+            "version": self.telescope_weight_version(),
+            "received_version": last.version,
+            "applied": bool(apply),
             "num_tensors": last.num_tensors,
             "fingerprints": last.received_fingerprints,
         }

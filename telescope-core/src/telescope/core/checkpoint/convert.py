@@ -1,0 +1,259 @@
+"""Native checkpoint -> Hugging Face folder (``telescope checkpoint convert``).
+
+``convert_checkpoint(src, out, max_shard_size="5GB")`` writes ``model.safetensors`` (or
+``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json`` when the
+weights exceed ``max_shard_size``) and copies ``config.json``, ``generation_config.json`` and
+the tokenizer files from the checkpoint's ``hf_meta/``, so ``from_pretrained(out)`` works.
+
+- FSDP checkpoints: only the ``model.*`` tensors of the DCP files are read, one output shard
+  at a time (memory stays near one shard), without a process group (``no_dist``). Names
+  are already HF names; dtypes are kept. When the config ties the input and output
+  embeddings ``lm_head.weight`` is dropped (safetensors refuses shared storage and
+  ``from_pretrained`` re-ties it).
+- Megatron checkpoints: the HF weights saved beside them (``hf/``, option
+  ``checkpoint_hf_weights``) are copied; without them conversion is not implemented.
+- An HF folder given as input is an error that says so.
+The output is written to a temporary folder beside ``out`` and renamed into place; an
+existing ``out`` is only replaced with ``overwrite=True``. ``convert_all(root, out_root)``
+converts every committed ``step_<N>`` under ``root`` to ``out_root/step_<N>``, skipping
+outputs that already exist. torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from telescope.core.checkpoint.hf_meta import copy_hf_meta
+from telescope.core.checkpoint.layout import (
+    HF_META_DIR,
+    checkpoint_backend,
+    is_hf_checkpoint,
+    is_native_checkpoint,
+)
+
+__all__ = ["ConversionError", "ConvertResult", "convert_all", "convert_checkpoint", "parse_size"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+class ConversionError(ValueError):
+    """A conversion the user asked for cannot be done as given (bad input or output path)."""
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """One checkpoint of a ``convert_all`` run."""
+
+    src: Path
+    """The native checkpoint folder."""
+    out: Path
+    """The HF folder (written now, or already there)."""
+    skipped: bool
+    """True when ``out`` already existed and was left alone."""
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string like ``"5GB"``, ``"500MB"``, ``"2GiB"``."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*", str(size), flags=re.IGNORECASE)
+        if not match:
+            raise ConversionError(f"max_shard_size {size!r} is not a size; give bytes or e.g. '5GB', '500MB'")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if value < 1:
+        raise ConversionError(f"max_shard_size {size!r} must be at least 1 byte")
+    return value
+
+
+def convert_checkpoint(
+    src: str | Path, out: str | Path, *, max_shard_size: int | str = "5GB", overwrite: bool = False
+) -> Path:
+    """Write the HF form of native checkpoint ``src`` to ``out`` (atomically); returns ``out``."""
+    src, out = Path(src), Path(out)
+    limit = parse_size(max_shard_size)
+    backend = _check_source(src)
+    if out.exists() and not overwrite:
+        raise ConversionError(f"{out} already exists; choose another --out or pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.converting-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        if backend == "fsdp":
+            _write_fsdp_weights(src, tmp, limit)
+        elif backend == "megatron":
+            _copy_megatron_weights(src, tmp)
+        else:
+            raise NotImplementedError(f"converting checkpoints of trainer backend {backend!r} to HF format")
+        if (src / HF_META_DIR).is_dir():
+            copy_hf_meta(src / HF_META_DIR, tmp)
+        if not (tmp / "config.json").is_file():
+            raise ConversionError(f"{src} has no {HF_META_DIR}/config.json: the HF folder would not load")
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _check_source(src: Path) -> str:
+    if not src.exists():
+        raise ConversionError(f"{src} does not exist; give a step_<N> checkpoint folder or a folder of them")
+    _check_not_hf(src)
+    if not is_native_checkpoint(src):
+        raise ConversionError(
+            f"{src} is not a Telescope checkpoint (no trainer_meta.json); give a step_<N> folder written by training"
+        )
+    return checkpoint_backend(src)
+
+
+def _check_not_hf(path: Path) -> None:
+    if is_hf_checkpoint(path):
+        raise ConversionError(
+            f"{path} is already in Hugging Face format (config.json + weights): nothing to convert"
+        )
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _ties_embeddings(hf_meta: Path) -> bool:
+    """Whether the model config ties input and output embeddings (transformers' own default)."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(hf_meta))
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return bool(getattr(text, "tie_word_embeddings", False))
+    except (OSError, ValueError, KeyError):
+        raw = json.loads((hf_meta / "config.json").read_text()) if (hf_meta / "config.json").is_file() else {}
+        return bool(raw.get("tie_word_embeddings", False))
+
+
+def model_tensor_specs(src: Path) -> list[tuple[str, str, Any]]:
+    """``(hf_name, dcp_key, TensorStorageMetadata)`` for each model tensor in the DCP files."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(src)).read_metadata()
+    specs = []
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata):
+            specs.append((key[len("model.") :], key, md))
+    if not specs:
+        raise ConversionError(
+            f"{src} holds no model tensors in its DCP files; is it a complete FSDP checkpoint?"
+        )
+    return specs
+
+
+def plan_shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
+    """Greedy, order-keeping split into shards of at most ``limit`` bytes (a larger tensor alone)."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes:
+        if shards[-1] and used + size > limit:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def _write_fsdp_weights(src: Path, out: Path, limit: int) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    specs = model_tensor_specs(src)
+    if _ties_embeddings(src / HF_META_DIR) and any(name != "lm_head.weight" for name, _, _ in specs):
+        specs = [s for s in specs if s[0] != "lm_head.weight"]
+    by_name = {name: (key, md) for name, key, md in specs}
+    nbytes = {name: md.size.numel() * _itemsize(md.properties.dtype) for name, (_, md) in by_name.items()}
+    shards = plan_shards(list(nbytes.items()), limit)
+    files = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
+    ]  # fmt: skip
+    weight_map = {}
+    for names, file in zip(shards, files, strict=True):
+        flat = {by_name[n][0]: torch.empty(tuple(by_name[n][1].size), dtype=by_name[n][1].properties.dtype)
+                for n in names}  # fmt: skip
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+            dcp.load(flat, storage_reader=FileSystemReader(str(src)), no_dist=True)
+        save_file({n: flat[by_name[n][0]] for n in names}, str(out / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in names})
+        del flat
+    if len(files) > 1:
+        index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _itemsize(dtype: Any) -> int:
+    import torch
+
+    return int(torch.empty((), dtype=dtype).element_size())
+
+
+def _copy_megatron_weights(src: Path, out: Path) -> None:
+    hf = src / "hf"
+    if not (hf / "model.safetensors.index.json").is_file() and not (hf / "model.safetensors").is_file():
+        raise NotImplementedError(
+            f"converting a Megatron dist_checkpointing checkpoint ({src}) without its hf/ weights; "
+            "train with the megatron option checkpoint_hf_weights: true so each checkpoint carries HF weights"
+        )
+    for file in hf.iterdir():
+        if file.is_file():
+            shutil.copy2(file, out / file.name)
+
+
+def convert_all(
+    root: str | Path,
+    out_root: str | Path,
+    *,
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    on_checkpoint: Callable[[ConvertResult], None] | None = None,
+) -> list[ConvertResult]:
+    """Convert every committed ``step_<N>`` under ``root`` to ``out_root/step_<N>``."""
+    from telescope.core.checkpoint.manager import CheckpointManager
+
+    root, out_root = Path(root), Path(out_root)
+    if not root.is_dir():
+        raise ConversionError(
+            f"{root} does not exist or is not a folder; give a step_<N> checkpoint or a folder of them"
+        )
+    _check_not_hf(root)
+    mgr = CheckpointManager(root)
+    steps = mgr.steps()
+    if not steps:
+        raise ConversionError(f"{root} holds no committed checkpoint (step_<N> folder with meta.json)")
+    results = []
+    for step in steps:
+        src, out = mgr.path(step), out_root / f"step_{step}"
+        skipped = out.exists() and not overwrite
+        if not skipped:
+            convert_checkpoint(src, out, max_shard_size=max_shard_size, overwrite=overwrite)
+        result = ConvertResult(src, out, skipped)
+        if on_checkpoint is not None:
+            on_checkpoint(result)
+        results.append(result)
+    return results

@@ -1,0 +1,147 @@
+"""A run's checkpoints: when to save, what goes in, and how a resumed run picks them up.
+
+A checkpoint directory (``<checkpoint_dir>/step_<N>``, committed atomically by
+``telescope.core.checkpoint.CheckpointManager``) holds the trainer's files (sharded model,
+optimizer, LR scheduler, RNG states, ``hf_meta/``) and, from the driver:
+
+- ``orchestrator_state.json``: counters and the prompt ledger (scheduler position plus every
+  prompt drawn but not yet trained on, re-queued on resume);
+- ``config.yaml``: the resolved run config;
+- ``loggers.json``: each logger's run ids (W&B continues the same run).
+
+Everything is written into the partial directory *before* the commit renames it, so a crash
+at any point leaves either the complete new checkpoint or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ResumePoint", "RunCheckpointer", "checkpoint_root", "find_resume_point"]
+
+log = logging.getLogger("telescope.checkpoint")
+
+ORCHESTRATOR_STATE = "orchestrator_state.json"
+RUN_CONFIG = "config.yaml"
+LOGGER_IDS = "loggers.json"
+
+
+def checkpoint_root(cfg: Any) -> Path:
+    """``checkpoint_dir``, or ``<run_dir>/checkpoints``."""
+    if cfg.checkpoint_dir:
+        return Path(cfg.checkpoint_dir).expanduser().resolve()
+    return Path(cfg.resolved_run_dir).resolve() / "checkpoints"
+
+
+def _manager(cfg: Any) -> Any:
+    from telescope.core.checkpoint import CheckpointManager
+
+    return CheckpointManager(checkpoint_root(cfg), cfg.checkpoint_keep_last, cfg.checkpoint_keep_every)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resumed run continues from."""
+
+    path: Path
+    step: int
+    orchestrator_state: dict[str, Any]
+    logger_ids: dict[str, Any]
+
+
+def find_resume_point(cfg: Any) -> ResumePoint | None:
+    """The checkpoint ``resume_from_checkpoint`` names (None when not resuming); clear error if absent."""
+    if cfg.resume_from_checkpoint is False:
+        return None
+    mgr = _manager(cfg)
+    path = Path(mgr.resolve(cfg.resume_from_checkpoint))
+    state_file = path / ORCHESTRATOR_STATE
+    if not state_file.is_file():
+        from telescope.core.config import ConfigError
+
+        raise ConfigError(
+            [f"resume_from_checkpoint: {path} has no {ORCHESTRATOR_STATE}, so it was not written by a "
+             "training run (a converted or hand-made folder?); resume from a step_N folder of checkpoint_dir"]
+        )  # fmt: skip
+    ids_file = path / LOGGER_IDS
+    return ResumePoint(
+        path=path,
+        step=int(mgr.read_meta(path)["step"]),
+        orchestrator_state=json.loads(state_file.read_text()),
+        logger_ids=json.loads(ids_file.read_text()) if ids_file.is_file() else {},
+    )
+
+
+class RunCheckpointer:
+    """Saves a checkpoint after the steps ``checkpoint_every`` names (and the last step)."""
+
+    def __init__(self, cfg: Any, trainer: Any, logger_ids: Callable[[], dict[str, Any]],
+                 warn: Callable[[str], None]) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.trainer = trainer
+        self.logger_ids = logger_ids
+        self.warn = warn
+        self.mgr = _manager(cfg)
+        self.failures = 0
+        removed = self.mgr.cleanup_partials()
+        if removed:
+            log.info("removed %s unfinished checkpoint folder(s) left by an interrupted save", removed)
+
+    async def after_step(self, orchestrator: Any, step: int) -> None:
+        """Save when due; the orchestrator state is taken now, before anything else can change it."""
+        from telescope.core.checkpoint import checkpoint_due
+
+        if not checkpoint_due(step, self.cfg.checkpoint_every, self.cfg.number_of_steps):
+            return
+        state = orchestrator.state_dict()
+        orchestrator.observer.on_event({"type": "checkpoint", "phase": "start", "step": step})
+        path = await self.save(step, state)
+        orchestrator.observer.on_event(
+            {
+                "type": "checkpoint",
+                "phase": "end",
+                "step": step,
+                "path": str(path or ""),
+                "ok": path is not None,
+            }
+        )
+
+    async def save(self, step: int, state: dict[str, Any]) -> Path | None:
+        """Write and commit ``step_<step>``; two attempts, then a loud warning (training goes on)."""
+        for attempt in (1, 2):
+            partial = self.mgr.begin(step)
+            try:
+                start = time.perf_counter()
+                await self.trainer.save_checkpoint(str(partial), self.cfg.checkpoint_save_training_state)
+                self._write_driver_files(Path(partial), state)
+                final = Path(self.mgr.commit(partial, step, meta=self._meta()))
+                log.info("checkpoint step %d saved to %s in %.1f s", step, final, time.perf_counter() - start)
+                return final
+            except Exception as exc:  # noqa: BLE001 - a failed save must not end a long run
+                self.mgr.abort(partial)
+                log.warning("checkpoint step %d, attempt %d failed: %s", step, attempt, exc)
+                error = exc
+        self.failures += 1
+        self.warn(f"checkpoint at step {step} could not be written ({type(error).__name__}: {error}); "
+                  f"training continues, the previous checkpoint is intact in {self.mgr.root}")  # fmt: skip
+        return None
+
+    def _write_driver_files(self, directory: Path, state: dict[str, Any]) -> None:
+        from telescope.core.config import config_to_yaml
+
+        (directory / ORCHESTRATOR_STATE).write_text(json.dumps(state, indent=1))
+        (directory / RUN_CONFIG).write_text(config_to_yaml(self.cfg))
+        (directory / LOGGER_IDS).write_text(json.dumps(self.logger_ids(), indent=1, default=str))
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "base_model": self.cfg.model,
+            "backend": self.cfg.train_backend,
+            "training_state": bool(self.cfg.checkpoint_save_training_state),
+        }

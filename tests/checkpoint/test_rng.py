@@ -1,0 +1,41 @@
+"""RNG states: python, numpy and torch draws repeat exactly after a restore."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+from telescope.core.checkpoint.rng import load_rng_states, save_rng_states  # noqa: E402
+
+
+def draws() -> tuple[Any, ...]:
+    return (random.random(), random.randrange(10**9), np.random.rand(3).tolist(), torch.rand(4).tolist())
+
+
+def test_saved_states_replay_the_same_draws(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    draws()  # some history before the save
+    save_rng_states(tmp_path, 1, extra={"tracker": {"a": 7}})
+    expected = draws()
+    draws()  # the run goes on
+    assert draws() != expected
+    extra = load_rng_states(tmp_path, 1)
+    assert draws() == expected
+    assert extra == {"tracker": {"a": 7}}
+    assert (tmp_path / "rng_rank_1.pt").is_file()
+
+
+def test_missing_rank_file_leaves_rng_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    assert load_rng_states(tmp_path, 3) is None
+    assert torch.equal(torch.get_rng_state(), state)
+    assert "rng_rank_3.pt is missing" in caplog.text

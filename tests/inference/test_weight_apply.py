@@ -1,0 +1,112 @@
+"""``apply=False`` on the vLLM path: the client's RPC and the worker extension (no vLLM needed).
+
+The transformers engine's apply=False is tested end to end in test_weight_sync.py (a live
+server keeps generating what the old weights give, the next applied sync loads the newest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from telescope.core.inference.client import InferenceClient
+from telescope.core.inference.vllm_engine.worker import TelescopeWeightSyncExtension
+from telescope.core.weights.group import free_port
+from telescope.core.weights.receiver import ReceivedSync
+
+
+class FakeVllmWorkers:
+    """A dev-mode vLLM server whose two TP workers run the real worker extension."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.workers = [_worker(), _worker()]
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        for path in ("/pause", "/resume"):
+            app.router.add_post(path, self.control)
+        app.router.add_post("/collective_rpc", self.rpc)
+        return app
+
+    async def control(self, request: web.Request) -> web.Response:
+        self.calls.append(request.path)
+        return web.json_response({})
+
+    async def rpc(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(f"rpc {body['method']} {body['args']} {body['kwargs']}")
+        results = [getattr(w, body["method"])(*body["args"], **body["kwargs"]) for w in self.workers]
+        return web.json_response({"results": results})
+
+
+@dataclass
+class FakeReceiver:
+    """Stands in for ``WeightReceiver``: yields the next version's tensors, then records the sync."""
+
+    version: int = 0
+    last_sync: ReceivedSync | None = None
+
+    def receive(self) -> Any:
+        self.version += 1
+        tensors = {"w": torch.full((2,), float(self.version))}
+        yield from tensors.items()
+        fps = {"w": f"float32:2:{self.version:016x}"}
+        self.last_sync = ReceivedSync(self.version, len(tensors), fps, fps)
+
+
+@dataclass
+class FakeModel:
+    loaded: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+    def load_weights(self, weights: Any) -> None:
+        self.loaded.append({n: t.clone() for n, t in weights})
+
+
+def _worker() -> TelescopeWeightSyncExtension:
+    worker = TelescopeWeightSyncExtension()
+    worker.model_runner = type("Runner", (), {"model": FakeModel()})()
+    worker._telescope_receiver = FakeReceiver()  # type: ignore[attr-defined]
+    return worker
+
+
+def test_vllm_update_without_applying_keeps_the_served_version() -> None:
+    fake = FakeVllmWorkers()
+
+    async def go():  # type: ignore[no-untyped-def]
+        runner = web.AppRunner(fake.app())
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with InferenceClient(
+                f"http://127.0.0.1:{port}", weight_api="vllm_collective_rpc"
+            ) as client:
+                first = await client.update_weights(1)
+                held = await client.update_weights(2, apply=False)
+                served = await client.weight_version()
+                last = await client.update_weights(3)
+                return first, held, served, last
+        finally:
+            await runner.cleanup()
+
+    first, held, served, last = asyncio.run(go())
+    assert (first.version, first.received_version, first.applied) == (1, 1, True)
+    # held: took part (received v2, transport fingerprints returned) but still serves v1
+    assert (held.version, held.received_version, held.applied) == (1, 2, False)
+    assert held.fingerprints == {"w": f"float32:2:{2:016x}"} and served == 1
+    assert (last.version, last.received_version, last.applied) == (3, 3, True)
+    for worker in fake.workers:  # v2 was never loaded; v3 (the newest) was
+        loaded = worker.model_runner.model.loaded
+        assert [float(d["w"][0]) for d in loaded] == [1.0, 3.0]
+    # only applied updates pause the server (nothing changes for in-flight requests otherwise)
+    assert fake.calls == [
+        "/pause", "rpc telescope_update_weights ['1'] {'apply': True}", "/resume",
+        "rpc telescope_update_weights ['2'] {'apply': False}",
+        "rpc telescope_weight_version [] {}",
+        "/pause", "rpc telescope_update_weights ['3'] {'apply': True}", "/resume",
+    ]  # fmt: skip
