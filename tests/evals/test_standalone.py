@@ -73,7 +73,7 @@ def test_eval_yaml_end_to_end(tiny_path: str, native_checkpoint: Path, tmp_path:
     )
     assert result.exit_code == 0, result.output
     out = tmp_path / "run" / "evals"  # run_dir defaults to the parent of checkpoint_dir
-    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["name"]) for r in lines] == [
         (2, "reverse_text"),
         (2, "math500"),

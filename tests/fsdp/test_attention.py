@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,21 +18,82 @@ def test_segment_lengths() -> None:
     assert segment_lengths(torch.arange(5)) == [5]
 
 
-def test_packed_sdpa_equals_dense_block_mask_attention() -> None:
-    torch.manual_seed(0)
-    lengths = [5, 1, 7, 3]
-    L, H, Hkv, D = sum(lengths), 4, 2, 8
-    q, k, v = torch.randn(1, H, L, D), torch.randn(1, Hkv, L, D), torch.randn(1, Hkv, L, D)
-    pos = torch.cat([torch.arange(n) for n in lengths])[None]
-    module = torch.nn.Module()
-    out, _ = packed_sdpa_attention(module, q, k, v, None, scaling=D**-0.5, position_ids=pos)
-    # second implementation: explicit softmax with a block-diagonal causal mask
+def block_mask_attention(q: Any, k: Any, v: Any, lengths: list[int], scale: float) -> Any:
+    """Second implementation: explicit softmax under a block-diagonal causal mask -> [1, L, H, D]."""
+    L, H, Hkv = q.shape[2], q.shape[1], k.shape[1]
     seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     allowed = (seg[:, None] == seg[None, :]) & (torch.arange(L)[:, None] >= torch.arange(L)[None, :])
     kk, vv = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-    scores = (q @ kk.transpose(-1, -2)) * D**-0.5
-    expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ vv
-    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+    scores = (q @ kk.transpose(-1, -2)) * scale
+    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ vv).transpose(1, 2)
+
+
+def random_qkv(lengths: list[int], H: int = 4, Hkv: int = 2, D: int = 8) -> tuple[Any, Any, Any, Any]:
+    torch.manual_seed(0)
+    L = sum(lengths)
+    q, k, v = (torch.randn(1, h, L, D, requires_grad=True) for h in (H, Hkv, Hkv))
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    return q, k, v, pos
+
+
+def test_packed_sdpa_equals_dense_block_mask_attention() -> None:
+    lengths = [5, 1, 7, 3]
+    q, k, v, pos = random_qkv(lengths)
+    out, _ = packed_sdpa_attention(torch.nn.Module(), q, k, v, None, scaling=8**-0.5, position_ids=pos)
+    expected = block_mask_attention(q, k, v, lengths, 8**-0.5)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_sdpa_gradients_equal_dense_block_mask_attention() -> None:
+    lengths = [6, 2, 9, 1, 4]
+    q, k, v, pos = random_qkv(lengths)
+    upstream = torch.randn(1, sum(lengths), 4, 8)
+    out, _ = packed_sdpa_attention(torch.nn.Module(), q, k, v, None, scaling=8**-0.5, position_ids=pos)
+    got = torch.autograd.grad((out * upstream).sum(), (q, k, v))
+    expected_out = block_mask_attention(q, k, v, lengths, 8**-0.5)
+    expected = torch.autograd.grad((expected_out * upstream).sum(), (q, k, v))
+    for name, g, e in zip("qkv", got, expected, strict=True):
+        assert g.abs().max() > 1e-3, name  # a real gradient flows to every input
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5, msg=f"d loss / d {name}")
+
+
+def test_packed_sdpa_model_logprobs_and_grads_equal_per_sequence(tiny_model_dir: str) -> None:
+    """A packed row through a model using packed_sdpa: completion logprobs equal one-sequence-at-a-
+    time sdpa logprobs (1e-5), and so do the parameter gradients of a loss over them."""
+    from fsdp_helpers import make_samples
+    from transformers import AutoModelForCausalLM
+
+    from telescope.core.algorithms.logprobs import token_logprobs
+    from telescope.core.packing import Packer
+    from telescope.fsdp.microbatch import packed_logits, to_device
+
+    def load(attn: str) -> Any:
+        return AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32, attn_implementation=attn
+        )
+
+    packed_model, ref_model = load(register_packed_sdpa()), load("sdpa")
+    samples = make_samples(6, seed=5)
+    (row,) = Packer(seq_len=256, pad_to_multiple_of=8).pack(samples).per_rank[0]
+    mb = to_device(row, torch.device("cpu"))
+    assert len(segment_lengths(mb.position_ids[0])) == 7  # 6 samples + the padding segment
+    packed = token_logprobs(packed_logits(packed_model, mb), mb.targets)
+    weights = torch.tensor([s.advantage for s in samples])
+    ref_loss = torch.zeros(())
+    sample_of_target = torch.tensor(row.sample_index[1:])
+    for i, s in enumerate(samples):
+        ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)])
+        logits = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]
+        ref = token_logprobs(logits, ids[0, 1:])[len(s.prompt_ids) - 1 :]
+        mask = (sample_of_target == i) & (mb.loss_mask > 0)
+        torch.testing.assert_close(packed[mask], ref.detach(), atol=1e-5, rtol=0)
+        ref_loss = ref_loss + weights[i] * ref.sum()
+    sample_weight = torch.where(sample_of_target >= 0, weights[sample_of_target.clamp(min=0)], 0.0)
+    (packed * mb.loss_mask * sample_weight).sum().backward()
+    ref_loss.backward()
+    ref_grads = dict(ref_model.named_parameters())
+    for name, param in packed_model.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_packed_sdpa_rejects_padded_batches_and_registers() -> None:

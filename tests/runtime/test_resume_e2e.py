@@ -142,6 +142,8 @@ def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path) -
 
     steps = steps_by_number(run_dir)
     assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    ids = json.loads((run_dir / "checkpoints" / f"step_{resume_from}" / "loggers.json").read_text())
+    assert ids["local"]["run_id"] == json.loads((run_dir / "run.json").read_text())["run_id"]
     before = {s: rows for s, rows in samples_by_step(run_dir).items() if s <= resume_from}
     after = samples_by_step(run_dir, after=resumed_at)
     assert sorted(after) == list(range(resume_from + 1, 7))

@@ -30,7 +30,7 @@ def eval_command(
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Evaluate checkpoints (native or Hugging Face) and write <run_dir>/evals/results.jsonl.
+    """Evaluate checkpoints (native or Hugging Face) and write <run_dir>/evals/metrics.jsonl.
 
     Any field can be overridden: --checkpoint_dir runs/x/checkpoints --inference_num_workers 2.
     """

@@ -2,7 +2,7 @@
 
 Per checkpoint: a native checkpoint is converted to a temporary HF folder; the engine
 plugin launches ``inference_num_workers`` servers (no Ray); every eval runs through
-``EvalRunner``; results go to ``<run_dir>/evals/results.jsonl`` (one line per checkpoint and
+``EvalRunner``; results go to ``<run_dir>/evals/metrics.jsonl`` (one line per checkpoint and
 eval) and ``<run_dir>/evals/samples.jsonl``, and to W&B when enabled; the servers are
 stopped and the converted copy deleted whatever happens.
 """
@@ -128,7 +128,7 @@ def write_results(out_dir: Path, ref: CheckpointRef, results: list[EvalResult]) 
     from telescope.core.observe.local import eval_sample_record
 
     now = time.time()
-    _append(out_dir / "results.jsonl", [{"step": ref.step, "name": r.name, "checkpoint": ref.path, "time": now,
+    _append(out_dir / "metrics.jsonl", [{"step": ref.step, "name": r.name, "checkpoint": ref.path, "time": now,
                                          "metrics": r.metrics} for r in results])  # fmt: skip
     _append(out_dir / "samples.jsonl", [{**eval_sample_record(ref.step, r.name, row), "checkpoint": ref.path}
                                         for r in results for row in r.rows])  # fmt: skip

@@ -72,7 +72,7 @@ class EvalRunConfig(BaseModel):
     max_concurrent_prompts_per_server: int = Field(default=32, ge=1)
     """Requests in flight per server."""
     run_dir: str | None = None
-    """Where results go (evals/results.jsonl, evals/samples.jsonl); null = the parent of
+    """Where results go (evals/metrics.jsonl, evals/samples.jsonl); null = the parent of
     checkpoint_dir (the training run's folder), else runs/eval."""
     use_wandb: bool = False
     """Log eval/<name>/<metric> to W&B at each checkpoint's step."""
