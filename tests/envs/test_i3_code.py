@@ -134,5 +134,7 @@ def test_local_provider_when_installed() -> None:
     registry = load_plugins()[1]
     if not registry.has("sandbox_provider", "local"):
         pytest.skip("telescope-sandboxes does not register the 'local' provider yet")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
     results = _score_all(registry, [(0, SUM), (0, WRONG)], provider="local", pool_size=1, timeout_per_test=5)
     assert [r.total_reward for r in results] == [1.0, 0.0]

@@ -177,6 +177,8 @@ def test_unsandboxed_mode_kills_escaped_processes(monkeypatch: pytest.MonkeyPatc
 def test_workspace_root_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a directory owned by another uid")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     os.chown(foreign, 65534, 65534)
