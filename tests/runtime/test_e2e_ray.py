@@ -10,22 +10,16 @@ held-out samples, and the run directory files. ~1.5 minutes on 2 cores.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
+from ports import free_port_block
 
 from telescope.core.config import load_config
 from telescope.core.observe import RunDirReader
 from telescope.core.plugins import load_plugins
 
 pytest.importorskip("ray")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -44,7 +38,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                                     "kwargs": {"max_turns": 2}}],
         "inference_engine": "transformers", "inference_num_workers": 2, "trainer_num_workers": 2,
         "ray_inference_cpus_per_worker": 0.5, "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local",
-        "inference_base_port": free_port(), "group_size": 4, "prompts_batch_size_for_trainer": 2,
+        "inference_base_port": free_port_block(2), "group_size": 4, "prompts_batch_size_for_trainer": 2,
         "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 12, "seq_len": 1024, "pad_to_multiple_of": 8,
         "learning_rate": 1e-3, "discard_group_zero_advantage": False, "use_wandb": False,
         "evals": [{"name": "reverse_text", "eval_every": 2, "num_samples": 4, "separate_eval_samples": True,

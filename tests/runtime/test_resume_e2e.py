@@ -19,20 +19,13 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port_block
 
 from telescope.core.config import load_config
 from telescope.core.observe import RunDirReader
 from telescope.core.plugins import load_plugins
 
 pytest.importorskip("ray")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -44,7 +37,7 @@ def settings(run_dir: Path, **overrides: Any) -> dict[str, Any]:
         "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
         "environments": [{"name": "reverse_text"}], "inference_engine": "transformers",
         "inference_num_workers": 1, "trainer_num_workers": 1, "ray_inference_cpus_per_worker": 0.5,
-        "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local", "inference_base_port": free_port(),
+        "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local", "inference_base_port": free_port_block(1),
         "group_size": 4, "prompts_batch_size_for_trainer": 2, "max_async_rollout": 0, "max_tokens": 10,
         "seq_len": 512, "pad_to_multiple_of": 8, "learning_rate": 1e-3, "discard_group_zero_advantage": False,
         "use_wandb": False, "eval_before_training": False, "eval_after_training": False, "seed": 5,
@@ -135,7 +128,7 @@ def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path) -
     resume_from = max(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
     resumed_at = time.time()
     config.write_text(
-        yaml.safe_dump({**fields, "resume_from_checkpoint": True, "inference_base_port": free_port()})
+        yaml.safe_dump({**fields, "resume_from_checkpoint": True, "inference_base_port": free_port_block(1)})
     )
     proc = _launch(config, log)
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
