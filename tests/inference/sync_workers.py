@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from telescope.core.weights import GroupSpec, WeightSyncMismatchError, WeightSyncSettings
+from telescope.core.weights import GroupSpec, WeightSyncSettings
 from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.receiver import WeightReceiver
 from telescope.core.weights.sender import WeightSender
@@ -41,8 +41,8 @@ class CorruptingSender(WeightSender):
 
     corrupt_name: str | None = None
 
-    def _flat_buffer(self, meta: Any, tensors: dict[str, torch.Tensor], index: int) -> torch.Tensor:
-        flat = super()._flat_buffer(meta, tensors, index)
+    def _fill_flat(self, flat: torch.Tensor, meta: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        flat = super()._fill_flat(flat, meta, tensors)
         for slot in meta.flat:
             if slot.name == self.corrupt_name:
                 flat[slot.offset] ^= 0xFF
@@ -60,18 +60,17 @@ def group_worker(rank: int, port: int, world: int, queue: Any) -> None:
         for mode, version in PLAN:
             senders[mode].corrupt_name = CORRUPTED[0] if version == CORRUPTED[1] else None
             report = senders[mode].send(iter(example_tensors(version)), version)
-            queue.put(("sent", version, report.num_broadcasts, report.fingerprints, report.num_meta_sent))
+            counts = (report.num_broadcasts, report.num_meta_sent, report.num_combined)
+            queue.put(("sent", version, counts, report.fingerprints))
         return
     receiver = WeightReceiver(group)
     for _, version in PLAN:
-        try:
-            got = receiver.receive_all()
-        except WeightSyncMismatchError as exc:
-            queue.put(("mismatch", rank, version, exc.tensors))
-            continue
+        got = receiver.receive_all()
         expected = example_tensors(version)
         same = [n for n, t in expected if n in got and got[n].dtype == t.dtype and torch.equal(got[n], t)]
-        queue.put(("got", rank, version, list(got), same, got["big.weight"].data_ptr()))
+        assert receiver.last_sync is not None
+        received = receiver.last_sync.received_fingerprints
+        queue.put(("got", rank, version, list(got), same, got["big.weight"].data_ptr(), received))
 
 
 def perturbed_state(model_path: str, seed: int) -> dict[str, torch.Tensor]:

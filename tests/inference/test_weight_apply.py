@@ -56,7 +56,7 @@ class FakeReceiver:
         tensors = {"w": torch.full((2,), float(self.version))}
         yield from tensors.items()
         fps = {"w": f"float32:2:{self.version:016x}"}
-        self.last_sync = ReceivedSync(self.version, len(tensors), fps, fps)
+        self.last_sync = ReceivedSync(self.version, len(tensors), fps)
 
 
 @dataclass

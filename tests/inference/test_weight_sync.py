@@ -32,32 +32,42 @@ def drain(q, count: int, timeout: float = 120.0) -> list:  # type: ignore[no-unt
 
 
 def test_group_sync_both_modes_cache_and_corruption() -> None:
+    from telescope.core.weights.verify import check_sync
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     mp.start_processes(
         workers.group_worker, args=(free_port(), 3, q), nprocs=3, start_method="spawn", join=True
     )
     items = drain(q, len(workers.PLAN) * 3)
-    sent = {v: (n, fps, meta) for kind, v, n, fps, meta in (i for i in items if i[0] == "sent")}
+    sent = {v: (counts, fps) for _, v, counts, fps in (i for i in items if i[0] == "sent")}
     names = [n for n, _ in workers.example_tensors(1)]
-    assert sent[2][0] == len(names)  # per_tensor: one broadcast per tensor
-    # flattened_bucket, 1 MB buckets: [3 small in a flat buffer + the 2.4 MB tensor direct], [2 small, flat]
-    assert sent[1][0] == 3
-    # metadata travels once per layout (2 messages each), however the layouts alternate
-    assert [sent[v][2] for v in (1, 2, 3, 4, 5)] == [2, 2, 0, 0, 0]
-    for version, (_, fps, _) in sent.items():  # sender fingerprints are the tensors' own
+    # 1 MB buckets: message 0 = 3 small tensors (flat) + the 2.4 MB one (direct), message 1 = 2 small.
+    # (broadcasts, metadata sent, combined messages) per sync:
+    # v1 (no history): header + meta + flat + direct, then header + meta + flat = 7
+    # v2 per_tensor (new layouts): header + meta + 4 direct, then header + meta + 2 direct = 10
+    # v3 (layouts of v1, cached; history holds v2's): header + flat + direct, header + flat = 5
+    # v4, v5 (layouts predicted): header+flat combined + direct, header+flat combined = 3
+    assert [sent[v][0] for v in (1, 2, 3, 4, 5)] == [(7, 2, 0), (10, 2, 0), (5, 0, 0), (3, 0, 2), (3, 0, 2)]
+    for version, (_, fps) in sent.items():  # sender fingerprints are the tensors' own
         assert fps == {n: fingerprint(t) for n, t in workers.example_tensors(version)}
     got = [i for i in items if i[0] == "got"]
-    assert len(got) == 8  # 2 receivers x 4 clean syncs (v5 after the failed v4: the protocol stays in step)
-    for _, rank, version, received, same, _ in got:
-        assert received == names and same == names, (rank, version)
+    assert len(got) == 10  # 2 receivers x 5 syncs: the corrupted v4 keeps the protocol in step
+    for _, rank, version, received, same, _, fps in got:
+        assert received == names
+        if version == workers.CORRUPTED[1]:  # the wrong byte landed, and the fingerprints show it
+            assert same == [n for n in names if n != workers.CORRUPTED[0]], (rank, version)
+            with pytest.raises(WeightSyncMismatchError, match="1 tensor") as info:
+                check_sync(sent[version][1], {f"rank {rank}": fps}, version)
+            assert info.value.tensors == [workers.CORRUPTED[0]]
+        else:
+            assert same == names, (rank, version)
+            check_sync(sent[version][1], {f"rank {rank}": fps}, version)
     # v5 has the layout of v4 and v3: its data landed in the buffers they used (no fresh
     # allocation) and is right; v3 followed v2's other layout, so it needed new buffers
-    ptrs = {(rank, version): ptr for _, rank, version, _, _, ptr in got}
+    ptrs = {(rank, version): ptr for _, rank, version, _, _, ptr, _ in got}
     for rank in (1, 2):
         assert ptrs[(rank, 5)] == ptrs[(rank, 3)] and ptrs[(rank, 3)] != ptrs[(rank, 2)]
-    mismatches = sorted(i for i in items if i[0] == "mismatch")
-    assert mismatches == [("mismatch", 1, 4, ["layer.bias"]), ("mismatch", 2, 4, ["layer.bias"])]
 
 
 def test_loader_rejects_bad_updates_before_touching_the_model() -> None:
@@ -192,3 +202,19 @@ def test_check_sync_compares_every_server_and_never_passes_by_omission() -> None
     assert info.value.tensors == ["b"]
     with pytest.raises(WeightSyncMismatchError, match="no fingerprints"):
         check_sync(sent, {"s0": None}, version=3)
+
+
+def test_loader_verify_reuses_received_fingerprints_only_without_a_cast() -> None:
+    model = torch.nn.Linear(3, 2)  # float32 parameters
+    loader = ModelWeightLoader(model)
+    named = {"weight": torch.full((2, 3), 0.25), "bias": torch.full((2,), 0.5, dtype=torch.float64)}
+    loader.apply(named)
+    # a wrong received fingerprint for "weight" (no cast) is taken as what arrived, so it is caught
+    with pytest.raises(WeightSyncMismatchError) as info:
+        loader.verify(named, where="test", received={"weight": "float32:2x3:00", "bias": "float64:2:00"})
+    assert info.value.tensors == ["weight"]  # "bias" arrived as float64: hashed again after the cast
+    received = {"weight": fingerprint(named["weight"]), "bias": "float64:2:00"}
+    assert loader.verify(named, where="test", received=received) == {
+        "weight": fingerprint(model.weight),
+        "bias": fingerprint(model.bias),
+    }

@@ -11,15 +11,19 @@ Layout (heavy modules import torch; this package's ``__init__`` and ``settings``
 - ``verify``: ``check_sync`` compares the sender's fingerprints with every server's; a mismatch
   raises ``WeightSyncMismatchError`` naming the tensors (light: the orchestrator calls it).
 
-Protocol of one sync (``wire``): messages of up to ``weight_broadcast_bucket_mb`` each, a header
-then the payloads; small tensors share one flat byte buffer, tensors of 1 MiB or more travel
-directly; metadata travels once per layout (content-addressed cache on every member); the last
-message is flagged, and with verification one int64 buffer of the sender's digests follows it.
-Both ends reuse their CPU staging/receive buffers from one sync to the next (fresh buffers cost
-page faults as slow as the transfer). Receivers fingerprint each payload while the next ones are
-in flight and check the transport; the transformers engine also checks what landed in the model. ``weight_broadcast_cpu_staging`` moves each tensor to CPU as the source yields
-it (frees accelerator memory; always the case with gloo); ``weight_broadcast_pin_memory`` pins
-those buffers when CUDA is present (ignored on CPU-only hosts).
+Protocol of one sync (``wire``): messages of up to ``weight_broadcast_bucket_mb`` each; tensors
+under 4 MiB share one flat byte buffer per message, larger ones travel directly; metadata
+travels once per layout (content-addressed cache on every member); every member predicts each
+message's layout from the previous sync, so from the second sync on a message's header and
+bucket travel in one broadcast that the receivers posted in advance; the last message is
+flagged. Both ends reuse their CPU staging/receive buffers from one sync to the next (fresh
+buffers cost page faults as slow as the transfer). The sender fingerprints what it sends while
+the broadcasts are in flight, receivers fingerprint each payload while the next ones arrive
+(the transformers engine fingerprints the parameters after loading), and ``check_sync``
+compares every server's fingerprints with the sender's. ``weight_broadcast_cpu_staging`` moves
+each tensor to CPU as the source yields it (frees accelerator memory; always the case with
+gloo); ``weight_broadcast_pin_memory`` pins those buffers when CUDA is present (ignored on
+CPU-only hosts).
 """
 
 from __future__ import annotations

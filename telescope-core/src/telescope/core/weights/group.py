@@ -61,9 +61,12 @@ class WeightSyncGroup:
         # Metadata that travelled in this group, by content hash, kept by every member (see
         # wire.MetaCache). It lives on the group (not on a sender or receiver object) so that
         # every sender/receiver of the group stays in step.
-        from telescope.core.weights.wire import MetaCache
+        from telescope.core.weights.wire import LayoutHistory, MetaCache
 
         self.meta_cache = MetaCache()
+        # Per message index, the layout of the previous sync (see wire.LayoutHistory): it lets
+        # every member size the next sync's first buffers in advance.
+        self.layouts = LayoutHistory()
 
     @staticmethod
     def _make_process_group(store: Any, rank: int, spec: GroupSpec, timeout: datetime.timedelta) -> Any:

@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 from telescope.core.weights.errors import WeightSyncError
-from telescope.core.weights.fingerprint import compare_fingerprints, digest, format_fingerprint
+from telescope.core.weights.fingerprint import digest, format_fingerprint
 from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.wire import (
-    FLAG_FINGERPRINTS,
+    FLAG_COMBINED,
     FLAG_LAST,
-    HEADER_LEN,
+    HEADER_BYTES,
     OP_TENSORS,
+    Layout,
     MessageMeta,
     MetaCache,
     TensorSlot,
@@ -31,16 +32,17 @@ class ReceivedSync:
 
     version: int
     num_tensors: int
-    sender_fingerprints: dict[str, str] | None
     received_fingerprints: dict[str, str] | None
+    """Fingerprints of what arrived, by name (None without verification); ``verify.check_sync``
+    compares them, or the fingerprints of what the server then loaded, with the sender's."""
 
 
 class WeightReceiver:
     """Receives the tensors that rank 0 of the group broadcasts.
 
     ``receive()`` yields ``(name, tensor)`` as payloads arrive (tensors live on the group's
-    device). When the sender's end message arrives, the transport is verified: the fingerprints
-    of what arrived must equal the sender's, else ``WeightSyncMismatchError`` names the tensors.
+    device) and, with ``verify``, fingerprints each payload while the next ones are in flight:
+    ``last_sync.received_fingerprints`` is what the orchestrator compares with the sender's.
 
     With ``reuse_buffers`` (default) the receive buffers of one sync are reused by the next one
     when the layout is unchanged: the yielded tensors are valid until the next ``receive()``
@@ -59,56 +61,73 @@ class WeightReceiver:
         self.verify = verify
         self._meta_cache: MetaCache = group.meta_cache  # the sender's view holds the same entries, see group
         self.reuse_buffers = reuse_buffers
-        self._buffers: list[list[torch.Tensor]] = []  # receive buffers per message index (reuse_buffers)
+        self._pool: dict[tuple[str, int, int], torch.Tensor] = {}  # (role, message, j) -> buffer
         self.last_sync: ReceivedSync | None = None
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield every tensor of the next sync, then verify it (see the class docstring)."""
+        """Yield every tensor of the next sync (see the class docstring)."""
         digests: list[int] = []
         slots: list[TensorSlot] = []
-        sent: torch.Tensor | None = None  # the sender's digests (FLAG_FINGERPRINTS)
-        sent_work: Any = None
-        header_work, header = self._post_header()
+        index, version = 0, -1
+        first_work, first = self._post_first(0)
         while True:
-            header_work.wait()
-            op, meta_nbytes, version, index, flags, key = (int(v) for v in header.cpu().tolist())
-            if op != OP_TENSORS:
-                raise WeightSyncError(
-                    f"weight-sync protocol error: unknown message op {op} (message {index})"
-                )
-            meta = self._message_meta(meta_nbytes, index, key)
-            payloads = self._post_payloads(meta, index)
+            first_work.wait()
+            version, flags, meta, payloads = self._open_message(first, index)
             slots.extend(meta.slots)
             last = bool(flags & FLAG_LAST)
-            # Post what follows now: collectives match in issue order, and this hides its latency.
-            if not last:
-                header_work, header = self._post_header()
-            elif flags & FLAG_FINGERPRINTS:
-                sent = torch.empty(len(slots), dtype=torch.int64, device=self.group.device)
-                sent_work = self.group.broadcast(sent)
-            # Payload by payload: fingerprint (and hand out) one while the next ones are in flight.
-            for work, tensors in payloads:
-                work.wait()
+            if not last:  # post the next first buffer now: its size is known, and this hides its latency
+                first_work, first = self._post_first(index + 1)
+            for work, tensors in payloads:  # hash (and hand out) one payload while the next ones arrive
+                if work is not None:
+                    work.wait()
                 for name, tensor in tensors:
                     if self.verify:
                         digests.append(digest(tensor))
                     yield name, tensor
             if last:
                 break
-        del self._buffers[index + 1 :]
-        sender = None
-        if sent is not None:
-            sent_work.wait()
-            sender = _formatted(slots, sent.cpu().tolist())
-        self._finish(version, slots, sender, _formatted(slots, digests) if self.verify else None)
+            index += 1
+        self.group.layouts.end_sync(index + 1)
+        self._pool = {k: v for k, v in self._pool.items() if k[1] <= index}
+        received = _formatted(slots, digests) if self.verify else None
+        self.last_sync = ReceivedSync(version, len(slots), received)
 
     def receive_all(self) -> dict[str, torch.Tensor]:
         """``receive()`` collected into an ordered dict."""
         return dict(self.receive())
 
-    def _post_header(self) -> tuple[Any, torch.Tensor]:
-        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.group.device)
-        return self.group.broadcast(header), header
+    def _post_first(self, index: int) -> tuple[Any, torch.Tensor]:
+        """Post message ``index``'s first buffer, sized from the group's layout history."""
+        first = self._buffer("first", index, 0, self.group.layouts.first_nbytes(index))
+        return self.group.broadcast(first), first
+
+    def _open_message(
+        self, first: torch.Tensor, index: int
+    ) -> tuple[int, int, MessageMeta, list[tuple[Any, list[tuple[str, torch.Tensor]]]]]:
+        """Read a message's header; post its remaining receives: ``(version, flags, meta, payloads)``."""
+        op, meta_nbytes, version, sent_index, flags, key = (
+            int(v) for v in first[:HEADER_BYTES].view(torch.int64)[:6].cpu().tolist()
+        )
+        if op != OP_TENSORS or sent_index != index:
+            raise WeightSyncError(
+                f"weight-sync protocol error: got op {op} for message {sent_index}, expected "
+                f"op {OP_TENSORS} for message {index}"
+            )
+        if flags & FLAG_COMBINED:
+            expected = self.group.layouts.expected(index)
+            if expected is None or expected.key != key:
+                raise WeightSyncError(
+                    f"weight-sync protocol error: message {index} claims the predicted layout {key:#x}, "
+                    "which this receiver does not hold"
+                )
+            meta = expected.meta
+            flat = [(None, _flat_tensors(first[HEADER_BYTES:], meta))] if meta.flat else []
+            payloads = flat + self._post_direct(meta, index)
+        else:
+            meta = self._message_meta(meta_nbytes, index, key)
+            payloads = self._post_flat(meta, index) + self._post_direct(meta, index)
+        self.group.layouts.record(index, Layout(key, meta))
+        return version, flags, meta, payloads
 
     def _blob(self, nbytes: int) -> bytes:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
@@ -126,47 +145,34 @@ class WeightReceiver:
         self._meta_cache.put(key, meta)
         return meta
 
-    def _post_payloads(
-        self, meta: MessageMeta, index: int
-    ) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
-        """Post the receives of one message: ``(work, tensors valid once the work is done)`` per payload."""
-        buffers = self._payload_buffers(meta, index)
+    def _post_flat(self, meta: MessageMeta, index: int) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
+        """Post the receive of a bucket that travels on its own (not combined with the header)."""
+        if not meta.flat:
+            return []
+        flat = self._buffer("flat", index, 0, meta.flat_nbytes)
+        return [(self.group.broadcast(flat), _flat_tensors(flat, meta))]
+
+    def _post_direct(self, meta: MessageMeta, index: int) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
+        """Post the receives of the direct tensors: ``(work, [(name, tensor valid once done)])`` each."""
         payloads = []
-        if meta.flat:
-            flat = buffers[0]
-            tensors = [(s.name, _typed(flat[s.offset : s.offset + s.nbytes], s)) for s in meta.flat]
-            payloads.append((self.group.broadcast(flat), tensors))
-        for slot, raw in zip(meta.direct, buffers[1 if meta.flat else 0 :], strict=True):
+        for j, slot in enumerate(meta.direct):
+            raw = self._buffer("direct", index, j, slot.nbytes)
             payloads.append((self.group.broadcast(raw), [(slot.name, _typed(raw, slot))]))
         return payloads
 
-    def _payload_buffers(self, meta: MessageMeta, index: int) -> list[torch.Tensor]:
-        """Byte buffers of one message (flat first), reused from the last sync when the sizes match."""
-        sizes = ([meta.flat_nbytes] if meta.flat else []) + [slot.nbytes for slot in meta.direct]
-        if self.reuse_buffers and index < len(self._buffers):
-            previous = self._buffers[index]
-            if [b.numel() for b in previous] == sizes:
-                return previous
-        buffers = [torch.empty(n, dtype=torch.uint8, device=self.group.device) for n in sizes]
-        if self.reuse_buffers:
-            if index < len(self._buffers):
-                self._buffers[index] = buffers
-            else:
-                self._buffers.append(buffers)
-        return buffers
+    def _buffer(self, role: str, index: int, j: int, nbytes: int) -> torch.Tensor:
+        """A receive buffer, reused from the last sync when its size matches (``reuse_buffers``)."""
+        buffer = self._pool.get((role, index, j)) if self.reuse_buffers else None
+        if buffer is None or buffer.numel() != nbytes:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
+            if self.reuse_buffers:
+                self._pool[(role, index, j)] = buffer
+        return buffer
 
-    def _finish(
-        self,
-        version: int,
-        slots: list[TensorSlot],
-        sender: dict[str, str] | None,
-        received: dict[str, str] | None,
-    ) -> None:
-        self.last_sync = ReceivedSync(version, len(slots), sender, received)
-        if received is not None and sender is not None:
-            compare_fingerprints(
-                sender, received, where=f"transport, version {version}, rank {self.group.rank}"
-            )
+
+def _flat_tensors(flat: torch.Tensor, meta: MessageMeta) -> list[tuple[str, torch.Tensor]]:
+    """The bucketed tensors of ``meta`` as views of ``flat``."""
+    return [(s.name, _typed(flat[s.offset : s.offset + s.nbytes], s)) for s in meta.flat]
 
 
 def _typed(raw: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
@@ -175,5 +181,5 @@ def _typed(raw: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
 
 
 def _formatted(slots: list[TensorSlot], digests: list[int]) -> dict[str, str]:
-    """Fingerprint strings by name from wire digests (same order as ``slots``)."""
+    """Fingerprint strings by name from digests (same order as ``slots``)."""
     return {s.name: format_fingerprint(s.dtype, s.shape, d) for s, d in zip(slots, digests, strict=True)}

@@ -13,9 +13,11 @@ from telescope.core.weights.fingerprint import digest, format_fingerprint
 from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.settings import WeightSyncSettings
 from telescope.core.weights.wire import (
-    FLAG_FINGERPRINTS,
+    FLAG_COMBINED,
     FLAG_LAST,
+    HEADER_BYTES,
     OP_TENSORS,
+    Layout,
     MessageMeta,
     MetaCache,
     TensorSlot,
@@ -38,7 +40,10 @@ class SyncReport:
     num_bytes: int = 0
     num_messages: int = 0
     num_broadcasts: int = 0
-    """Payload broadcasts (per_tensor: one per tensor; flattened_bucket: one per bucket + large tensors)."""
+    """Broadcasts issued: per message one first buffer (header, plus the bucket when combined), the
+    metadata when it travels, the bucket when not combined, and one per direct tensor."""
+    num_combined: int = 0
+    """Messages whose header and bucket travelled in one broadcast (the layout was the predicted one)."""
     num_meta_sent: int = 0
     """Messages whose metadata travelled (the others reused metadata every receiver had cached)."""
     seconds: float = 0.0
@@ -63,15 +68,12 @@ class WeightSender:
         self._meta_cache: MetaCache = group.meta_cache  # the receivers hold the same entries, see group
         self._pin = settings.pin_memory and torch.cuda.is_available()
         self._in_flight: list[Any] = []  # work handles of the previous message (kept alive until done)
-        # Flat staging buffer per message index, reused by the next sync when its size is unchanged:
-        # a fresh CPU buffer pays a page fault per 4 KiB on first touch (as slow as the transfer).
-        self._flat_pool: list[torch.Tensor | None] = []
+        self._pool: dict[tuple[str, int], torch.Tensor] = {}  # staging buffers by (role, message index)
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
         """Send every tensor of ``named_tensors`` (consumed lazily, one bucket at a time)."""
         start = time.perf_counter()
         report = SyncReport(version=version, fingerprints={} if self.settings.verify else None)
-        digests: list[int] = []
         items = iter(named_tensors)
         upcoming = next(items, None)  # one tensor of lookahead: the last message is flagged as such
         pending: list[tuple[str, torch.Tensor]] = []
@@ -83,12 +85,15 @@ class WeightSender:
             pending_bytes += staged.numel() * staged.element_size()
             upcoming = next(items, None)
             if upcoming is None or pending_bytes >= self.settings.bucket_bytes:
-                self._send_message(pending, report, digests, last=upcoming is None)
+                self._send_message(pending, report, last=upcoming is None)
                 pending, pending_bytes = [], 0
         if report.num_messages == 0:  # nothing to send: one empty message still ends the sync
-            self._send_message([], report, digests, last=True)
-        self._send_fingerprints(digests)
-        del self._flat_pool[report.num_messages :]
+            self._send_message([], report, last=True)
+        for work in self._in_flight:
+            work.wait()
+        self._in_flight = []
+        self.group.layouts.end_sync(report.num_messages)
+        self._pool = {k: v for k, v in self._pool.items() if k[1] < report.num_messages}
         report.seconds = time.perf_counter() - start
         return report
 
@@ -117,78 +122,74 @@ class WeightSender:
                 meta.direct.append(slot)
         return meta
 
-    def _send_message(
-        self, pending: list[tuple[str, torch.Tensor]], report: SyncReport, digests: list[int], last: bool
-    ) -> None:
+    def _send_message(self, pending: list[tuple[str, torch.Tensor]], report: SyncReport, last: bool) -> None:
         meta = self._plan(pending)
         blob = meta.encode()
-        index = report.num_messages
-        key = meta_id(blob)
-        cached = key in self._meta_cache
-        flags = (FLAG_LAST if last else 0) | (FLAG_FINGERPRINTS if last and self.settings.verify else 0)
-        works = [self._broadcast_header(0 if cached else len(blob), report.version, index, flags, key)]
-        if not cached:
+        key, index = meta_id(blob), report.num_messages
+        expected = self.group.layouts.expected(index)
+        combined = expected is not None and expected.key == key  # the receivers sized for this layout
+        send_meta = not combined and key not in self._meta_cache
+        flags = (FLAG_LAST if last else 0) | (FLAG_COMBINED if combined else 0)
+        header = [OP_TENSORS, len(blob) if send_meta else 0, report.version, index, flags, key, 0, 0]
+        tensors = dict(pending)
+        first_nbytes = HEADER_BYTES + meta.flat_nbytes if combined else self.group.layouts.first_nbytes(index)
+        first = self._buffer("first", index, first_nbytes)
+        first[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor(header, dtype=torch.int64))
+        if combined:
+            self._fill_flat(first[HEADER_BYTES:], meta, tensors)
+        works = [self.group.broadcast(first)]
+        if send_meta:
             self._meta_cache.put(key, True)
             report.num_meta_sent += 1
             works.append(
                 self.group.broadcast(self._to_device(torch.frombuffer(bytearray(blob), dtype=torch.uint8)))
             )
-        tensors = dict(pending)
-        if meta.flat:
-            works.append(self.group.broadcast(self._flat_buffer(meta, tensors, index)))
+        if meta.flat and not combined:
+            flat = self._buffer("flat", index, meta.flat_nbytes)
+            works.append(self.group.broadcast(self._fill_flat(flat, meta, tensors)))
         for slot in meta.direct:
             works.append(self.group.broadcast(tensor_bytes(self._to_device(tensors[slot.name]))))
+        self.group.layouts.record(index, Layout(key, meta))
         if report.fingerprints is not None:  # hash while the broadcasts are in flight
             for slot in meta.slots:
-                digests.append(digest(tensors[slot.name]))
-                report.fingerprints[slot.name] = format_fingerprint(slot.dtype, slot.shape, digests[-1])
+                report.fingerprints[slot.name] = format_fingerprint(
+                    slot.dtype, slot.shape, digest(tensors[slot.name])
+                )
         # Double buffering: message i stays in flight while message i+1 is prepared and issued,
         # so the per-message latency of small broadcasts overlaps with the payloads.
         for work in self._in_flight:
             work.wait()
         self._in_flight = works
         report.num_messages += 1
-        report.num_broadcasts += len(meta.direct) + (1 if meta.flat else 0)
+        report.num_combined += int(combined)
+        report.num_broadcasts += len(works)
         report.num_tensors += len(pending)
         report.num_bytes += sum(t.numel() * t.element_size() for _, t in pending)
         report.names.extend(slot.name for slot in meta.slots)
 
-    def _flat_buffer(self, meta: MessageMeta, tensors: dict[str, torch.Tensor], index: int) -> torch.Tensor:
-        flat = self._flat_storage(meta.flat_nbytes, index)
+    def _fill_flat(
+        self, flat: torch.Tensor, meta: MessageMeta, tensors: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Copy the bucketed tensors into ``flat`` at their offsets (the padding between them is never read)."""
         for slot in meta.flat:
             flat[slot.offset : slot.offset + slot.nbytes].copy_(
                 tensor_bytes(tensors[slot.name]), non_blocking=True
             )
         return flat
 
-    def _flat_storage(self, nbytes: int, index: int) -> torch.Tensor:
-        """The flat buffer of message ``index`` (the previous sync's, when the size matches).
+    def _buffer(self, role: str, index: int, nbytes: int) -> torch.Tensor:
+        """A staging buffer of message ``index`` (the previous sync's, when the size matches).
 
-        Safe to reuse: a sync waits for all its broadcasts before returning, and the padding
-        between tensors is never read (fingerprints cover the tensors' own bytes).
+        Safe to reuse: a sync waits for all its broadcasts before returning. Why reuse: a fresh
+        CPU buffer pays a page fault per 4 KiB on first touch (as slow as the transfer).
         """
-        while len(self._flat_pool) <= index:
-            self._flat_pool.append(None)
-        flat = self._flat_pool[index]
-        if flat is None or flat.numel() != nbytes:
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
-            self._flat_pool[index] = flat
-        return flat
+        buffer = self._pool.get((role, index))
+        if buffer is None or buffer.numel() != nbytes:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
+            self._pool[(role, index)] = buffer
+        return buffer
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device == self.group.device:
             return tensor
         return tensor.to(self.group.device, non_blocking=True)
-
-    def _broadcast_header(self, meta_nbytes: int, version: int, index: int, flags: int, key: int) -> Any:
-        header = torch.tensor([OP_TENSORS, meta_nbytes, version, index, flags, key], dtype=torch.int64)
-        return self.group.broadcast(self._to_device(header))
-
-    def _send_fingerprints(self, digests: list[int]) -> None:
-        """After the last message: the digests (with verification), then wait for everything."""
-        works = self._in_flight
-        if self.settings.verify:
-            works.append(self.group.broadcast(self._to_device(torch.tensor(digests, dtype=torch.int64))))
-        for work in works:
-            work.wait()
-        self._in_flight = []

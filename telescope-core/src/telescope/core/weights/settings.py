@@ -9,12 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_broadcast_host"]
 
 #: In flattened_bucket mode a tensor at least this large (or larger than the bucket) is
-#: broadcast directly. Measured on gloo (2 cores, 1 sender -> 2 receivers, 20M model, side by
-#: side): 1 MiB ~90% of a raw broadcast, 4 MiB ~89%, 16 MiB ~54%, everything bucketed ~71%.
-#: Copying a large tensor into the bucket costs a memcpy on the critical path (the CPU is the
-#: bottleneck of a loopback transfer), while the fixed cost of its own broadcast overlaps with
-#: the payloads already in flight; tiny tensors are the opposite (latency-bound).
-DIRECT_TENSOR_BYTES = 1 << 20
+#: broadcast directly. Measured on gloo (2 cores, 1 sender -> 2 receivers, 21 rounds side by
+#: side, % of a raw broadcast of the same bytes): 20M model 1 MiB 84%, 4 MiB 97%, 16 MiB 91%,
+#: everything bucketed 92%; 100M model 92% / 101% / 91% / 89%. Copying a large tensor into the
+#: bucket costs a memcpy on the critical path (the CPU is the bottleneck of a loopback transfer),
+#: while the fixed cost of its own broadcast overlaps with the payloads already in flight; small
+#: tensors are the opposite (latency-bound).
+DIRECT_TENSOR_BYTES = 4 << 20
 
 
 class WeightSyncSettings(BaseModel):
@@ -23,7 +24,7 @@ class WeightSyncSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     mode: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
-    """weight_broadcast_mode: copy small tensors into one flat buffer per bucket (tensors of 1 MiB or more
+    """weight_broadcast_mode: copy small tensors into one flat buffer per bucket (tensors of 4 MiB or more
     go directly), or broadcast every tensor as itself (no copies, one broadcast per tensor)."""
     bucket_mb: int = Field(default=256, ge=1)
     """weight_broadcast_bucket_mb: bytes of tensors per message (one header and metadata per message)."""
@@ -35,7 +36,7 @@ class WeightSyncSettings(BaseModel):
     """weight_sync_verify: fingerprint both sides of every sync; a mismatch raises naming the tensors."""
     direct_tensor_mb: float | None = Field(default=None, ge=0)
     """flattened_bucket: tensors of at least this many MiB travel directly instead of in a bucket
-    (None: ``DIRECT_TENSOR_BYTES``, 1 MiB, chosen from measurements; mostly for benchmarks)."""
+    (None: ``DIRECT_TENSOR_BYTES``, 4 MiB, chosen from measurements; mostly for benchmarks)."""
     init_timeout_s: float = Field(default=300.0, gt=0)
     """ray_broadcast_init_timeout_s: how long the group rendezvous and every collective may take."""
 

@@ -1,19 +1,26 @@
 """The weight-sync message format (shared by sender and receiver).
 
-A sync is a sequence of messages, each starting with an int64[6] header broadcast
-``[OP_TENSORS, meta_nbytes, version, message_index, flags, meta_id]``, then:
+A sync is a sequence of messages. Each message starts with its *first buffer*: an int64[8]
+header ``[OP_TENSORS, meta_nbytes, version, message_index, flags, meta_id, 0, 0]`` (64 bytes),
+followed, when ``FLAG_COMBINED`` is set, by the message's flat bucket. Then come:
 
-- a JSON metadata blob of ``meta_nbytes`` bytes, or none when ``meta_nbytes`` is 0: the
-  metadata is the one with content hash ``meta_id`` sent earlier in this group, which every
-  member keeps in its ``MetaCache`` (the usual case: names, shapes and dtypes rarely change);
-- the payloads: one flat byte buffer holding the bucketed tensors (if any), then every direct
-  tensor as its own byte buffer, in metadata order.
+- unless combined: a JSON metadata blob of ``meta_nbytes`` bytes, or none when ``meta_nbytes``
+  is 0 (the metadata with content hash ``meta_id`` travelled earlier in this group and every
+  member keeps it in its ``MetaCache``), then the flat bucket as its own buffer (if any);
+- every direct tensor as its own byte buffer, in metadata order.
+
+Why combined: on gloo every broadcast has a fixed cost (~0.4-0.8 ms for 1 sender and 2
+receivers on our 2-core machines), and a receiver cannot post a buffer whose size it does not
+know. Every member keeps the same ``LayoutHistory`` (the layout each message index had in the
+group's previous sync), so the size of message i's first buffer is known to all in advance:
+64 bytes plus the flat size the history predicts. When the sender's layout is the predicted one
+(every sync after the first, for a fixed model) the header and the bucket travel in one
+broadcast that receivers posted before the sender even started; otherwise the first buffer is
+still the predicted size (only its header is read) and the message goes on the long way.
 
 ``flags``: ``FLAG_LAST`` marks the sync's last message (the sender looks one tensor ahead, so no
-separate end message is needed); with ``FLAG_FINGERPRINTS`` the last message is followed by one
-int64 buffer of the sender's fingerprint digests, one per tensor in metadata order (its size is
-known to the receiver). A sync of T bytes in one bucket is therefore 2 broadcasts (3 verified)
-next to the 1 of a raw broadcast: on gloo each broadcast has a fixed cost of ~0.5-1 ms.
+end message is needed). Fingerprints do not travel here: the sender reports its own, each server
+reports what it received and loaded, and ``verify.check_sync`` compares them.
 
 Payloads travel as raw bytes, so every dtype (fp32, bf16, fp8, ...) crosses every backend.
 """
@@ -29,9 +36,12 @@ import torch
 import xxhash
 
 __all__ = [
-    "FLAG_FINGERPRINTS",
+    "FLAG_COMBINED",
     "FLAG_LAST",
+    "HEADER_BYTES",
     "HEADER_LEN",
+    "Layout",
+    "LayoutHistory",
     "MetaCache",
     "OP_TENSORS",
     "MessageMeta",
@@ -43,9 +53,10 @@ __all__ = [
 ]
 
 OP_TENSORS = 1
-HEADER_LEN = 6
+HEADER_LEN = 8
+HEADER_BYTES = HEADER_LEN * 8  # a multiple of 16: bucketed tensors after it stay aligned for any dtype
 FLAG_LAST = 1
-FLAG_FINGERPRINTS = 2
+FLAG_COMBINED = 2
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -142,3 +153,42 @@ class MetaCache:
         self._entries[key] = value
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout one message had: its metadata's content hash and the metadata itself."""
+
+    key: int
+    meta: MessageMeta
+
+
+class LayoutHistory:
+    """Per message index, the layout of that message in the group's previous sync.
+
+    Every member updates it the same way after every message (and trims it at the end of a
+    sync), so all of them predict the same first-buffer size for the next sync without asking.
+    """
+
+    def __init__(self) -> None:
+        self._layouts: list[Layout] = []
+
+    def expected(self, index: int) -> Layout | None:
+        """The layout message ``index`` had last time (None: no message with that index yet)."""
+        return self._layouts[index] if index < len(self._layouts) else None
+
+    def first_nbytes(self, index: int) -> int:
+        """Size of message ``index``'s first buffer: the header plus the predicted flat bucket."""
+        expected = self.expected(index)
+        return HEADER_BYTES + (expected.meta.flat_nbytes if expected is not None else 0)
+
+    def record(self, index: int, layout: Layout) -> None:
+        """Message ``index`` of the current sync had ``layout``."""
+        if index < len(self._layouts):
+            self._layouts[index] = layout
+        else:
+            self._layouts.append(layout)
+
+    def end_sync(self, num_messages: int) -> None:
+        """The sync had ``num_messages`` messages: forget the predictions beyond them."""
+        del self._layouts[num_messages:]

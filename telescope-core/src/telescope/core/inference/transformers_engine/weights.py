@@ -60,7 +60,8 @@ class ServerWeightSync:
                     f"asked to load version {version} but the trainer sent version {sent_version}"
                 )
             self.loader.check(named)
-            if not apply:  # transport verified by the receiver; the model and its version stay as they are
+            # apply=False: the model and its version stay; the received fingerprints go to check_sync
+            if not apply:
                 return WeightUpdateResponse(
                     version=self.engine.weight_version,
                     received_version=version,
@@ -75,8 +76,11 @@ class ServerWeightSync:
                 self.engine.weight_version = version
 
             self.engine.run_between_steps(swap, timeout=600)
+            received = last.received_fingerprints if last else None
             fingerprints = (
-                self.loader.verify(named, where=f"load, version {version}") if self.verify else None
+                self.loader.verify(named, where=f"load, version {version}", received=received)
+                if self.verify
+                else None
             )
             return WeightUpdateResponse(
                 version=version,

@@ -50,7 +50,7 @@ class TelescopeWeightSyncExtension:
     def telescope_update_weights(self, version: str, apply: bool = True) -> dict[str, Any]:
         """Receive one sync straight into ``model.load_weights`` (streamed, bucket by bucket).
 
-        ``apply=False``: receive and verify the transport, load nothing, keep the served version.
+        ``apply=False``: receive (fingerprinting what arrived), load nothing, keep the served version.
         """
         receiver = getattr(self, "_telescope_receiver", None)
         if receiver is None:
@@ -58,7 +58,7 @@ class TelescopeWeightSyncExtension:
         if apply:
             self.model_runner.model.load_weights(receiver.receive())
         else:
-            for _ in receiver.receive():  # take part in every broadcast; verified at the end
+            for _ in receiver.receive():  # take part in every broadcast; fingerprinted as they arrive
                 pass
         last = receiver.last_sync
         if last is None or last.version != int(version):
