@@ -22,7 +22,12 @@ from telescope.core.checkpoint import (  # noqa: E402
     is_hf_checkpoint,
     is_native_checkpoint,
 )
-from telescope.core.checkpoint.convert import parse_size, plan_shards  # noqa: E402
+from telescope.core.checkpoint.convert import (  # noqa: E402
+    match_config_dtype,
+    parse_size,
+    plan_shards,
+    stored_float_dtype,
+)
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
@@ -80,6 +85,8 @@ def test_round_trip_tied_model_with_tokenizer(builtin_tiny_dir: str, tmp_path: P
     assert is_hf_checkpoint(out) and not is_native_checkpoint(out)
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= names
+    # float32 weights under a float32 config: the config is copied byte for byte
+    assert (out / "config.json").read_bytes() == (src / "hf_meta" / "config.json").read_bytes()
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         stored = set(f.keys())
     assert "lm_head.weight" not in stored  # tied: from_pretrained re-ties it to the embeddings
@@ -101,6 +108,55 @@ def initial_state_dict(model_dir: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+
+
+def test_config_names_the_stored_dtype_so_a_plain_from_pretrained_gives_the_trainer_logits(
+    tmp_path: Path,
+) -> None:
+    from fsdp_helpers import save_tiny_qwen2
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(save_tiny_qwen2(tmp_path / "base", tied=False, seed=5))
+    base = json.loads((model_dir / "config.json").read_text())
+    base.update(dtype="bfloat16", torch_dtype="bfloat16")  # as Qwen / Llama base models ship
+    (model_dir / "config.json").write_text(json.dumps(base))
+    backend, paths = trained_checkpoint(str(model_dir), tmp_path / "ckpts")  # model_dtype: float32
+    assert json.loads((paths["step_1"] / "hf_meta" / "config.json").read_text())["dtype"] == "bfloat16"
+    out = convert_checkpoint(paths["step_1"], tmp_path / "hf")
+    written = json.loads((out / "config.json").read_text())
+    assert written["dtype"] == written["torch_dtype"] == "float32"
+    rest = ("dtype", "torch_dtype")
+    assert {k: v for k, v in written.items() if k not in rest} == {
+        k: v for k, v in base.items() if k not in rest
+    }
+    with torch.no_grad():  # no dtype argument: transformers follows the config
+        model = AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="sdpa")
+        assert model.dtype == torch.float32
+        logits = model(input_ids=IDS, use_cache=False).logits.float()
+    torch.testing.assert_close(logits, trainer_logits(backend), atol=1e-6, rtol=0)
+
+
+def test_stored_dtype_is_read_from_the_headers_and_set_where_the_config_names_one(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(64, dtype=torch.bfloat16), "ids": torch.zeros(512, dtype=torch.int64)},
+              str(tmp_path / "model-00001-of-00002.safetensors"))  # fmt: skip
+    save_file(
+        {"norm": torch.zeros(8, dtype=torch.float32)}, str(tmp_path / "model-00002-of-00002.safetensors")
+    )
+    assert stored_float_dtype(tmp_path) == "bfloat16"  # 128 bf16 bytes vs 32 fp32 bytes; ints ignored
+    config = {"model_type": "x", "text_config": {"torch_dtype": "float32", "hidden_size": 4}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert match_config_dtype(tmp_path) == "bfloat16"
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written == {"model_type": "x", "dtype": "bfloat16",
+                       "text_config": {"torch_dtype": "bfloat16", "hidden_size": 4}}  # fmt: skip
+    (tmp_path / "config.json").write_text('{ "dtype": "bfloat16" }')  # already right: left as written
+    assert match_config_dtype(tmp_path) == "bfloat16"
+    assert (tmp_path / "config.json").read_text() == '{ "dtype": "bfloat16" }'
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert stored_float_dtype(empty) is None and match_config_dtype(empty) is None
 
 
 def test_small_shard_size_writes_an_index_that_loads(untied_model_dir: str, tmp_path: Path) -> None:

@@ -140,6 +140,34 @@ def test_retention_keeps_the_checkpoint_just_written_when_resumed_from_an_older_
     assert mgr.steps() == [2, 3] and "rewritten" in (mgr.path(2) / "weights.bin").read_text()
 
 
+def test_resuming_from_an_older_step_sets_the_later_checkpoints_aside(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    for step in (2, 4, 6):
+        save(mgr, step)
+    moved = mgr.set_aside_after(2)
+    # The old history is kept in full, out of reach of resume and retention.
+    assert [p.name for p in moved] == ["step_4", "step_6"] and mgr.steps() == [2]
+    assert all(p.parent.parent == tmp_path / "superseded" for p in moved)
+    assert (moved[1] / "weights.bin").read_text() == "weights of step 6"
+    assert mgr.resolve(True) == mgr.path(2)  # an interrupted resumed run restarts from its own history
+    save(mgr, 3)
+    assert mgr.steps() == [2, 3] and mgr.set_aside_after(3) == []
+
+
+def test_resume_sets_aside_only_for_an_older_step(tmp_path: Path) -> None:
+    from telescope.core.runtime.checkpointing import ResumePoint, supersede_later_checkpoints
+    from telescope.core.testing import make_config
+
+    cfg = make_config(checkpoint_dir=str(tmp_path), resume_from_checkpoint=True)
+    mgr = CheckpointManager(tmp_path)
+    for step in (1, 2):
+        save(mgr, step)
+    newest = ResumePoint(path=mgr.path(2), step=2, orchestrator_state={}, logger_ids={})
+    assert supersede_later_checkpoints(cfg, newest) == [] and mgr.steps() == [1, 2]
+    older = ResumePoint(path=mgr.path(1), step=1, orchestrator_state={}, logger_ids={})
+    assert [p.name for p in supersede_later_checkpoints(cfg, older)] == ["step_2"] and mgr.steps() == [1]
+
+
 def test_resolve_true_int_and_errors(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path / "none-yet")
     with pytest.raises(CheckpointNotFoundError, match="no complete checkpoint") as empty:

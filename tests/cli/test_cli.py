@@ -175,6 +175,12 @@ BAD_CONFIGS = [
         "evals[0].eval_every",
     ),
     (
+        "eval-no-samples",
+        {**GOOD, "evals": [{"name": "reverse_text", "num_samples": 0}]},
+        [],
+        "evals[0].num_samples",
+    ),
+    (
         "backend-kwargs",
         {**GOOD, "train_backend_kwargs": {"optimiser": "sgd"}},
         [],

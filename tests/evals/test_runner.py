@@ -90,6 +90,36 @@ def test_metrics_follow_from_the_rows(server_url: str, registry: Any, tokenizer:
     assert [r["completions"] for r in again.rows] == [r["completions"] for r in rows]
 
 
+class RecordingClient(FlakyClient):
+    """A real client that keeps every request's sampling parameters, by request id."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.params: dict[str, dict[str, Any]] = {}
+
+    async def complete(self, prompt: list[int], **params: Any) -> Any:
+        self.params[params["request_id"]] = params
+        return await super().complete(prompt, **params)
+
+
+def test_per_eval_sampling_overrides_reach_the_server(server_url: str, registry: Any, tokenizer: Any) -> None:
+    evals = [{"name": "parity", "num_samples": 3, "pass_k": [3], "temperature": 0.0, "top_p": 0.5, "max_tokens": 3},
+             {"name": "own_metrics", "num_samples": 2, "pass_k": [2]}]  # fmt: skip
+    cfg = make_config(model="telescope/tiny", max_model_len=256, max_tokens=40, temperature=1.0, top_p=None,
+                      seed=3, environments=[{"name": "parity"}], evals=evals)  # fmt: skip
+    client = RecordingClient(server_url)
+    greedy, default = run_eval(EvalRunner(cfg, registry, tokenizer), [client], step=2)
+    sent = {name: [p for rid, p in client.params.items() if rid.startswith(f"eval-{name}-")]
+            for name in ("parity", "own_metrics")}  # fmt: skip
+    assert len(sent["parity"]) == 9 and len(sent["own_metrics"]) == 4  # samples x max k
+    assert {(p["temperature"], p["top_p"], p["max_tokens"]) for p in sent["parity"]} == {(0.0, 0.5, 3)}
+    assert {(p["temperature"], p["top_p"], p["max_tokens"]) for p in sent["own_metrics"]} == {(1.0, None, 40)}
+    assert len({p["seed"] for p in sent["parity"]}) == 9  # every completion has its own seed ...
+    for row in greedy.rows:  # ... yet temperature 0 samples the same greedy tokens for each
+        assert len(set(row["completions"])) == 1 and all(n <= 3 for n in row["completion_tokens"])
+    assert any(n > 3 for r in default.rows for n in r["completion_tokens"])  # the training max_tokens
+
+
 def test_a_failed_request_is_counted_and_the_sample_still_counts(
     server_url: str, registry: Any, tokenizer: Any
 ) -> None:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from telescope.cli.commands.eval import CONTEXT, eval_command
 from telescope.core.config import ConfigError
 from telescope.core.evals.standalone import discover_checkpoints
-from telescope.core.evals.standalone_config import EvalRunConfig, load_eval_run_config
+from telescope.core.evals.standalone_config import EvalRunConfig, load_eval_run_config, training_config
 
 DATA = Path(__file__).parent / "data"
 
@@ -100,6 +100,9 @@ def test_config_is_short_and_errors_are_clear(tmp_path: Path, tiny_path: str) ->
     )
     assert run.inference_engine == "auto" and run.inference_num_workers == 1 and not run.use_wandb
     assert [(c.path, c.step) for c in discover_checkpoints(run)] == [(tiny_path, 0)]
+    half = load_eval_run_config(tmp_path / "a.yaml", {"model_dtype": "bfloat16"})
+    assert training_config(half, tiny_path, "transformers").model_dtype == "bfloat16"  # reaches the servers
+    assert training_config(run, tiny_path, "transformers").model_dtype == "float32"
     with pytest.raises(ConfigError, match="nothing to evaluate"):
         load_eval_run_config(write_yaml(tmp_path / "b.yaml", {"evals": [{"name": "math500"}]}))
     with pytest.raises(ConfigError, match="evals\\[0\\].pass_k.at_k.k: k values must be integers >= 1"):

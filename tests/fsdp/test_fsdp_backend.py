@@ -106,14 +106,16 @@ def test_step_matches_unsharded_reference_loss_grads_and_sgd_update(tiny_model_d
     for key in (
         "entropy",
         "learning_rate",
-        "timing_forward_total",
-        "timing_forward_microbatch_mean",
-        "timing_backward_total",
         "timing_optimizer_total",
         "timing_step_total",
         "memory/peak_rss_gb",
     ):
         assert math.isfinite(metrics[key]), key
+    # the trainer-side timing_* phases the seed's metrics page names, total and per micro-batch
+    for phase in ("forward", "backward", "loss_computation", "compute_kl", "compute_entropy",
+                  "data_to_device", "prepare_tensors"):  # fmt: skip
+        total, mean = metrics[f"timing_{phase}_total"], metrics[f"timing_{phase}_microbatch_mean"]
+        assert total > 0 and mean == pytest.approx(total / metrics["packing/micro_batches_per_rank"]), phase
 
 
 def test_minibatches_are_optimizer_steps_and_scheduler_steps_once(tiny_model_dir: str) -> None:
@@ -202,3 +204,24 @@ def test_registered_and_built_from_registry(tiny_model_dir: str) -> None:
         component.create({"optimiser": "sgd"}, cfg=cfg)
     with pytest.raises(ValueError, match="temperature > 0"):
         FSDPBackend(tiny_config(tiny_model_dir, temperature=0.0))
+
+
+def test_step_timer_means_are_per_micro_batch_when_a_phase_has_several_intervals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import telescope.fsdp.timing as timing
+
+    clock = iter([0.0, 1.0, 1.0, 1.5, 2.0, 4.0, 4.0, 4.5])  # start/end pairs: 1.0, 0.5, 2.0, 0.5 s
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    timer = timing.StepTimer(torch.device("cpu"))
+    timer.num_micro_batches = 2
+    for _ in range(2):  # two micro-batches, the loss phase timed in two intervals each
+        with timer.track("loss_computation", micro_batch=True):
+            pass
+        with timer.track("loss_computation", micro_batch=True):
+            pass
+    metrics = timer.metrics()
+    assert metrics["timing_loss_computation_total"] == 4.0
+    assert (
+        metrics["timing_loss_computation_microbatch_mean"] == 2.0
+    )  # 4 s over 2 micro-batches, not 4 intervals

@@ -56,6 +56,11 @@ def test_n_samples_max_tokens_and_logprobs_match_teacher_forcing(server: SimpleN
         assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-5, rtol=0)
 
 
+def test_completions_carry_the_request_id_as_response_id(server: SimpleNamespace) -> None:
+    out = run(_complete(server.url, PROMPT, n=2, max_tokens=2, request_id="g3-s1-v0"))
+    assert [c.response_id for c in out] == ["g3-s1-v0", "g3-s1-v0"]  # one response, one id
+
+
 def test_greedy_equals_model_generate(server: SimpleNamespace) -> None:
     out = run(_complete(server.url, PROMPT, temperature=0.0, max_tokens=10, ignore_eos=True))
     reference = server.model.generate(
@@ -145,3 +150,43 @@ def test_priority_needs_the_priority_policy() -> None:
     with pytest.raises(BadRequest, match="vllm_scheduling_policy"):
         _check_supported(state, CompletionRequest(prompt=[1], priority=3))
     _check_supported(state, CompletionRequest(prompt=[1], priority=0))
+
+
+def test_generation_stops_at_max_model_len(server: SimpleNamespace) -> None:
+    prompt = [5 + i % 290 for i in range(505)]  # max_model_len 512 leaves room for 7 tokens
+    out = run(_complete(server.url, prompt, temperature=0.0, max_tokens=100, ignore_eos=True))[0]
+    assert len(out.token_ids) == 7 and out.finish_reason == "length"
+
+
+def test_several_token_id_prompts_in_one_request(server: SimpleNamespace) -> None:
+    import aiohttp
+
+    prompts = [PROMPT, [9, 8, 7]]
+
+    async def go():  # type: ignore[no-untyped-def]
+        body = {
+            "prompt": prompts,
+            "n": 2,
+            "max_tokens": 4,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": 0,
+        }
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.url + "/v1/completions", json=body) as r,
+        ):
+            return r.status, await r.json()
+
+    status, body = run(go())
+    assert status == 200
+    choices = body["choices"]
+    # OpenAI/vLLM layout: choice index = prompt index * n + sample index
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert [c["prompt_token_ids"] for c in choices] == [PROMPT, PROMPT, [9, 8, 7], [9, 8, 7]]
+    for p, prompt in enumerate(prompts):
+        greedy = run(_complete(server.url, prompt, temperature=0.0, max_tokens=4, ignore_eos=True))[
+            0
+        ].token_ids
+        assert choices[2 * p]["token_ids"] == choices[2 * p + 1]["token_ids"] == greedy
+    assert body["usage"]["prompt_tokens"] == len(PROMPT) + 3 and body["usage"]["completion_tokens"] == 16

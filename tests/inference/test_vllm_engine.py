@@ -118,6 +118,7 @@ class FakeVllm:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.fail_rpc = False
+        self.worker1_fingerprints: dict[str, str] | None = None  # set: TP worker 1 received other bytes
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -182,7 +183,10 @@ class FakeVllm:
                 "num_tensors": 5,
                 "fingerprints": {"w": "float32:2:ab"},
             }
-            return web.json_response({"results": [result, result]})
+            second = dict(result)
+            if self.worker1_fingerprints is not None:
+                second["fingerprints"] = self.worker1_fingerprints
+            return web.json_response({"results": [result, second]})
         return web.json_response({"results": [{"rank": 1}, {"rank": 2}]})
 
 
@@ -224,3 +228,73 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
         "/pause?mode=keep", "rpc telescope_update_weights ['4']", "/resume",
         "/pause?mode=keep", "rpc telescope_update_weights ['5']", "/resume",
     ]  # fmt: skip
+
+
+def _serve_fake(fake: FakeVllm):  # type: ignore[no-untyped-def]
+    """Start ``fake`` on a free port; returns (runner, url)."""
+
+    async def start():  # type: ignore[no-untyped-def]
+        runner = web.AppRunner(fake.app())
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner, f"http://127.0.0.1:{port}"
+
+    return start()
+
+
+def test_vllm_client_checks_every_tp_worker_received_the_same_weights() -> None:
+    fake = FakeVllm()
+
+    async def go():  # type: ignore[no-untyped-def]
+        runner, url = await _serve_fake(fake)
+        try:
+            async with VllmEngine(make_cfg(), VllmEngineKwargs()).client(url) as client:
+                fake.worker1_fingerprints = {"w": "float32:2:ab"}  # same bytes on both workers: passes
+                agreed = await client.update_weights(6)
+                fake.worker1_fingerprints = {"w": "float32:2:cd"}
+                with pytest.raises(WeightSyncMismatchError, match="TP worker 1") as info:
+                    await client.update_weights(7)
+                fake.worker1_fingerprints = {}
+                with pytest.raises(WeightSyncMismatchError, match="missing on the receiving side: w"):
+                    await client.update_weights(8)
+                return agreed, info.value.tensors
+        finally:
+            await runner.cleanup()
+
+    agreed, tensors = asyncio.run(go())
+    assert agreed.version == 6 and agreed.fingerprints == {"w": "float32:2:ab"}
+    assert tensors == ["w"]
+    # the server is resumed after every update, also the rejected ones
+    assert fake.calls[-3:] == ["/pause?mode=keep", "rpc telescope_update_weights ['8']", "/resume"]
+
+
+def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -> None:
+    from telescope.core.inference.client import InferenceClient
+    from telescope.core.weights import WeightSyncError
+
+    async def go() -> None:
+        runner, url = await _serve_fake(FakeVllm())
+        try:
+            async with InferenceClient(url) as client:  # the transformers engine's weight API
+                await client.init_weight_sync(
+                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=2, rank=1)
+                )
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(WeightSyncError, match="weight_api='vllm_collective_rpc'"):
+        asyncio.run(go())
+
+
+def test_worker_extension_reads_weight_sync_verify_from_the_resolved_config(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from telescope.core.inference.vllm_engine.worker import _verify_enabled
+
+    engine = VllmEngine(make_cfg(weight_sync_verify=False), VllmEngineKwargs())
+    monkeypatch.setenv("TELESCOPE_RESOLVED_CONFIG", engine.write_config(tmp_path / "off"))
+    assert _verify_enabled() is False
+    engine = VllmEngine(make_cfg(), VllmEngineKwargs())
+    monkeypatch.setenv("TELESCOPE_RESOLVED_CONFIG", engine.write_config(tmp_path / "on"))
+    assert _verify_enabled() is True

@@ -8,6 +8,7 @@ import queue as queue_mod
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -113,7 +114,8 @@ def _reference(model_path: str, version: int, prompt: list[int], max_tokens: int
 
 
 def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path) -> None:
-    """v1 is loaded, v2 is received with apply=False (an eval server held at v1), v3 is loaded."""
+    """v1 is loaded (flattened_bucket), v2 is received with apply=False (an eval server held at v1),
+    v3 is loaded (per_tensor): both broadcast modes change a live server's outputs."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.inference.settings import TransformersEngineKwargs
     from telescope.core.inference.transformers_engine.engine import TransformersEngine
@@ -125,7 +127,7 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     store_port = free_port()
-    plan = [("flattened_bucket", 1, True), ("per_tensor", 2, False), ("flattened_bucket", 3, True)]
+    plan = [("flattened_bucket", 1, True), ("per_tensor", 2, False), ("per_tensor", 3, True)]
     trainer = ctx.Process(
         target=workers.trainer_worker, args=(store_port, [(m, v) for m, v, _ in plan], tiny_path, q)
     )
@@ -135,6 +137,8 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
 
         async def go():  # type: ignore[no-untyped-def]
             results = []
+            async with aiohttp.ClientSession() as http, http.get(server.url + "/v1/models") as resp:
+                served_len = (await resp.json())["data"][0]["max_model_len"]
             async with engine.client(server.url) as client:
                 results.append(await client.complete(prompt, temperature=0.0, max_tokens=12, ignore_eos=True))
                 await client.init_weight_sync(
@@ -144,9 +148,9 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
                     update = await client.update_weights(version, apply=apply)
                     out = await client.complete(prompt, temperature=0.0, max_tokens=12, ignore_eos=True)
                     results.append((update, out, await client.weight_version()))
-            return results
+            return served_len, results
 
-        before, *after = asyncio.run(go())
+        served_len, (before, *after) = asyncio.run(go())
         trainer.join(60)
         sent = {v: fps for v, fps, _ in drain(q, len(plan))}
     finally:
@@ -154,6 +158,7 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
         if trainer.is_alive():
             trainer.kill()
     assert trainer.exitcode == 0
+    assert served_len == 512  # the server process runs the resolved config (make_cfg), not the 4096 default
     served_before = 0
     for (_, version, apply), (update, out, served) in zip(plan, after, strict=True):
         # what the server holds == what the trainer sent (loaded), or == what arrived (held back)

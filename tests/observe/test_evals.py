@@ -78,6 +78,14 @@ def test_local_writes_eval_metrics_and_samples(tmp_path: Path) -> None:
     run = RunDirReader(tmp_path)
     assert {n: r["step"] for n, r in run.latest_evals().items()} == {"math": 2, "code": 0}
     assert [r["prompt"] for r in run.eval_samples(name="math", step=0)] == ["1+1", "2+2"]
+    evals_on_timeline = [
+        (e["phase"], e["step"], e["name"], e["attrs"]) for e in run.events() if e["type"] == "eval"
+    ]
+    assert evals_on_timeline == [
+        ("instant", 0, "math", {"scores": {"pass@1": 0.25, "accuracy": 0.2}, "samples": 2}),
+        ("instant", 0, "code", {"scores": {"pass@1": 0.1}, "samples": 0}),
+        ("instant", 2, "math", {"scores": {"pass@1": 0.625, "accuracy": 0.6}, "samples": 1}),
+    ]
     with open(tmp_path / "evals" / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "name": "math", "metr')  # killed mid-line
     assert RunDirReader(tmp_path).latest_evals()["math"]["step"] == 2

@@ -144,12 +144,13 @@ while True:
     hub.log_rollouts(step, rows)
     hub.event("trainer", "instant", step=step)
     hub.log_step(step, {"reward/mean": step / 10})
+    print(f"printed after step {step}")
 """
 
 
 def test_killed_writer_leaves_readable_files(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER_SCRIPT, str(run_dir)])
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER_SCRIPT, str(run_dir)], stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -171,6 +172,10 @@ def test_killed_writer_leaves_readable_files(tmp_path: Path) -> None:
     assert len(rows) >= 4 * len(steps) - 4  # rollouts of a step are written before its metrics
     assert all(e["type"] == "trainer" for e in run.events())
     assert run.system() is not None
+    printed = (run_dir / "logs" / "telescope.stdout.log").read_text().split("\n")
+    complete = printed[:-1]  # the text after the last newline may be a torn line
+    assert complete == [f"printed after step {i}" for i in range(1, len(complete) + 1)]
+    assert len(complete) >= len(steps) - 1  # each step's line is written right after its metrics
 
 
 def test_torn_tail_is_skipped_and_writer_repairs_it(tmp_path: Path) -> None:

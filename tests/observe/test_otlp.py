@@ -125,3 +125,54 @@ def test_capacity_and_ttl() -> None:
         rx.ingest(_export([{"name": "s", "attributes": {"gen_ai.request.id": f"r{i}"}}]))
     assert rx.lookup("r0", wait_s=0) is None and rx.lookup("r2", wait_s=0) is not None
     rx.stop()
+
+
+def test_observer_adds_each_rollouts_vllm_timings_by_response_id() -> None:
+    from telescope.core.runtime.groups import RolloutGroup, RolloutSample
+    from telescope.core.runtime.observer import HubObserver
+
+    class Hub:
+        def __init__(self) -> None:
+            self.rollouts: list = []
+
+        def log_rollouts(self, step: int, rows: list) -> None:
+            self.rollouts += rows
+
+        def log_step(self, step: int, metrics: dict) -> None:
+            pass
+
+    def span(request_id: str, queue: float, ttft: float, decode: float) -> dict:
+        return {"name": "llm_request", "attributes": {
+            "gen_ai.request.id": request_id, "gen_ai.latency.time_in_queue": queue,
+            "gen_ai.latency.time_to_first_token": ttft, "gen_ai.latency.time_in_model_decode": decode,
+            "gen_ai.request.max_tokens": 64}}  # fmt: skip
+
+    def sample(ids: list[str]) -> RolloutSample:
+        return RolloutSample(prompt_ids=[1], completion_ids=[2], inference_logprobs=[0.0], loss_mask=None,
+                             finish_reason="stop", reward=1.0, raw_reward=1.0, timings={"generation_s": 1.0},
+                             response_ids=ids)  # fmt: skip
+
+    hub = Hub()
+    observer = HubObserver(cfg=None, hub=hub)
+    rx = OtlpReceiver(port=0)
+    observer.traces = rx
+    try:
+        # vLLM names a completion's span "<response id>-<prompt index>"
+        rx.ingest(_export([span("cmpl-a-0", 0.5, 0.25, 2.0), span("cmpl-b-0", 0.125, 0.5, 1.0),
+                           span("cmpl-c-0", 0.25, 0.75, 3.0)]))  # fmt: skip
+        group = RolloutGroup(group_id=0, env_name="e", sample_idx=0,
+                             samples=[sample(["cmpl-a"]), sample(["cmpl-b", "cmpl-c"]), sample(["cmpl-none"])])  # fmt: skip
+        observer.on_group(group, step=0)
+        observer.on_step(1, {})
+    finally:
+        rx.stop()
+    single, two_turns, unseen = (r.timings for r in hub.rollouts)
+    assert single == {"generation_s": 1.0, "vllm_queue_time": 0.5, "vllm_ttft": 0.25, "vllm_decode_time": 2.0}
+    # turns add up; time to first token is the first turn's
+    assert two_turns == {
+        "generation_s": 1.0,
+        "vllm_queue_time": 0.375,
+        "vllm_ttft": 0.5,
+        "vllm_decode_time": 4.0,
+    }
+    assert unseen == {"generation_s": 1.0}

@@ -80,6 +80,7 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
         hub.event("trainer", "instant", step=step)
     hub.log_eval(2, "math", {"pass@1": 0.5}, [{"prompt": "1+1", "completion": "2", "reward": 1.0}])
     hub.log_info({"env_details": {"reverse_text": {"reward_min": 0.0}}})
+    print("printed by the first run")
     ids = hub.run_ids()
     hub.finish("finished")
     assert not hub.failures, hub.failures
@@ -115,19 +116,26 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
         len(list((runs[0] / "files" / "media" / "table" / "eval" / "math").glob("samples_*.table.json"))) == 1
     )
     uploaded = runs[0] / "files"
-    assert [
-        json.loads(x)["step"] for x in (uploaded / "events" / "block_000000.jsonl").read_text().splitlines()
-    ] == [1, 2]
+    events = [json.loads(x) for x in (uploaded / "events" / "block_000000.jsonl").read_text().splitlines()]
+    assert [(e["type"], e["step"]) for e in events] == [("trainer", 1), ("trainer", 2), ("eval", 2)]
+    assert events[2]["name"] == "math" and events[2]["attrs"] == {"scores": {"pass@1": 0.5}, "samples": 1}
     assert (uploaded / "events" / "tail.jsonl").exists() and (
         uploaded / "rollouts" / "block_000000.jsonl"
     ).exists()
     assert not (runs[0] / "files" / "logs" / "telescope.detailed.log").exists()
+    # wandb_upload_logs_stdout is false by default: the local copy exists, the upload does not
+    assert "printed by the first run" in (run_dir / "logs" / "telescope.stdout.log").read_text()
+    assert not (runs[0] / "files" / "logs" / "telescope.stdout.log").exists()
 
     hub2 = LoggerHub([LocalLogger(), wandb_logger.WandbLogger(code_root=str(code_root))])
-    hub2.start(cfg.model_copy(update={"wandb_upload_code": False}), run_dir, ids, system_metrics=False)
+    cfg2 = cfg.model_copy(update={"wandb_upload_code": False, "wandb_upload_logs_stdout": True})
+    hub2.start(cfg2, run_dir, ids, system_metrics=False)
     hub2.log_step(3, {"reward/mean": 0.9})
+    print("printed by the resumed run")
     hub2.finish("finished")
     assert hub2.run_ids()["wandb"]["id"] == ids["wandb"]["id"]
     resumed = [p for p in (run_dir / "wandb").glob("offline-run-*") if p not in runs]
     # wandb appends "-1" to the folder name when both runs start within the same second.
     assert resumed and re.fullmatch(rf"offline-run-\d+_\d+-{ids['wandb']['id']}(-\d+)?", resumed[0].name)
+    stdout_log = (resumed[0] / "files" / "logs" / "telescope.stdout.log").read_text()
+    assert "printed by the first run" in stdout_log and "printed by the resumed run" in stdout_log

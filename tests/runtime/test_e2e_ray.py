@@ -108,3 +108,44 @@ def test_eval_samples_never_reach_training(run_dir: Path) -> None:
     eval_prompts = {r["prompt"] for r in read_jsonl(run_dir / "evals" / "samples.jsonl")}
     trained = {r["prompt_text"] for r in RunDirReader(run_dir).rollouts() if r["env"] == "reverse_text"}
     assert len(eval_prompts) == 4 and trained and not eval_prompts & trained
+
+
+def test_every_run_file_follows_the_documented_schema(run_dir: Path) -> None:
+    from telescope.core.observe import RolloutRecord
+    from telescope.core.observe.records import EVENT_TYPES, TimelineEvent
+
+    reader = RunDirReader(run_dir)
+    # Field sets come from the record classes (tests/observe/test_schema_doc.py ties them to the doc).
+    rollout_fields = set(RolloutRecord(step=1, group_id=0, env="e", sample_id=0).to_dict())
+    rows = reader.rollouts()
+    assert rows and all(set(r) == rollout_fields for r in rows)
+    assert all({"generation_s", "reward_s"} <= set(r["timings"]) for r in rows)
+    event_fields = set(TimelineEvent(type="run").to_dict())
+    events = reader.events()
+    assert all(set(e) == event_fields and e["type"] in EVENT_TYPES for e in events)
+    # generation and reward spans per sample, the trainer step span, syncs, evals
+    kinds = {(e["type"], e["phase"]) for e in events}
+    for kind in ("generation", "reward", "trainer", "weight_sync"):
+        assert {(kind, "start"), (kind, "end")} <= kinds, kind
+    assert ("eval", "instant") in kinds
+    assert {e["name"] for e in events if e["type"] == "trainer"} == {"train_step"}
+    assert reader.meta["status"] == "finished" and reader.meta["schema_version"] == 2
+    environments = {e["name"]: e for e in reader.meta["info"]["environments"]}
+    assert set(environments) == {"reverse_text", "wordle"} and environments["wordle"]["multi_turn"]
+    system = read_jsonl(run_dir / "system.jsonl")
+    assert any(r["source"] == "system" and "cpu_utilization_percent" in r["metrics"] for r in system)
+    assert (run_dir / "logs" / "telescope.stdout.log").is_file()
+
+
+def test_step_metrics_carry_the_seed_names(run_dir: Path) -> None:
+    steps = [s["metrics"] if "metrics" in s else s for s in read_jsonl(run_dir / "metrics.jsonl")]
+    seed_step = {"entropy", "kl_divergence_inference", "grad_norm", "learning_rate"}
+    seed_timing = {f"timing_{p}_total" for p in (
+        "step", "forward", "backward", "loss_computation", "compute_kl", "compute_entropy", "data_to_device",
+        "prepare_tensors", "weight_sync_trainer", "weight_sync_inference")} | {
+        "timing_step_active", "timing_waiting_for_data", "timing_forward_microbatch_mean"}  # fmt: skip
+    seed_rollout = {"rollouts/stop_reason_length_pct", "rollouts/group_length_gini_mean",
+                    "rollouts/group_length_max_median_ratio_mean"}  # fmt: skip
+    for metrics in steps:
+        missing = (seed_step | seed_timing | seed_rollout) - set(metrics)
+        assert not missing, missing

@@ -16,7 +16,7 @@ from telescope.core.schedules import LRSchedule
 from telescope.core.trainer import RankBatch, TrainerBackend
 from telescope.fsdp import checkpoint
 from telescope.fsdp.distributed import init_process_group, pick_device
-from telescope.fsdp.microbatch import to_device
+from telescope.fsdp.microbatch import move_to_device, prepare_tensors
 from telescope.fsdp.model import build_model
 from telescope.fsdp.options import FSDPBackendKwargs
 from telescope.fsdp.steps import TrainState, run_minibatches
@@ -93,14 +93,17 @@ class FSDPBackend(TrainerBackend):
         st = self._require_state()
         self._check_equal_row_counts([mb.minibatch for mb in batch.micro_batches])
         timer = StepTimer(st.device)
+        timer.num_micro_batches = len(batch.micro_batches)
         if st.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(st.device)
         lr = float(st.optimizer.param_groups[0]["lr"])
         with timer.track("step"):
             mbs = []
             for mb in batch.micro_batches:
+                with timer.track("prepare_tensors", micro_batch=True):
+                    host = prepare_tensors(mb)
                 with timer.track("data_to_device", micro_batch=True):
-                    mbs.append(to_device(mb, st.device))
+                    mbs.append(move_to_device(mb, host, st.device))
             metrics = run_minibatches(st, mbs, [mb.minibatch for mb in batch.micro_batches], timer)
             with warnings.catch_warnings():
                 # a step whose optimizer updates were all skipped still advances the schedule

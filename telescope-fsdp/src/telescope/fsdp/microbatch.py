@@ -32,26 +32,38 @@ class DeviceMicroBatch:
     num_loss_tokens: int
 
 
-def to_device(mb: MicroBatch, device: torch.device) -> DeviceMicroBatch:
-    """Build tensors for ``mb`` on ``device`` (one host-to-device copy per field)."""
-    ids = torch.tensor(mb.input_ids, dtype=torch.long)
-    pos = torch.tensor(mb.position_ids, dtype=torch.long)
-    mask = torch.tensor(mb.loss_mask[1:], dtype=torch.float32)
-    lp = torch.tensor(mb.inference_logprobs[1:], dtype=torch.float32)
-    adv = torch.tensor(mb.advantages[1:], dtype=torch.float32)
+def prepare_tensors(mb: MicroBatch) -> dict[str, torch.Tensor]:
+    """Host tensors of ``mb``'s fields (``timing_prepare_tensors``): ids, positions, and the
+    per-target mask, rollout logprobs and advantages (shifted by one)."""
+    return {
+        "ids": torch.tensor(mb.input_ids, dtype=torch.long),
+        "pos": torch.tensor(mb.position_ids, dtype=torch.long),
+        "mask": torch.tensor(mb.loss_mask[1:], dtype=torch.float32),
+        "lp": torch.tensor(mb.inference_logprobs[1:], dtype=torch.float32),
+        "adv": torch.tensor(mb.advantages[1:], dtype=torch.float32),
+    }
+
+
+def move_to_device(mb: MicroBatch, host: dict[str, torch.Tensor], device: torch.device) -> DeviceMicroBatch:
+    """``prepare_tensors``' output on ``device`` (``timing_data_to_device``: one copy per field)."""
     nb = device.type == "cuda"
-    ids, pos, mask, lp, adv = (t.to(device, non_blocking=nb) for t in (ids, pos, mask, lp, adv))
+    t = {k: v.to(device, non_blocking=nb) for k, v in host.items()}
     return DeviceMicroBatch(
-        input_ids=ids[None],
-        position_ids=pos[None],
-        targets=ids[1:],
-        target_position_ids=pos[1:],
-        loss_mask=mask,
-        inference_logprobs=lp,
-        advantages=adv,
+        input_ids=t["ids"][None],
+        position_ids=t["pos"][None],
+        targets=t["ids"][1:],
+        target_position_ids=t["pos"][1:],
+        loss_mask=t["mask"],
+        inference_logprobs=t["lp"],
+        advantages=t["adv"],
         num_samples=mb.num_samples,
         num_loss_tokens=int(sum(mb.loss_mask[1:])),
     )
+
+
+def to_device(mb: MicroBatch, device: torch.device) -> DeviceMicroBatch:
+    """Build tensors for ``mb`` on ``device`` (one host-to-device copy per field)."""
+    return move_to_device(mb, prepare_tensors(mb), device)
 
 
 def packed_logits(model: nn.Module, mb: DeviceMicroBatch) -> torch.Tensor:

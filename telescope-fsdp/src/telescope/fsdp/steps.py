@@ -18,7 +18,7 @@ from torch import nn
 
 from telescope.core.algorithms.base import Algorithm, LossInputs
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
-from telescope.core.algorithms.metrics import StepMetrics
+from telescope.core.algorithms.metrics import StepMetrics, kl_divergence_sum
 from telescope.fsdp.microbatch import DeviceMicroBatch, packed_logits
 from telescope.fsdp.options import FSDPBackendKwargs
 from telescope.fsdp.timing import StepTimer
@@ -92,6 +92,9 @@ def micro_batch_backward(
         entropy = token_entropy(logits.detach(), cfg.temperature, cfg.entropy_chunk_size)
     with timer.track("loss_computation", micro_batch=True):
         logprobs = token_logprobs(logits, mb.targets, cfg.temperature, cfg.entropy_chunk_size)
+    with timer.track("compute_kl", micro_batch=True):
+        kl_sum = kl_divergence_sum(logprobs, mb.inference_logprobs, mb.loss_mask)
+    with timer.track("loss_computation", micro_batch=True):  # a second interval of the same phase
         inputs = LossInputs(
             logprobs=logprobs,
             inference_logprobs=mb.inference_logprobs,
@@ -102,6 +105,7 @@ def micro_batch_backward(
             num_samples=counts[1],
             old_logprobs=old,
             entropy=entropy,
+            kl_sum=kl_sum,
         )
         out = st.algorithm.policy_loss(inputs, cfg)
     with timer.track("backward", micro_batch=True):

@@ -1,5 +1,8 @@
 """Step timing: ``timing_<name>_total`` per step and ``timing_<name>_microbatch_mean``.
 
+A phase may be tracked in several intervals per micro-batch (the loss computation is split
+around the KL): set ``num_micro_batches`` and the mean is the total over that count.
+
 On CUDA, intervals are CUDA events resolved once at the end of the step (one synchronise
 per step, none per micro-batch); on CPU they are ``perf_counter`` readings.
 """
@@ -24,6 +27,8 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self._pending: dict[str, list[Any]] = defaultdict(list)
         self._per_micro_batch: set[str] = set()
+        self.num_micro_batches: int | None = None
+        """Micro-batches of the step (divides ``*_microbatch_mean``); None = one interval each."""
 
     @contextmanager
     def track(self, name: str, *, micro_batch: bool = False) -> Iterator[None]:
@@ -54,5 +59,6 @@ class StepTimer:
             seconds = [x if isinstance(x, float) else x[0].elapsed_time(x[1]) / 1000.0 for x in items]
             out[f"timing_{name}_total"] = sum(seconds)
             if name in self._per_micro_batch:
-                out[f"timing_{name}_microbatch_mean"] = sum(seconds) / len(seconds)
+                count = self.num_micro_batches or len(seconds)
+                out[f"timing_{name}_microbatch_mean"] = sum(seconds) / count
         return out

@@ -51,6 +51,9 @@ class LossInputs:
     ``ppo_clip_ref_logprobs == "batch"`` and the algorithm uses a ratio."""
     entropy: torch.Tensor | None = None
     """Optional per-token entropy (from ``token_entropy``, no grad): adds the ``entropy`` metric."""
+    kl_sum: torch.Tensor | None = None
+    """Optional precomputed Σ m_t k3(ℓ_t, μ_t) (``metrics.kl_divergence_sum``), so a trainer can
+    time the KL on its own (``timing_compute_kl``); computed in ``policy_loss`` when None."""
 
 
 @dataclass

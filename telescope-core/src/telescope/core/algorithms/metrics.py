@@ -23,6 +23,7 @@ __all__ = [
     "base_metrics",
     "clip_metrics",
     "kl_divergence_inference",
+    "kl_divergence_sum",
     "tis_metrics",
 ]
 
@@ -40,6 +41,13 @@ def kl_divergence_inference(
     return _kl_sum(logprobs, inference_logprobs, mask) / mask.sum().clamp(min=1.0)
 
 
+def kl_divergence_sum(
+    logprobs: torch.Tensor, inference_logprobs: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Σ over loss tokens of the k3 estimator (no grad): what ``kl_divergence_inference`` averages."""
+    return _kl_sum(logprobs, inference_logprobs, loss_mask.to(torch.float32))
+
+
 def _kl_sum(logprobs: torch.Tensor, inference_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     delta = as_float(logprobs.detach() - inference_logprobs.detach())
     return ((torch.exp(delta) - 1.0 - delta) * mask).sum()
@@ -51,7 +59,9 @@ def base_metrics(inputs: LossInputs, mask: torch.Tensor) -> dict[str, torch.Tens
     on = mask > 0
     stats = {
         "loss_tokens": mask.sum(),
-        "kl_divergence_inference_sum": _kl_sum(inputs.logprobs, inputs.inference_logprobs, mask),
+        "kl_divergence_inference_sum": inputs.kl_sum.detach()
+        if inputs.kl_sum is not None
+        else _kl_sum(inputs.logprobs, inputs.inference_logprobs, mask),
         "advantage_sum": (adv * mask).sum(),
         "advantage_sq_sum": (adv * adv * mask).sum(),
         "advantage_min": torch.where(on, adv, torch.full_like(adv, math.inf)).min()

@@ -4,6 +4,11 @@
 ``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json`` when the
 weights exceed ``max_shard_size``) and copies ``config.json``, ``generation_config.json`` and
 the tokenizer files from the checkpoint's ``hf_meta/``, so ``from_pretrained(out)`` works.
+``config.json`` names the dtype the weights are stored in (``dtype``, and ``torch_dtype``
+where the base config has it): a base config saying bfloat16 for weights trained and saved
+in float32 would otherwise make ``from_pretrained`` (which follows the config's dtype)
+load a rounded model whose logits differ from the trainer's. A config that already names
+the stored dtype is copied byte for byte.
 
 - FSDP checkpoints: only the ``model.*`` tensors of the DCP files are read, one output shard
   at a time (memory stays near one shard), without a process group (``no_dist``). Names
@@ -25,8 +30,10 @@ import json
 import os
 import re
 import shutil
+import struct
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +47,10 @@ from telescope.core.checkpoint.layout import (
     is_native_checkpoint,
 )
 
-__all__ = ["ConversionError", "ConvertResult", "convert_all", "convert_checkpoint", "parse_size"]
+__all__ = [
+    "ConversionError", "ConvertResult", "convert_all", "convert_checkpoint", "match_config_dtype", "parse_size",
+    "stored_float_dtype",
+]  # fmt: skip
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
@@ -99,11 +109,62 @@ def convert_checkpoint(
             copy_hf_meta(src / HF_META_DIR, tmp)
         if not (tmp / "config.json").is_file():
             raise ConversionError(f"{src} has no {HF_META_DIR}/config.json: the HF folder would not load")
+        match_config_dtype(tmp)
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+#: safetensors dtype codes of floating-point tensors -> the names HF configs use.
+_FLOAT_CODES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")  # transformers >= 4.56 writes dtype, older torch_dtype
+
+
+def stored_float_dtype(folder: str | Path) -> str | None:
+    """The floating-point dtype holding most bytes in ``folder``'s ``*.safetensors`` (headers only)."""
+    total: Counter[str] = Counter()
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, info in header.items():
+            if name != "__metadata__" and info.get("dtype") in _FLOAT_CODES:
+                start, end = info["data_offsets"]
+                total[_FLOAT_CODES[info["dtype"]]] += end - start
+    return total.most_common(1)[0][0] if total else None
+
+
+def match_config_dtype(folder: str | Path) -> str | None:
+    """Make ``folder/config.json`` name the dtype its weights are stored in; returns that dtype.
+
+    Sets ``dtype`` (added when the config has neither key) and ``torch_dtype`` when present,
+    also inside a nested ``text_config`` that names one. The file is rewritten only when a
+    value changes.
+    """
+    dtype = stored_float_dtype(folder)
+    path = Path(folder) / "config.json"
+    if dtype is None or not path.is_file():
+        return dtype
+    config = json.loads(path.read_text())
+    changed = _set_dtype(config, dtype, add=True)
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        changed = _set_dtype(text, dtype, add=False) or changed
+    if changed:
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return dtype
+
+
+def _set_dtype(config: dict[str, Any], dtype: str, *, add: bool) -> bool:
+    keys = [k for k in _CONFIG_DTYPE_KEYS if k in config] or (["dtype"] if add else [])
+    changed = False
+    for key in keys:
+        if config.get(key) != dtype:
+            config[key] = dtype
+            changed = True
+    return changed
 
 
 def _check_source(src: Path) -> str:

@@ -46,6 +46,8 @@ __all__ = [
 FORMAT = "telescope-checkpoint"
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
+SUPERSEDED = "superseded"
+"""Where a resume from an older step moves the newer checkpoints (see ``set_aside_after``)."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL = re.compile(r"^\.step_(\d+)\.partial-[0-9a-f]+$")
 _OLD = re.compile(r"^\.step_(\d+)\.old-[0-9a-f]+$")
@@ -185,6 +187,26 @@ class CheckpointManager:
             os.rename(self.path(s), doomed)
             shutil.rmtree(doomed, ignore_errors=True)
         return deleted
+
+    def set_aside_after(self, step: int) -> list[Path]:
+        """Move the checkpoints newer than ``step`` into ``root/superseded/<time>/`` (kept, not deleted).
+
+        Why: a run resumed from an older step writes a new history; the first run's later
+        checkpoints would otherwise be taken for its own by ``resume_from_checkpoint: true`` and by
+        retention. Returns the new paths.
+        """
+        later = [s for s in self.steps() if s > step]
+        if not later:
+            return []
+        aside = self.root / SUPERSEDED / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:6]}")
+        aside.mkdir(parents=True)
+        moved = []
+        for s in later:
+            os.rename(self.path(s), aside / self.path(s).name)
+            moved.append(aside / self.path(s).name)
+        _fsync_path(self.root)
+        return moved
 
     # --- reading ------------------------------------------------------------------------
     def path(self, step: int) -> Path:

@@ -109,7 +109,7 @@ class EvalEntry(BaseModel):
     eval_every: int = Field(default=10, ge=1)
     """Run this eval every N training steps."""
     num_samples: int = Field(default=-1, ge=-1)
-    """Number of samples to evaluate; -1 = the full dataset."""
+    """Number of samples to evaluate; -1 = the full dataset (0 is rejected: nothing to evaluate)."""
     separate_eval_samples: bool = False
     """Reserve the first num_samples samples for eval and exclude them from training."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -123,6 +123,15 @@ class EvalEntry(BaseModel):
     def _pass_k_input(cls, data: Any) -> Any:
         # EvalEntry is strict; build the nested model here so dicts and the list shorthand pass.
         return data if isinstance(data, PassKConfig) else PassKConfig.model_validate(data)
+
+    @field_validator("num_samples")
+    @classmethod
+    def _some_samples(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError(
+                "num_samples 0 leaves nothing to evaluate: use -1 for the whole dataset or N > 0"
+            )
+        return value
 
     temperature: float | None = Field(default=None, ge=0)
     """Override the sampling temperature (null = inherit from the training config)."""

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from telescope.core.config import TelescopeConfig
 from telescope.core.config.entries import EvalEntry
 from telescope.core.config.errors import ConfigError, problems_from_validation_error
+from telescope.core.config.schema import Dtype
 
 __all__ = ["CheckpointRef", "EvalRunConfig", "check_eval_names", "load_eval_run_config", "training_config"]
 
@@ -53,6 +54,9 @@ class EvalRunConfig(BaseModel):
     """Max tokens per completion (an eval entry's own value wins)."""
     max_model_len: int = Field(default=4096, ge=2)
     """Context length of the inference servers."""
+    model_dtype: Dtype = "float32"
+    """Precision the servers load and run the weights in (bfloat16 halves GPU memory; the
+    training run's own model_dtype is the natural choice)."""
     enable_thinking: bool = False
     """Pass enable_thinking=True to the chat template."""
     chat_template: str | None = None
@@ -110,7 +114,7 @@ def load_eval_run_config(path: str | Path, overrides: dict[str, Any] | None = No
 def training_config(run: EvalRunConfig, model: str, engine: str) -> TelescopeConfig:
     """A full run config for the servers and the ``EvalRunner`` (the rest keeps its defaults)."""
     fields = {name: getattr(run, name) for name in (
-        "temperature", "top_p", "max_tokens", "max_model_len", "enable_thinking", "chat_template", "seed",
+        "temperature", "top_p", "max_tokens", "max_model_len", "model_dtype", "enable_thinking", "chat_template", "seed",
         "inference_engine_kwargs", "inference_num_workers", "inference_host", "inference_base_port",
         "max_concurrent_prompts_per_server")}  # fmt: skip
     # `environments` needs one entry; nothing trains, so the first eval's name stands in.

@@ -16,6 +16,7 @@ from telescope.core.inference.protocol import (
     WeightUpdateResponse,
 )
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
+from telescope.core.weights.verify import compare_fingerprints
 
 __all__ = ["Completion", "InferenceClient", "InferenceServerError", "parse_prometheus"]
 
@@ -42,6 +43,8 @@ class Completion:
     text: str
     prompt_token_ids: list[int] | None
     weight_versions: list[int] | None
+    response_id: str | None = None
+    """The server's id of the response (vLLM traces name their span after it)."""
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -116,7 +119,8 @@ class InferenceClient:
         body = CompletionRequest(prompt=prompt, return_token_ids=True, **params)
         raw = await self._request("POST", ENDPOINTS["completions"], json=body.model_dump(exclude_none=True))
         response = CompletionResponse.model_validate(raw)
-        return [_completion(choice) for choice in sorted(response.choices, key=lambda c: c.index)]
+        choices = sorted(response.choices, key=lambda c: c.index)
+        return [_completion(choice, response.id) for choice in choices]
 
     async def abort(self, request_ids: list[str] | None = None) -> int:
         """Abort requests by id (``None`` = all); returns how many the server found."""
@@ -162,7 +166,17 @@ class InferenceClient:
         if self.weight_api == "vllm_collective_rpc":
             await self._rpc("telescope_init_weight_sync", request.model_dump_json())
             return
-        await self._request("POST", ENDPOINTS["weights_init"], json=request.model_dump())
+        try:
+            await self._request("POST", ENDPOINTS["weights_init"], json=request.model_dump())
+        except InferenceServerError as exc:
+            if exc.status != 404:
+                raise
+            raise WeightSyncError(
+                f"inference server {self.base_url} has no {ENDPOINTS['weights_init']} (HTTP 404): it is not a "
+                "transformers-engine server. A vllm-engine server takes weight syncs through its worker "
+                "extension: create its client with engine.client(url) or "
+                "InferenceClient(url, weight_api='vllm_collective_rpc')"
+            ) from exc
 
     async def update_weights(self, version: int, apply: bool = True) -> WeightUpdateResponse:
         """Make the server receive and load the next sync (run concurrently with the trainer's send).
@@ -190,6 +204,7 @@ class InferenceClient:
             finally:
                 await self.resume()
         first = results[0]
+        _check_workers_agree(self.base_url, version, results)
         return WeightUpdateResponse(
             version=first["version"],
             received_version=first.get("received_version", first["version"]),
@@ -215,7 +230,31 @@ class InferenceClient:
         return list(results)
 
 
-def _completion(choice: Any) -> Completion:
+def _check_workers_agree(url: str, version: int, results: list[Any]) -> None:
+    """Every TP worker of a vLLM server received the same sync: same versions, same fingerprints.
+
+    The orchestrator compares the first worker's fingerprints with the sender's (``check_sync``);
+    this check extends that to the other workers, so a transfer gone wrong on any worker stops the run.
+    """
+    first = results[0]
+    for i, other in enumerate(results[1:], start=1):
+        where = f"version {version}, {url} TP worker {i} vs worker 0"
+        for key in ("version", "received_version", "applied"):
+            if other.get(key) != first.get(key):
+                raise WeightSyncError(
+                    f"weight sync {where}: {key} is {other.get(key)!r} on worker {i} but "
+                    f"{first.get(key)!r} on worker 0; every TP worker must receive and load the same sync"
+                )
+        mine, theirs = first.get("fingerprints"), other.get("fingerprints")
+        if (mine is None) != (theirs is None):
+            raise WeightSyncMismatchError(
+                where, sorted(mine or theirs or {}), "one worker returned no fingerprints"
+            )
+        if mine is not None:
+            compare_fingerprints(mine, theirs, where=where)
+
+
+def _completion(choice: Any, response_id: str | None = None) -> Completion:
     if choice.token_ids is None:
         raise InferenceServerError(
             200, "completion choice has no token_ids (the server ignored return_token_ids)"
@@ -236,6 +275,7 @@ def _completion(choice: Any) -> Completion:
         text=choice.text,
         prompt_token_ids=choice.prompt_token_ids,
         weight_versions=choice.weight_versions,
+        response_id=response_id,
     )
 
 

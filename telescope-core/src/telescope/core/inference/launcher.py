@@ -125,6 +125,11 @@ class InferenceEngine:
         """Servers of the run (inference_num_workers / inference_tensor_parallel_size)."""
         return num_servers(self.cfg)
 
+    @property
+    def sync_ranks_per_server(self) -> int:
+        """Members each server adds to the weight-sync group (one per process that receives)."""
+        return 1
+
     def server_command(self, index: int, host: str, port: int, config_path: str) -> ServerCommand:
         """The command that starts server ``index`` (engine specific)."""
         raise NotImplementedError(f"{type(self).__name__}.server_command")

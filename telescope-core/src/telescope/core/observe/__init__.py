@@ -5,8 +5,9 @@ Typical use by the orchestrator::
 
     hub = build_logger_hub(cfg, registry)                # local + console (+ wandb)
     hub.start(cfg, cfg.resolved_run_dir(), resume_ids)   # resume_ids: hub.run_ids() saved earlier
-    hub.log_info({"environments": [...]})                # ranges, dataset sizes, setup
+    hub.log_info({"environments": environment_info(envs, cfg)})   # ranges, dataset sizes
     hub.add_prometheus_scraper({0: url0, 1: url1})       # vllm engine only
+    receiver = hub.add_otlp_receiver()                   # None unless enable_vllm_tracing
     with hub.span("weight_sync", step=step): ...         # timeline events
     rows = records_from_group(group, step)               # every kept/discarded/cancelled group
     hub.log_rollouts(step, rows)
@@ -24,6 +25,7 @@ from __future__ import annotations
 from telescope.core.observe.base import Logger
 from telescope.core.observe.build import build_logger_hub, enabled_logger_names
 from telescope.core.observe.hub import FINISH_STATUSES, LoggerHub, LoggerStartError
+from telescope.core.observe.info import environment_info
 from telescope.core.observe.metrics import perf_metrics, rollout_metrics, zero_advantage_kind
 from telescope.core.observe.reader import RunDirError, RunDirReader
 from telescope.core.observe.records import (
@@ -49,6 +51,7 @@ __all__ = [
     "TimelineEvent",
     "build_logger_hub",
     "enabled_logger_names",
+    "environment_info",
     "gini",
     "max_median_ratio",
     "perf_metrics",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,7 +88,10 @@ class ConsoleLogger(Logger):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
-        self.console = console or Console(stderr=True, highlight=False)
+        # Bound to the stderr of now, before the local logger tees sys.stderr into
+        # logs/telescope.stdout.log: live redraws would flood that file, and every fact shown
+        # here is in metrics.jsonl and telescope.log already.
+        self.console = console or Console(file=sys.stderr, highlight=False)
         self.plain = (not self.console.is_terminal) if plain is None else plain
         self.total = 0
         self.discarded = 0

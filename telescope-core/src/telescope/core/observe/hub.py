@@ -13,10 +13,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.records import RolloutRecord, TimelineEvent
+
+if TYPE_CHECKING:
+    from telescope.core.observe.otlp import OtlpReceiver
 
 __all__ = ["FINISH_STATUSES", "LoggerHub", "LoggerStartError"]
 
@@ -157,17 +160,35 @@ class LoggerHub:
             interval_s = float(getattr(self._cfg, "ray_torch_memory_drain_interval_seconds", 0.5))
         self._start_thread(TorchMemoryDrainer(fetch, self.log_system, interval_s))
 
-    def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float = 1.0) -> None:
+    def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float | None = None) -> None:
         """Scrape each inference server's ``/metrics`` (vLLM) into ``log_system`` until finish.
 
         Args:
             urls: ``{server index: base URL}``, e.g. ``{0: "http://10.0.0.2:8000"}``.
+            interval_s: overrides the config's ``system_metrics_collection_interval_seconds``.
         """
         from telescope.core.observe.prometheus import PrometheusScraper
 
+        if interval_s is None:
+            interval_s = float(getattr(self._cfg, "system_metrics_collection_interval_seconds", 1.0))
         scraper = PrometheusScraper(urls, self.log_system, interval_s=interval_s)
         scraper.start()
         self._scrapers.append(scraper)
+
+    def add_otlp_receiver(self) -> OtlpReceiver | None:
+        """Start the OTLP trace receiver for vLLM on ``otlp_receiver_port``, stopped with the other sources.
+
+        Returns the ``OtlpReceiver`` (look finished requests up with ``receiver.timings(id)``),
+        or None when ``enable_vllm_tracing`` is off.
+        """
+        from telescope.core.observe.otlp import OtlpReceiver
+
+        if not bool(getattr(self._cfg, "enable_vllm_tracing", False)):
+            return None
+        receiver = OtlpReceiver.from_config(self._cfg)
+        receiver.start()
+        self._scrapers.append(receiver)
+        return receiver
 
     def finish(self, status: str = "finished") -> None:
         """Stop the sampler and finish every logger (idempotent)."""
@@ -182,7 +203,7 @@ class LoggerHub:
         self._call("finish", status)
 
     def stop_sources(self) -> None:
-        """Stop the samplers, scrapers, torch-memory drains and the tick thread (idempotent).
+        """Stop the samplers, scrapers, OTLP receiver, torch-memory drains and the tick thread (idempotent).
 
         Call it before stopping the processes they read from (a torch-memory drain makes one
         last call to the workers); ``finish`` calls it too. Logging still works afterwards.
@@ -241,8 +262,16 @@ class LoggerHub:
     def log_eval(
         self, step: int, name: str, metrics: dict[str, float], rows: Sequence[dict[str, Any]] = ()
     ) -> None:
-        """One eval's scores (``{metric: value}``) and per-sample ``rows`` at trainer ``step``."""
-        self._call("log_eval", int(step), str(name), dict(metrics), [dict(r) for r in rows])
+        """One eval's scores (``{metric: value}``) and per-sample ``rows`` at trainer ``step``.
+
+        Also puts an ``eval`` instant event on the timeline: ``name``, ``step`` and
+        ``attrs = {"scores": metrics, "samples": len(rows)}``.
+        """
+        rows = [dict(r) for r in rows]
+        self._call("log_eval", int(step), str(name), dict(metrics), rows)
+        self.event(
+            "eval", name=str(name), step=int(step), attrs={"scores": dict(metrics), "samples": len(rows)}
+        )
 
     def warn(self, message: str) -> None:
         """Show ``message`` on the console and record it in the run's log."""

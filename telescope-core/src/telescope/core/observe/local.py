@@ -30,6 +30,7 @@ from telescope.core.observe.layout import (
 from telescope.core.observe.periodic import IntervalBuffer, IntervalGate
 from telescope.core.observe.reader import read_run_meta
 from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord, TimelineEvent
+from telescope.core.observe.stdio import STDOUT_LOG_NAME, StdioCapture
 
 __all__ = ["LocalLogger"]
 
@@ -84,6 +85,7 @@ class LocalLogger(Logger):
         self._rollouts: StepBlocks | None = None
         self._samples: IntervalBuffer[dict[str, Any]] | None = None
         self._tail_gate: IntervalGate | None = None
+        self._stdio: StdioCapture | None = None
 
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
@@ -131,8 +133,14 @@ class LocalLogger(Logger):
         )
 
     def _attach_log_files(self, logs_dir: Path) -> None:
-        """telescope.log (INFO) and telescope.detailed.log (DEBUG, file:line) for 'telescope.*' loggers."""
+        """telescope.log (INFO), telescope.detailed.log (DEBUG, file:line) and telescope.stdout.log.
+
+        The first two take the 'telescope.*' Python loggers; the third is a copy of everything
+        the process prints (``StdioCapture``).
+        """
         logs_dir.mkdir(parents=True, exist_ok=True)
+        self._stdio = StdioCapture(logs_dir / STDOUT_LOG_NAME)
+        self._stdio.start()
         root = logging.getLogger("telescope")
         for fname, level, fmt in (
             ("telescope.log", logging.INFO, "%(asctime)s %(levelname)s %(name)s %(message)s"),
@@ -202,6 +210,9 @@ class LocalLogger(Logger):
             handler.close()
         self._handlers.clear()
         root.setLevel(self._previous_level)
+        if self._stdio is not None:
+            self._stdio.stop()
+            self._stdio = None
         if self.run_dir is not None:
             self._meta.update(status=status, finished_at=time.time())
             write_json_atomic(self.run_dir / RUN_FILE, self._meta)

@@ -87,6 +87,11 @@ class PrometheusScraper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telescope-vllm-metrics", daemon=True)
 
+    @property
+    def interval_s(self) -> float:
+        """Seconds between two scrapes of every server."""
+        return self._interval
+
     def scrape(self, server: int) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.urls[server]}/metrics", timeout=self._timeout) as resp:
             text = resp.read().decode("utf-8", errors="replace")

@@ -80,7 +80,8 @@ class RolloutRecord:
     server: int = -1
     lane: int = -1
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds: e.g. ``generation``, ``reward``, ``queue``, ``e2e``."""
+    """The runtime's: ``generation_start``/``generation_end``/``reward_end`` (unix times) and
+    ``generation_s``/``reward_s`` (seconds)."""
     prompt_idx: int = -1
     """Dataset index of the prompt (-1 = unknown)."""
     num_turns: int = 1

@@ -7,6 +7,7 @@ from typing import Any
 
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
+from telescope.core.observe.info import environment_info
 from telescope.core.runtime.batching import BatchBuilder
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.prompts import PromptSource
@@ -43,8 +44,24 @@ def load_environments(cfg: Any, registry: Any) -> dict[str, Any]:
     return envs
 
 
-async def init_weight_sync(session: Any, clients: list[Any]) -> None:
-    """Form the group: trainer rank 0 (sender) + every server (receivers), concurrently."""
+def sync_group_layout(num_servers: int, ranks_per_server: int) -> tuple[int, list[int]]:
+    """``(world_size, first rank of each server)`` of the weight-sync group.
+
+    Rank 0 is the trainer; server ``i`` owns ranks ``1 + i * ranks_per_server`` onwards (a vLLM
+    server with tensor parallelism adds one member per TP worker, each joining as its first rank
+    plus its TP rank), so no two servers' workers share a rank.
+    """
+    firsts = [1 + i * ranks_per_server for i in range(num_servers)]
+    return 1 + num_servers * ranks_per_server, firsts
+
+
+def sync_backend(trainer_gpus: float, inference_gpus: float) -> str:
+    """NCCL only when both ends hold CUDA tensors; gloo otherwise (NCCL cannot reach a CPU server)."""
+    return "nccl" if trainer_gpus > 0 and inference_gpus > 0 else "gloo"
+
+
+async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: int = 1) -> None:
+    """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.weights.group import free_port
     from telescope.core.weights.settings import choose_broadcast_host
@@ -54,14 +71,20 @@ async def init_weight_sync(session: Any, clients: list[Any]) -> None:
     host = choose_broadcast_host(
         trainer_ip, session.servers.node_ips, cfg.ray_broadcast_prefer_loopback_if_single_node
     )
-    backend = "nccl" if session.pools.trainer_gpus > 0 else "gloo"
-    spec: dict[str, Any] = {"host": host, "port": free_port("127.0.0.1"), "world_size": 1 + len(clients), "backend": backend,
+    world_size, firsts = sync_group_layout(len(clients), ranks_per_server)
+    backend = sync_backend(session.pools.trainer_gpus, session.pools.inference_gpus)
+    spec: dict[str, Any] = {"host": host, "port": free_port("127.0.0.1"), "world_size": world_size, "backend": backend,
             "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
-    requests = [WeightSyncInitRequest(rank=i + 1, **spec) for i in range(len(clients))]
+    requests = [WeightSyncInitRequest(rank=first, **spec) for first in firsts]
     await asyncio.gather(
         session.trainers[0].init_weight_sync.remote(spec),
         *(c.init_weight_sync(r) for c, r in zip(clients, requests, strict=True)),
     )
+
+
+def inference_engine(cfg: Any, registry: Any) -> Any:
+    """The run's engine object (clients and group layout are engine specific; nothing is launched)."""
+    return registry.create("inference_engine", cfg.inference_engine, cfg.inference_engine_kwargs, cfg=cfg)
 
 
 def eval_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
@@ -76,13 +99,14 @@ def eval_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
 async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Orchestrator, list[Any]]:
     """The orchestrator for a started session (servers healthy, trainers initialised)."""
     from telescope.core.algorithms import get_algorithm
-    from telescope.core.inference.client import InferenceClient
 
     cfg, registry = session.cfg, session.registry
     tokenizer = await asyncio.to_thread(load_tokenizer, cfg)
     envs = await asyncio.to_thread(load_environments, cfg, registry)
-    clients = [InferenceClient(url) for url in session.servers.urls]
-    await init_weight_sync(session, clients)
+    _call(observer, "on_info", lambda info: None)({"environments": environment_info(envs, cfg)})
+    engine = inference_engine(cfg, registry)
+    clients = [engine.client(url) for url in session.servers.urls]
+    await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)
     sources = [SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))

@@ -78,6 +78,18 @@ def find_resume_point(cfg: Any) -> ResumePoint | None:
     )
 
 
+def supersede_later_checkpoints(cfg: Any, resume: ResumePoint) -> list[Path]:
+    """A resume from an older step: move the newer checkpoints aside (they belong to the old history)."""
+    moved = _manager(cfg).set_aside_after(resume.step)
+    if moved:
+        log.warning(
+            "resuming from step %d: moved the later checkpoints %s to %s (kept, not deleted; "
+            "this run writes its own from step %d on)",
+            resume.step, ", ".join(p.name for p in moved), moved[0].parent, resume.step + 1,
+        )  # fmt: skip
+    return moved
+
+
 class RunCheckpointer:
     """Saves a checkpoint after the steps ``checkpoint_every`` names (and the last step)."""
 

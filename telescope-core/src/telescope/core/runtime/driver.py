@@ -34,10 +34,11 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
 def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any = None) -> int:
     """Train ``cfg`` to completion; returns the process exit code (0 on success)."""
     from telescope.core.inference.auto import resolve_inference_engine
-    from telescope.core.runtime.checkpointing import find_resume_point
+    from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
 
     check_supported(cfg)
     resume = find_resume_point(cfg)
+    superseded = supersede_later_checkpoints(cfg, resume) if resume is not None else []
     run_dir = prepare_run_dir(cfg)
     engine, why = resolve_inference_engine(cfg.inference_engine)
     log.info(why)
@@ -52,7 +53,8 @@ def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any =
         hub = build_logger_hub(wcfg, registry)
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
         if resume is not None:
-            hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path)}})
+            hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
+                                     "superseded": [str(p) for p in superseded]}})  # fmt: skip
         hub.log_info({"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}})
         observer = HubObserver(wcfg, hub, pset)
     status, error = "failed", None
@@ -63,6 +65,9 @@ def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any =
             from telescope.core.observe.torch_memory import RayDrainFetcher
 
             hub.add_torch_memory_source(RayDrainFetcher(session.trainers))
+            if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
+                hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
+                observer.traces = hub.add_otlp_receiver()
         asyncio.run(session.train(observer, pset))
         status = "completed"
     except KeyboardInterrupt:

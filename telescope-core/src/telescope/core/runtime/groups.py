@@ -35,6 +35,8 @@ class RolloutSample:
     info: dict[str, Any] = field(default_factory=dict)
     advantage: float = 0.0
     num_turns: int = 1
+    response_ids: list[str] = field(default_factory=list)
+    """The server's response id of each turn (vLLM trace spans are found by it)."""
 
 
 @dataclass

@@ -215,24 +215,26 @@ class Orchestrator:
 
     # --- one sample --------------------------------------------------------------------
     async def _run_sample(self, group: _Group, index: int, server: int, slot: int, request_id: str) -> None:
-        freed = False
+        freed = generated = False
+        p = group.prepared
+        where = {"group_id": p.item.group_id, "sample_id": index, "server": server, "lane": slot}
 
-        def free_lane() -> None:
-            nonlocal freed
+        def on_generated() -> None:  # generation over (all turns), the reward comes next
+            nonlocal freed, generated
+            generated = True
+            self._event("generation", "end", **where)
+            self._event("reward", "start", group_id=p.item.group_id, sample_id=index)
             if not freed and self.cfg.free_lane_after_generation and self.individual:
                 freed = True
                 self.lanes.release(server, slot)
                 self._poke()
 
-        p = group.prepared
-        self._event(
-            "generation", "start", group_id=p.item.group_id, sample_id=index, server=server, lane=slot
-        )
+        self._event("generation", "start", **where)
         task = SampleTask(request_id, p.env, p.sample, p.prompt_ids, p.prompt_text, p.reward_min, p.reward_max,
                           server, slot, lambda: self.counts.model_version,
                           request_seed(self.cfg.seed, p.item.group_id, index))  # fmt: skip
         try:
-            result = await self.runner.run(self.clients[server], task, free_lane)
+            result = await self.runner.run(self.clients[server], task, on_generated)
             group.results[index] = result
         except asyncio.CancelledError:
             raise
@@ -246,9 +248,10 @@ class Orchestrator:
             if not freed:
                 self.lanes.release(server, slot)
             group.running.pop(index, None)
-            self._event(
-                "generation", "end", group_id=p.item.group_id, sample_id=index, server=server, lane=slot
-            )
+            if generated:
+                self._event("reward", "end", group_id=p.item.group_id, sample_id=index)
+            else:  # failed or cancelled while generating
+                self._event("generation", "end", **where)
         group.finished += 1
         if group.finished == self.cfg.group_size:
             self._complete_group(group)
@@ -341,10 +344,10 @@ class Orchestrator:
             waited = time.time()
             step, batch = await self._batches.get()
             self._wait_for_data_s = time.time() - waited
-            self._event("trainer", "start", step=step + 1)
+            self._event("trainer", "start", step=step + 1, name="train_step")
             metrics = await self.trainer.train_step(step, batch)
             self.prompts.resolve([g.group_id for g in batch.groups])
-            self._event("trainer", "end", step=step + 1)
+            self._event("trainer", "end", step=step + 1, name="train_step")
             sync = await self.sync_weights(step + 1)
             self.counts.model_version = step + 1
             await self._cancel_stale()

@@ -107,8 +107,10 @@ class RolloutRunner:
         text = self.decode(choice.token_ids)
         env: SingleTurnEnvironment = task.env
         result = await env.score(text, task.sample, self.eos_text)
-        return self._finish(task, choice.token_ids, choice.logprobs, None, choice.finish_reason or "stop",
-                            result, text, start_version, (t0, t1, time.time()), num_turns=1)  # fmt: skip
+        sample = self._finish(task, choice.token_ids, choice.logprobs, None, choice.finish_reason or "stop",
+                              result, text, start_version, (t0, t1, time.time()), num_turns=1)  # fmt: skip
+        sample.response_ids = [choice.response_id] if choice.response_id else []
+        return sample
 
     async def _multi_turn(
         self, client: Any, task: SampleTask, on_generated: Callable[[], None]
@@ -121,12 +123,14 @@ class RolloutRunner:
         logprobs: list[float] = []
         mask: list[int] = []
         finish = "stop"
+        response_ids: list[str] = []
         for turn in range(env.max_turns):
             params = self._params(len(prompt_ids), turn, f"{task.request_id}-t{turn}", task.seed)
             if params is None:
                 state.stop_reason, finish = "context_exhausted", "length"
                 break
             (choice,) = await client.complete(prompt_ids, **params)
+            response_ids += [choice.response_id] if choice.response_id else []
             ids = list(choice.token_ids)
             completion += ids
             logprobs += list(choice.logprobs)
@@ -159,6 +163,7 @@ class RolloutRunner:
         sample = self._finish(task, completion, logprobs, mask, finish, result, texts, start_version,
                               (t0, t1, time.time()), num_turns=state.num_turns)  # fmt: skip
         sample.info["stop_reason"] = state.stop_reason
+        sample.response_ids = response_ids
         return sample
 
     def _env_tokens(

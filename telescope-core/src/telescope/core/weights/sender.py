@@ -98,12 +98,22 @@ class WeightSender:
         return report
 
     def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Detach and make contiguous; move to CPU now when staging on CPU or when gloo needs it."""
+        """Detach and make contiguous; move to CPU now when staging on CPU or when gloo needs it.
+
+        ``weight_broadcast_pin_memory`` (with CUDA present): an accelerator tensor is copied
+        straight into a pinned CPU buffer (one copy, a DMA; not a pageable copy pinned afterwards),
+        and a CPU tensor that will go back to a CUDA group (cpu_staging with NCCL) is pinned so that
+        copy is asynchronous. A CPU tensor broadcast over gloo never touches a device: not pinned.
+        """
         tensor = tensor.detach()
         if self.settings.cpu_staging or self.group.device.type == "cpu":
             if tensor.device.type != "cpu":
-                tensor = tensor.to("cpu", non_blocking=False)
-            if self._pin and not tensor.is_pinned():
+                if self._pin:
+                    staged = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+                    tensor = staged.copy_(tensor)
+                else:
+                    tensor = tensor.to("cpu")
+            elif self._pin and self.group.device.type != "cpu" and not tensor.is_pinned():
                 tensor = tensor.pin_memory()
         return tensor.contiguous()
 

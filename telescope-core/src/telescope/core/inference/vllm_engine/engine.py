@@ -40,6 +40,11 @@ class VllmEngine(InferenceEngine):
         check_vllm_config(cfg, kwargs)
         super().__init__(cfg, kwargs)
 
+    @property
+    def sync_ranks_per_server(self) -> int:
+        """Every tensor-parallel worker joins the sync group (as ``rank + tp_rank``, see worker.py)."""
+        return int(self.cfg.inference_tensor_parallel_size)
+
     def server_command(self, index: int, host: str, port: int, config_path: str) -> ServerCommand:
         """``vllm serve <model> ...`` (the config file is handed to the worker extension by env var)."""
         from telescope.core.models.tiny import resolve_model_path
