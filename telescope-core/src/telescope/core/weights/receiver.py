@@ -62,6 +62,9 @@ class WeightReceiver:
         self._meta_cache: MetaCache = group.meta_cache  # the sender's view holds the same entries, see group
         self.reuse_buffers = reuse_buffers
         self._pool: dict[tuple[str, int, int], torch.Tensor] = {}  # (role, message, j) -> buffer
+        # (message index, layout key) -> (first buffer, typed views of its bucket): with reused
+        # buffers and a repeated layout the views are the same objects every sync, made once.
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = {}
         self.last_sync: ReceivedSync | None = None
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -89,6 +92,7 @@ class WeightReceiver:
             index += 1
         self.group.layouts.end_sync(index + 1)
         self._pool = {k: v for k, v in self._pool.items() if k[1] <= index}
+        self._views = {k: v for k, v in self._views.items() if k[0] <= index}
         received = _formatted(slots, digests) if self.verify else None
         self.last_sync = ReceivedSync(version, len(slots), received)
 
@@ -121,13 +125,26 @@ class WeightReceiver:
                     "which this receiver does not hold"
                 )
             meta = expected.meta
-            flat = [(None, _flat_tensors(first[HEADER_BYTES:], meta))] if meta.flat else []
+            flat = [(None, self._bucket_views(first, index, key, meta))] if meta.flat else []
             payloads = flat + self._post_direct(meta, index)
         else:
             meta = self._message_meta(meta_nbytes, index, key)
             payloads = self._post_flat(meta, index) + self._post_direct(meta, index)
         self.group.layouts.record(index, Layout(key, meta))
         return version, flags, meta, payloads
+
+    def _bucket_views(
+        self, first: torch.Tensor, index: int, key: int, meta: MessageMeta
+    ) -> list[tuple[str, torch.Tensor]]:
+        """The bucketed tensors as views of ``first`` (cached while buffer and layout repeat)."""
+        cached = self._views.get((index, key))
+        if cached is not None and cached[0] is first:
+            return cached[1]
+        views = _flat_tensors(first[HEADER_BYTES:], meta)
+        if self.reuse_buffers:
+            self._views = {k: v for k, v in self._views.items() if k[0] != index}
+            self._views[(index, key)] = (first, views)
+        return views
 
     def _blob(self, nbytes: int) -> bytes:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)

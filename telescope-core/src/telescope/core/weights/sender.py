@@ -29,6 +29,7 @@ from telescope.core.weights.wire import (
 __all__ = ["SyncReport", "WeightSender"]
 
 _ALIGN = 16
+_MAX_PLANS = 64  # distinct message layouts remembered (one per message of each model sent)
 
 
 @dataclass
@@ -69,6 +70,9 @@ class WeightSender:
         self._pin = settings.pin_memory and torch.cuda.is_available()
         self._in_flight: list[Any] = []  # work handles of the previous message (kept alive until done)
         self._pool: dict[tuple[str, int], torch.Tensor] = {}  # staging buffers by (role, message index)
+        # (name, dtype, shape) of a message's tensors -> (meta, encoded meta, meta id): a fixed model
+        # sends the same layouts every sync, so planning and encoding happen once per layout.
+        self._plans: dict[tuple[Any, ...], tuple[MessageMeta, bytes, int]] = {}
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
         """Send every tensor of ``named_tensors`` (consumed lazily, one bucket at a time)."""
@@ -132,10 +136,22 @@ class WeightSender:
                 meta.direct.append(slot)
         return meta
 
+    def _planned(self, pending: list[tuple[str, torch.Tensor]]) -> tuple[MessageMeta, bytes, int]:
+        """``(meta, blob, meta id)`` of a message, from the plan cache when the layout was seen."""
+        signature = tuple((name, t.dtype, t.shape) for name, t in pending)
+        plan = self._plans.get(signature)
+        if plan is None:
+            meta = self._plan(pending)
+            blob = meta.encode()
+            plan = (meta, blob, meta_id(blob))
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[signature] = plan
+        return plan
+
     def _send_message(self, pending: list[tuple[str, torch.Tensor]], report: SyncReport, last: bool) -> None:
-        meta = self._plan(pending)
-        blob = meta.encode()
-        key, index = meta_id(blob), report.num_messages
+        meta, blob, key = self._planned(pending)
+        index = report.num_messages
         expected = self.group.layouts.expected(index)
         combined = expected is not None and expected.key == key  # the receivers sized for this layout
         send_meta = not combined and key not in self._meta_cache

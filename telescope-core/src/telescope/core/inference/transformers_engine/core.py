@@ -9,6 +9,8 @@ event loop stays responsive while the loop thread computes.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -270,8 +272,8 @@ class GenerationEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=dynamic,
             use_cache=True,
+            **{cache_kwarg(type(self.model)): dynamic},
         )
         cache.absorb(dynamic, mask)
         return out.logits[:, -1, :]
@@ -316,3 +318,10 @@ class GenerationEngine:
         if len(seq.output_ids) >= seq.params.max_tokens or seq.total_len >= self.options.max_model_len:
             return "length"
         return None
+
+
+@functools.cache
+def cache_kwarg(model_class: type) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x renamed
+    it; ``past_key_values`` is deprecated there and goes in 5.40), else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
