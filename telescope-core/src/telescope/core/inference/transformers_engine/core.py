@@ -9,7 +9,6 @@ event loop stays responsive while the loop thread computes.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import threading
 import time
@@ -43,6 +42,7 @@ class GenerationEngine:
 
     def __init__(self, model: Any, options: EngineOptions) -> None:
         self.model = model.eval()
+        self._cache_kwarg = cache_kwarg(model)
         self.options = options
         self.device = next(model.parameters()).device
         self.queue = WaitQueue(options.scheduling_policy)
@@ -273,7 +273,7 @@ class GenerationEngine:
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            **{cache_kwarg(type(self.model)): dynamic},
+            **{self._cache_kwarg: dynamic},
         )
         cache.absorb(dynamic, mask)
         return out.logits[:, -1, :]
@@ -320,8 +320,7 @@ class GenerationEngine:
         return None
 
 
-@functools.cache
-def cache_kwarg(model_class: type) -> str:
+def cache_kwarg(model: Any) -> str:
     """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x renamed
     it; ``past_key_values`` is deprecated there and goes in 5.40), else ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
