@@ -6,7 +6,8 @@ import pytest
 
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.engine import VllmEngine
-from telescope.core.runtime.assemble import sync_backend, sync_group_layout
+from telescope.core.runtime.assemble import sync_backend, sync_group_layout, sync_group_spec
+from telescope.core.weights.settings import GroupSpec
 
 from ..inference.conftest import make_cfg
 
@@ -43,3 +44,12 @@ def test_nccl_only_when_both_ends_are_on_gpus(
     trainer_gpus: float, inference_gpus: float, backend: str
 ) -> None:
     assert sync_backend(trainer_gpus, inference_gpus) == backend
+
+
+def test_the_init_timeout_bounds_the_sync_group() -> None:
+    spec = GroupSpec(
+        **sync_group_spec(make_cfg(ray_broadcast_init_timeout_s=42), "10.0.0.1", 29500, 5, "nccl")
+    )
+    assert (spec.host, spec.port, spec.world_size, spec.backend, spec.timeout_s) == (
+        "10.0.0.1", 29500, 5, "nccl", 42.0,
+    )  # fmt: skip

@@ -60,6 +60,13 @@ def sync_backend(trainer_gpus: float, inference_gpus: float) -> str:
     return "nccl" if trainer_gpus > 0 and inference_gpus > 0 else "gloo"
 
 
+def sync_group_spec(cfg: Any, host: str, port: int, world_size: int, backend: str) -> dict[str, Any]:
+    """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
+    the rendezvous and every collective)."""
+    return {"host": host, "port": port, "world_size": world_size, "backend": backend,
+            "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
+
+
 async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: int = 1) -> None:
     """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
@@ -73,8 +80,7 @@ async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: i
     )
     world_size, firsts = sync_group_layout(len(clients), ranks_per_server)
     backend = sync_backend(session.pools.trainer_gpus, session.pools.inference_gpus)
-    spec: dict[str, Any] = {"host": host, "port": free_port("127.0.0.1"), "world_size": world_size, "backend": backend,
-            "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
+    spec = sync_group_spec(cfg, host, free_port("127.0.0.1"), world_size, backend)
     requests = [WeightSyncInitRequest(rank=first, **spec) for first in firsts]
     await asyncio.gather(
         session.trainers[0].init_weight_sync.remote(spec),

@@ -37,8 +37,6 @@ class WeightSyncSettings(BaseModel):
     direct_tensor_mb: float | None = Field(default=None, ge=0)
     """flattened_bucket: tensors of at least this many MiB travel directly instead of in a bucket
     (None: ``DIRECT_TENSOR_BYTES``, 4 MiB, chosen from measurements; mostly for benchmarks)."""
-    init_timeout_s: float = Field(default=300.0, gt=0)
-    """ray_broadcast_init_timeout_s: how long the group rendezvous and every collective may take."""
 
     @property
     def bucket_bytes(self) -> int:
@@ -61,7 +59,6 @@ class WeightSyncSettings(BaseModel):
             cpu_staging=cfg.weight_broadcast_cpu_staging,
             pin_memory=cfg.weight_broadcast_pin_memory,
             verify=cfg.weight_sync_verify,
-            init_timeout_s=float(cfg.ray_broadcast_init_timeout_s),
         )
 
 
@@ -81,7 +78,7 @@ class GroupSpec(BaseModel):
     group_name: str = "telescope-weights"
     """Prefix of the store keys, so several groups can share a store port over time."""
     timeout_s: float = Field(default=300.0, gt=0)
-    """Rendezvous and per-collective timeout."""
+    """Rendezvous and per-collective timeout (a run sets ray_broadcast_init_timeout_s)."""
 
 
 def choose_broadcast_host(trainer_ip: str, server_ips: list[str], prefer_loopback: bool) -> str:
