@@ -95,3 +95,23 @@ def trainer_worker(port: int, versions: list[tuple[str, int]], model_path: str, 
             iter(state.items()), version
         )
         queue.put((version, report.fingerprints, report.num_messages))
+
+
+def version_check_worker(rank: int, port: int, queue: Any) -> None:
+    """Rank 0 sends version 3; rank 1 expects version 2 and reports what it saw before the error."""
+    torch.set_num_threads(1)
+    group = WeightSyncGroup(GroupSpec(host="127.0.0.1", port=port, world_size=2, timeout_s=60), rank)
+    if rank == 0:
+        try:
+            WeightSender(group, WeightSyncSettings()).send(iter(example_tensors(3)), 3)
+        except Exception:  # noqa: BLE001 - the receiver leaves after the header: the rest fails
+            pass
+        return
+    seen = []
+    try:
+        for name, _ in WeightReceiver(group).receive(expect_version=2):
+            seen.append(name)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        queue.put((type(exc).__name__, str(exc), seen))
+        return
+    queue.put(("no error", "", seen))

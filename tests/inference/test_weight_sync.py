@@ -71,6 +71,15 @@ def test_group_sync_both_modes_cache_and_corruption() -> None:
         assert ptrs[(rank, 5)] == ptrs[(rank, 3)] and ptrs[(rank, 3)] != ptrs[(rank, 2)]
 
 
+def test_a_stream_of_the_wrong_version_stops_before_its_first_tensor() -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    mp.start_processes(workers.version_check_worker, args=(free_port(), q), nprocs=2, start_method="spawn")
+    ((kind, message, seen),) = drain(q, 1)
+    assert kind == "WeightSyncError" and seen == []  # nothing reached a streaming consumer
+    assert "asked to load version 2 but the trainer is sending version 3" in message
+
+
 def test_loader_rejects_bad_updates_before_touching_the_model() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
     loader = ModelWeightLoader(model)

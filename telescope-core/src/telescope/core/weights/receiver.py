@@ -67,8 +67,13 @@ class WeightReceiver:
         self._views: dict[tuple[int, int], tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = {}
         self.last_sync: ReceivedSync | None = None
 
-    def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield every tensor of the next sync (see the class docstring)."""
+    def receive(self, expect_version: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield every tensor of the next sync (see the class docstring).
+
+        ``expect_version``: raise ``WeightSyncError`` before yielding anything when the sync
+        carries another version, so a consumer that loads tensors as they stream in (vLLM's
+        ``load_weights``) never applies part of the wrong weights.
+        """
         digests: list[int] = []
         slots: list[TensorSlot] = []
         index, version = 0, -1
@@ -76,6 +81,11 @@ class WeightReceiver:
         while True:
             first_work.wait()
             version, flags, meta, payloads = self._open_message(first, index)
+            if expect_version is not None and version != expect_version:
+                raise WeightSyncError(
+                    f"weight sync: this server was asked to load version {expect_version} but the trainer "
+                    f"is sending version {version}; the orchestrator and the trainer are out of step"
+                )
             slots.extend(meta.slots)
             last = bool(flags & FLAG_LAST)
             if not last:  # post the next first buffer now: its size is known, and this hides its latency

@@ -55,10 +55,12 @@ class TelescopeWeightSyncExtension:
         receiver = getattr(self, "_telescope_receiver", None)
         if receiver is None:
             raise RuntimeError("no weight-sync group: call telescope_init_weight_sync first")
+        # The version is checked on the first header, before load_weights sees any tensor.
+        stream = receiver.receive(expect_version=int(version))
         if apply:
-            self.model_runner.model.load_weights(receiver.receive())
+            self.model_runner.model.load_weights(stream)
         else:
-            for _ in receiver.receive():  # take part in every broadcast; fingerprinted as they arrive
+            for _ in stream:  # take part in every broadcast; fingerprinted as they arrive
                 pass
         last = receiver.last_sync
         if last is None or last.version != int(version):
