@@ -51,8 +51,9 @@ class FakeReceiver:
     version: int = 0
     last_sync: ReceivedSync | None = None
 
-    def receive(self) -> Any:
+    def receive(self, expect_version: int | None = None) -> Any:
         self.version += 1
+        assert expect_version == self.version  # the worker asks for the version it was told to load
         tensors = {"w": torch.full((2,), float(self.version))}
         yield from tensors.items()
         fps = {"w": f"float32:2:{self.version:016x}"}
