@@ -72,7 +72,12 @@ def test_server_command_uses_the_vllm_script(monkeypatch: pytest.MonkeyPatch) ->
         make_cfg(model="org/m", inference_num_workers=4, inference_tensor_parallel_size=2), VllmEngineKwargs()
     )
     command = engine.server_command(1, "0.0.0.0", 8101, "/run/resolved.json")
-    assert command.argv[:3] == ["/venv/bin/vllm", "serve", "org/m"] and engine.num_servers == 2
+    supervisor, served = (
+        command.argv[: command.argv.index("--")],
+        command.argv[command.argv.index("--") + 1 :],
+    )
+    assert supervisor[1:3] == ["-m", "telescope.core.inference.supervise"]  # ends vllm if the launcher dies
+    assert served[:3] == ["/venv/bin/vllm", "serve", "org/m"] and engine.num_servers == 2
     assert (
         command.url == "http://127.0.0.1:8101"
         and command.env["TELESCOPE_RESOLVED_CONFIG"] == "/run/resolved.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,6 +55,66 @@ def test_server_process_exits_when_its_parent_is_killed() -> None:
         time.sleep(0.1)
     os.kill(child_pid, signal.SIGKILL)
     raise AssertionError("the child outlived its killed parent")
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_supervised_server_ends_with_its_launcher() -> None:
+    # What the vllm engine launches: vllm serve (here a sleeper that ignores nothing) under the
+    # supervisor, in its own session, from a launcher that is then killed with SIGKILL.
+    parent_code = textwrap.dedent("""
+        import subprocess, sys, time
+        from telescope.core.inference.supervise import supervised_argv
+        argv = supervised_argv([sys.executable, "-c", "import time; time.sleep(60)"], interval_s=0.2, grace_s=2)
+        sup = subprocess.Popen(argv, start_new_session=True)
+        print(sup.pid, flush=True)
+        time.sleep(60)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    supervisor = int(launcher.stdout.readline())  # type: ignore[union-attr]
+    deadline = time.time() + 10
+    while not _children(supervisor) and time.time() < deadline:
+        time.sleep(0.1)
+    (server,) = _children(supervisor)
+    assert not _gone(server, 0.5)  # alive while the launcher lives
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    try:
+        assert _gone(server, 5) and _gone(supervisor, 5), "the server outlived its killed launcher"
+    finally:
+        for pid in (server, supervisor):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_supervised_server_returns_its_exit_code_and_stops_with_its_group() -> None:
+    from telescope.core.inference.supervise import supervised_argv
+
+    done = subprocess.run(supervised_argv([sys.executable, "-c", "raise SystemExit(7)"]), timeout=30)
+    assert done.returncode == 7
+    # ServerProcess.stop: SIGTERM to the whole group ends the server; the supervisor reports it
+    sup = subprocess.Popen(
+        supervised_argv([sys.executable, "-c", "import time; time.sleep(60)"]), start_new_session=True
+    )
+    deadline = time.time() + 10
+    while not _children(sup.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    os.killpg(sup.pid, signal.SIGTERM)
+    assert sup.wait(10) == 128 + signal.SIGTERM
 
 
 def test_launch_refuses_a_port_already_in_use() -> None:

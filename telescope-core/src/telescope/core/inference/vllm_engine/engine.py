@@ -12,6 +12,7 @@ from typing import Any
 
 from telescope.core.inference.launcher import InferenceEngine, ServerCommand
 from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.inference.supervise import supervised_argv
 from telescope.core.inference.transformers_engine.engine import local_url
 from telescope.core.inference.vllm_engine.args import build_vllm_args, build_vllm_env, check_vllm_config
 
@@ -58,7 +59,9 @@ class VllmEngine(InferenceEngine):
             port=port,
         )
         env = {**build_vllm_env(self.cfg), "TELESCOPE_RESOLVED_CONFIG": config_path}
-        return ServerCommand(argv=[vllm_executable(), "serve", *args], env=env, url=local_url(host, port))
+        # vllm serve cannot run our parent watch: the supervisor ends it if the launcher dies.
+        argv = supervised_argv([vllm_executable(), "serve", *args])
+        return ServerCommand(argv=argv, env=env, url=local_url(host, port))
 
     def client(self, url: str, **options: Any) -> Any:
         """A client whose weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
