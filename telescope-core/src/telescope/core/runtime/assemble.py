@@ -70,7 +70,6 @@ def sync_group_spec(cfg: Any, host: str, port: int, world_size: int, backend: st
 async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: int = 1) -> None:
     """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
-    from telescope.core.weights.group import free_port
     from telescope.core.weights.settings import choose_broadcast_host
 
     cfg = session.cfg
@@ -80,7 +79,9 @@ async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: i
     )
     world_size, firsts = sync_group_layout(len(clients), ranks_per_server)
     backend = sync_backend(session.pools.trainer_gpus, session.pools.inference_gpus)
-    spec = sync_group_spec(cfg, host, free_port("127.0.0.1"), world_size, backend)
+    # The store listens on trainer rank 0's node, so that node picks the port (not the driver's).
+    port = await session.trainers[0].free_port.remote()
+    spec = sync_group_spec(cfg, host, port, world_size, backend)
     requests = [WeightSyncInitRequest(rank=first, **spec) for first in firsts]
     await asyncio.gather(
         session.trainers[0].init_weight_sync.remote(spec),
