@@ -209,7 +209,7 @@ def test_registered_and_built_from_registry(tiny_model_dir: str) -> None:
 def test_step_timer_means_are_per_micro_batch_when_a_phase_has_several_intervals(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import telescope.fsdp.timing as timing
+    import telescope.core.training.timing as timing
 
     clock = iter([0.0, 1.0, 1.0, 1.5, 2.0, 4.0, 4.0, 4.5])  # start/end pairs: 1.0, 0.5, 2.0, 0.5 s
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))

@@ -199,9 +199,9 @@ def _steps_match_fsdp(model_dir: str, world: int) -> None:
 
     from telescope.core.packing import Packer
     from telescope.core.trainer import RankBatch
+    from telescope.core.training.timing import StepTimer
     from telescope.fsdp.backend import FSDPBackend
     from telescope.fsdp.options import FSDPBackendKwargs
-    from telescope.fsdp.timing import StepTimer
     from telescope.megatron.backend import build_state
     from telescope.megatron.options import MegatronBackendKwargs
     from telescope.megatron.parallel import resolve_parallel_layout
@@ -250,7 +250,7 @@ def _checkpoint_round_trip(model_dir: str, out: str) -> None:
     from safetensors.torch import load_file
 
     from telescope.core.packing import Packer
-    from telescope.fsdp.timing import StepTimer
+    from telescope.core.training.timing import StepTimer
     from telescope.megatron.backend import MegatronBackend, build_state
     from telescope.megatron.options import MegatronBackendKwargs
     from telescope.megatron.parallel import resolve_parallel_layout

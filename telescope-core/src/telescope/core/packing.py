@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from telescope.core.trainer import TrainSample
 
-__all__ = ["MicroBatch", "PackedBatch", "Packer", "pack_samples"]
+__all__ = ["MicroBatch", "PackedBatch", "Packer", "minibatch_groups", "pack_samples"]
 
 logger = logging.getLogger(__name__)
 
@@ -270,3 +270,14 @@ def balance_bins(bins: list[list[int]], lengths: list[int], num_ranks: int) -> l
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def minibatch_groups(minibatch_of_row: list[int], num_minibatches: int) -> list[list[int]]:
+    """Row indices per minibatch, from the packer's ``MicroBatch.minibatch`` labels."""
+    if minibatch_of_row and (min(minibatch_of_row) < 0 or max(minibatch_of_row) >= num_minibatches):
+        raise ValueError(
+            f"rows are labelled with minibatches {sorted(set(minibatch_of_row))} but number_of_minibatches is "
+            f"{num_minibatches}: pack with Packer(num_minibatches=cfg.number_of_minibatches)"
+        )
+    groups = [[i for i, k in enumerate(minibatch_of_row) if k == j] for j in range(num_minibatches)]
+    return [g for g in groups if g]

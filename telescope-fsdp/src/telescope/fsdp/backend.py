@@ -14,13 +14,13 @@ import torch.distributed as dist
 
 from telescope.core.schedules import LRSchedule
 from telescope.core.trainer import RankBatch, TrainerBackend
+from telescope.core.training.process_group import init_process_group, pick_device
+from telescope.core.training.tensors import move_to_device, prepare_tensors
+from telescope.core.training.timing import StepTimer
 from telescope.fsdp import checkpoint
-from telescope.fsdp.distributed import init_process_group, pick_device
-from telescope.fsdp.microbatch import move_to_device, prepare_tensors
 from telescope.fsdp.model import build_model
 from telescope.fsdp.options import FSDPBackendKwargs
 from telescope.fsdp.steps import TrainState, run_minibatches
-from telescope.fsdp.timing import StepTimer
 
 __all__ = ["FSDPBackend", "create_fsdp_backend"]
 

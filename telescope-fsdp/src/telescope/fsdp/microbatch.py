@@ -1,69 +1,17 @@
-"""Packed micro-batches as tensors, and the packed forward pass that turns them into logprobs."""
+"""The packed forward pass of a Hugging Face model, turning packed micro-batches into logits.
+
+The micro-batch tensors themselves are shared with the other backends
+(``telescope.core.training.tensors``) and re-exported here.
+"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from telescope.core.packing import MicroBatch
+from telescope.core.training.tensors import DeviceMicroBatch, move_to_device, prepare_tensors, to_device
 
-__all__ = ["DeviceMicroBatch", "packed_logits", "to_device"]
-
-
-@dataclass
-class DeviceMicroBatch:
-    """One packed row on the training device.
-
-    ``input_ids`` and ``position_ids`` are ``[1, L]`` model inputs. The other tensors are 1-D
-    and already shifted to the ``L - 1`` target tokens (element t describes token t + 1, the
-    one predicted from position t), the layout ``LossInputs`` expects.
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    targets: torch.Tensor
-    target_position_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    inference_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    num_samples: int
-    num_loss_tokens: int
-
-
-def prepare_tensors(mb: MicroBatch) -> dict[str, torch.Tensor]:
-    """Host tensors of ``mb``'s fields (``timing_prepare_tensors``): ids, positions, and the
-    per-target mask, rollout logprobs and advantages (shifted by one)."""
-    return {
-        "ids": torch.tensor(mb.input_ids, dtype=torch.long),
-        "pos": torch.tensor(mb.position_ids, dtype=torch.long),
-        "mask": torch.tensor(mb.loss_mask[1:], dtype=torch.float32),
-        "lp": torch.tensor(mb.inference_logprobs[1:], dtype=torch.float32),
-        "adv": torch.tensor(mb.advantages[1:], dtype=torch.float32),
-    }
-
-
-def move_to_device(mb: MicroBatch, host: dict[str, torch.Tensor], device: torch.device) -> DeviceMicroBatch:
-    """``prepare_tensors``' output on ``device`` (``timing_data_to_device``: one copy per field)."""
-    nb = device.type == "cuda"
-    t = {k: v.to(device, non_blocking=nb) for k, v in host.items()}
-    return DeviceMicroBatch(
-        input_ids=t["ids"][None],
-        position_ids=t["pos"][None],
-        targets=t["ids"][1:],
-        target_position_ids=t["pos"][1:],
-        loss_mask=t["mask"],
-        inference_logprobs=t["lp"],
-        advantages=t["adv"],
-        num_samples=mb.num_samples,
-        num_loss_tokens=int(sum(mb.loss_mask[1:])),
-    )
-
-
-def to_device(mb: MicroBatch, device: torch.device) -> DeviceMicroBatch:
-    """Build tensors for ``mb`` on ``device`` (one host-to-device copy per field)."""
-    return move_to_device(mb, prepare_tensors(mb), device)
+__all__ = ["DeviceMicroBatch", "move_to_device", "packed_logits", "prepare_tensors", "to_device"]
 
 
 def packed_logits(model: nn.Module, mb: DeviceMicroBatch) -> torch.Tensor:

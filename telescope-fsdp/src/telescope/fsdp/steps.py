@@ -19,9 +19,11 @@ from torch import nn
 from telescope.core.algorithms.base import Algorithm, LossInputs
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
 from telescope.core.algorithms.metrics import StepMetrics, kl_divergence_sum
-from telescope.fsdp.microbatch import DeviceMicroBatch, packed_logits
+from telescope.core.packing import minibatch_groups
+from telescope.core.training.tensors import DeviceMicroBatch
+from telescope.core.training.timing import StepTimer
+from telescope.fsdp.microbatch import packed_logits
 from telescope.fsdp.options import FSDPBackendKwargs
-from telescope.fsdp.timing import StepTimer
 
 __all__ = ["TrainState", "run_minibatches"]
 
@@ -41,17 +43,6 @@ class TrainState:
     device: torch.device
     dp_world_size: int
     counters: dict[str, int] = field(default_factory=dict)
-
-
-def minibatch_groups(minibatch_of_row: list[int], num_minibatches: int) -> list[list[int]]:
-    """Row indices per minibatch, from the packer's ``MicroBatch.minibatch`` labels."""
-    if minibatch_of_row and (min(minibatch_of_row) < 0 or max(minibatch_of_row) >= num_minibatches):
-        raise ValueError(
-            f"rows are labelled with minibatches {sorted(set(minibatch_of_row))} but number_of_minibatches is "
-            f"{num_minibatches}: pack with Packer(num_minibatches=cfg.number_of_minibatches)"
-        )
-    groups = [[i for i, k in enumerate(minibatch_of_row) if k == j] for j in range(num_minibatches)]
-    return [g for g in groups if g]
 
 
 @torch.no_grad()

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from telescope.core.schedules import LRSchedule
 from telescope.core.trainer import RankBatch, TrainerBackend
-from telescope.fsdp.distributed import init_process_group
-from telescope.fsdp.timing import StepTimer
+from telescope.core.training.process_group import init_process_group
+from telescope.core.training.timing import StepTimer
 from telescope.megatron import checkpoint
 from telescope.megatron.availability import unavailable_reason
 from telescope.megatron.mapping import MegatronToHFStream, model_spec_from_hf_config

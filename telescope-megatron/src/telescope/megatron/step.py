@@ -26,10 +26,9 @@ import torch.distributed as dist
 from telescope.core.algorithms.base import Algorithm, LossInputs
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
 from telescope.core.algorithms.metrics import StepMetrics
-from telescope.core.packing import MicroBatch
-from telescope.fsdp.microbatch import DeviceMicroBatch, to_device
-from telescope.fsdp.steps import minibatch_groups
-from telescope.fsdp.timing import StepTimer
+from telescope.core.packing import MicroBatch, minibatch_groups
+from telescope.core.training.tensors import DeviceMicroBatch, to_device
+from telescope.core.training.timing import StepTimer
 from telescope.megatron.model import BuiltModel
 from telescope.megatron.packed import packed_boundaries, pad_row, split_segments, to_packed_seq_params
 from telescope.megatron.vocab_parallel import vocab_parallel_logprobs_and_entropy

@@ -1,4 +1,4 @@
-"""Process-group and device setup for one trainer rank."""
+"""Process-group and device setup for one trainer rank (any backend)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import socket
 import torch
 import torch.distributed as dist
 
-__all__ = ["init_process_group", "pick_device"]
+__all__ = ["free_port", "init_process_group", "pick_device"]
 
 
 def pick_device(requested: str) -> torch.device:
     """``cuda:LOCAL_RANK`` or ``cpu``; ``auto`` takes CUDA when present."""
     if requested == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
-            "FSDP backend device 'cuda' was requested but CUDA is not available; use 'auto' or 'cpu'"
+            "trainer device 'cuda' was requested but CUDA is not available; use 'auto' or 'cpu'"
         )
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
