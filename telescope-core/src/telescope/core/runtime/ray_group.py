@@ -90,13 +90,11 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
     """Create the trainer rank actors (one bundle each) on a shared rendezvous address."""
     import ray
 
-    from telescope.core.weights.group import free_port
-
     remote: Any = ray.remote(TrainerWorker)
     master = bundle_ip(pools.trainer, 0)
     # On one node loopback is the fastest and always-reachable rendezvous.
     master = "127.0.0.1" if master == ray.util.get_node_ip_address() else master
-    port = free_port("127.0.0.1")
+    port = node_free_port(pools.trainer, 0)
     actors = []
     for rank in range(world_size):
         actor = remote.options(num_cpus=cpus, num_gpus=pools.trainer_gpus, max_restarts=0,
@@ -104,6 +102,16 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
                                name=None).remote(cfg_data, plugins, rank, world_size, master, port)  # fmt: skip
         actors.append(actor)
     return actors
+
+
+def node_free_port(pg: Any, index: int) -> int:
+    """A port free on the node of bundle ``index`` (rank 0 listens there, not on the driver's node)."""
+    import ray
+
+    from telescope.core.weights.group import free_port
+
+    probe: Any = ray.remote(num_cpus=0)(free_port)
+    return int(ray.get(probe.options(scheduling_strategy=scheduling(pg, index)).remote("0.0.0.0")))
 
 
 def bundle_ip(pg: Any, index: int) -> str:
