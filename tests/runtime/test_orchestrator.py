@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from fakes import FakeClient, FakeTrainer, RecordingObserver, ToyEnv
 
 from telescope.core.algorithms import get_algorithm
@@ -127,3 +128,54 @@ def test_bad_outputs_and_failing_rewards_are_survived(tokenizer: Any) -> None:
     metrics = [s.sample_metrics for _, g in observer.groups for s in g.samples]
     assert any(m.get("reward_error") for m in metrics) and any(m.get("reward_timeout") for m in metrics)
     assert any(len(s.completion_ids) == 0 for b in trainer.batches for g in b.groups for s in g.samples)
+
+
+def test_each_sample_has_a_generation_then_a_reward_span(tokenizer: Any) -> None:
+    env = ToyEnv(varied_reward)
+    orch, _, observer = build(
+        tokenizer, env, FakeClient(varied_reply(tokenizer)), discard_group_zero_advantage=False
+    )
+    asyncio.run(orch.run())
+    spans: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for e in observer.events:
+        if e["type"] in ("generation", "reward"):
+            spans.setdefault((e["group_id"], e["sample_id"]), []).append((e["type"], e["phase"]))
+    finished = {(g.group_id, i) for _, g in observer.groups for i in range(len(g.samples))}
+    assert finished and finished <= set(spans)
+    for key in finished:  # in this order, once each
+        assert spans[key] == [
+            ("generation", "start"),
+            ("generation", "end"),
+            ("reward", "start"),
+            ("reward", "end"),
+        ]
+    trainer_spans = [(e["phase"], e["name"]) for e in observer.events if e["type"] == "trainer"]
+    assert trainer_spans == [("start", "train_step"), ("end", "train_step")] * 3
+
+
+def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> None:
+    from telescope.core.runtime.stall import RolloutsFailingError
+
+    env = ToyEnv(varied_reward)
+    orch, trainer, observer = build(tokenizer, env, FakeClient(varied_reply(tokenizer)), max_model_len=4)
+    with pytest.raises(RolloutsFailingError) as info:
+        asyncio.run(asyncio.wait_for(orch.run(), timeout=30))  # it used to cycle the dataset forever
+    message = str(info.value)
+    assert "none of the last 200 prompt groups produced a rollout (prompt_too_long 200)" in message
+    assert "max_model_len=4" in message and "raise max_model_len" in message
+    assert not trainer.batches and orch.counts.discarded["prompt_too_long"] == 200
+    kinds = {(e["type"], e["phase"]) for e in observer.events}  # nothing was scored
+    assert ("generation", "end") in kinds and not {("reward", "start"), ("reward", "end")} & kinds
+
+
+def test_the_failure_streak_resets_on_any_scored_group() -> None:
+    from telescope.core.runtime.stall import FailureStreak
+
+    streak = FailureStreak(limit=3)
+    assert streak.record("rollout_error: ConnectionError: refused") is None
+    assert streak.record("prompt_too_long: prompt has 9 tokens") is None
+    assert streak.record(None) is None  # a scored group (kept or zero-advantage) breaks the streak
+    assert streak.record("rollout_error: a") is None and streak.record("rollout_error: b") is None
+    error = streak.record("prompt_too_long: prompt has 12 tokens")
+    assert error is not None and "(rollout_error 2, prompt_too_long 1)" in str(error)
+    assert "the latest: prompt has 12 tokens" in str(error) and "inference server logs" in str(error)

@@ -26,6 +26,7 @@ from telescope.core.runtime.groups import RolloutGroup, RolloutSample, zero_adva
 from telescope.core.runtime.lanes import Lanes, QueuedSample
 from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
 from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
+from telescope.core.runtime.stall import FailureStreak
 from telescope.core.runtime.step_metrics import step_metrics
 
 __all__ = ["Orchestrator", "TrainerHandle"]
@@ -121,6 +122,9 @@ class Orchestrator:
         self._step_started = time.time()
         self._wait_for_data_s = 0.0
         self._fatal: BaseException | None = None
+        # A run whose every group fails (prompts too long for max_model_len, a broken server)
+        # would never train: end it after this many failed groups in a row.
+        self._failures = FailureStreak(max(200, 4 * cfg.prompts_batch_size_for_trainer))
         self.hooks: list[StepHook] = []
         self.tokenizer: Any = None
         self.held_servers: set[int] = set()
@@ -263,6 +267,9 @@ class Orchestrator:
         self._groups.pop(item.group_id, None)
         samples = [s for s in group.results if s is not None]
         done = RolloutGroup(item.group_id, item.env_name, item.sample_idx, samples, self.counts.model_version)
+        stalled = self._failures.record(group.failure)
+        if stalled is not None and self._fatal is None:
+            self._fatal = stalled
         if group.failure is not None:
             done.discard_reason = group.failure.split(":", 1)[0]
         else:

@@ -98,8 +98,7 @@ class RolloutRunner:
     ) -> RolloutSample:
         start_version, t0 = task.model_version(), time.time()
         params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
-        if params is None:
-            on_generated()
+        if params is None:  # nothing generated, nothing to score (the caller frees the lane)
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
         (choice,) = await client.complete(task.prompt_ids, **params)
         t1 = time.time()
