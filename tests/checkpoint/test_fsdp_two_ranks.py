@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_rank_group")
 def test_two_rank_save_resume_and_reshard_to_one_rank(untied_model_dir: str, tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    from telescope.core.training.process_group import free_port
+    from telescope.core.weights.group import free_port
 
     cfg = resume_config(untied_model_dir, number_of_steps=4, warmup_steps=1)
     mp.spawn(

@@ -65,7 +65,8 @@ def test_packed_sdpa_model_logprobs_and_grads_equal_per_sequence(tiny_model_dir:
 
     from telescope.core.algorithms.logprobs import token_logprobs
     from telescope.core.packing import Packer
-    from telescope.fsdp.microbatch import packed_logits, to_device
+    from telescope.core.training.tensors import to_device
+    from telescope.fsdp.microbatch import packed_logits
 
     def load(attn: str) -> Any:
         return AutoModelForCausalLM.from_pretrained(

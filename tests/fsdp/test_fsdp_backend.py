@@ -52,7 +52,8 @@ def per_sample_logprobs(model: Any, s: TrainSample) -> Any:
 
 def test_packed_logprobs_equal_per_sequence_and_need_use_cache_off(tiny_model_dir: str) -> None:
     from telescope.core.algorithms.logprobs import token_logprobs
-    from telescope.fsdp.microbatch import packed_logits, to_device
+    from telescope.core.training.tensors import to_device
+    from telescope.fsdp.microbatch import packed_logits
 
     model = plain_model(tiny_model_dir)  # config keeps the HF default use_cache=True
     assert model.config.use_cache

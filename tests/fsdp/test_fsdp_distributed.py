@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_rank_group")
 def test_two_ranks_equal_one_rank_losses_and_sgd_params(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    from telescope.core.training.process_group import free_port
+    from telescope.core.weights.group import free_port
 
     model_dir = save_tiny_qwen2(tmp_path / "untied", tied=False, seed=5)  # untied: embeddings sharded apart
     cfg = tiny_config(model_dir, number_of_minibatches=2, learning_rate=0.5)

@@ -32,7 +32,8 @@ def test_cuda_packed_logprobs_equal_per_sequence(tiny_model_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from telescope.core.algorithms.logprobs import token_logprobs
-    from telescope.fsdp.microbatch import packed_logits, to_device
+    from telescope.core.training.tensors import to_device
+    from telescope.fsdp.microbatch import packed_logits
     from telescope.fsdp.model import pick_attn_implementation
 
     torch.backends.cuda.matmul.allow_tf32 = False

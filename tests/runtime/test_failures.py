@@ -101,6 +101,35 @@ def test_a_supervised_server_ends_with_its_launcher() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_supervised_server_that_ignores_sigterm_is_killed_with_its_helpers() -> None:
+    # vllm serve has helper processes (engine core, TP workers); none may survive the escalation.
+    stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "h = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); print(h.pid, flush=True); "
+                "time.sleep(60)")  # fmt: skip
+    parent_code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from telescope.core.inference.supervise import supervised_argv
+        argv = supervised_argv([sys.executable, "-c", {stubborn!r}], interval_s=0.2, grace_s=1)
+        sup = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, text=True)
+        print(sup.pid, sup.stdout.readline().strip(), flush=True)
+        time.sleep(60)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    supervisor, helper = (int(x) for x in launcher.stdout.readline().split())  # type: ignore[union-attr]
+    (server,) = _children(supervisor)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    try:
+        assert all(_gone(pid, 6) for pid in (server, helper, supervisor)), (
+            "a process survived SIGKILL escalation"
+        )
+    finally:
+        for pid in (server, helper, supervisor):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_supervised_server_returns_its_exit_code_and_stops_with_its_group() -> None:
     from telescope.core.inference.supervise import supervised_argv
 

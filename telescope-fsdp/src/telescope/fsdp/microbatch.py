@@ -1,7 +1,7 @@
 """The packed forward pass of a Hugging Face model, turning packed micro-batches into logits.
 
 The micro-batch tensors themselves are shared with the other backends
-(``telescope.core.training.tensors``) and re-exported here.
+(``telescope.core.training.tensors``).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from telescope.core.training.tensors import DeviceMicroBatch, move_to_device, prepare_tensors, to_device
+from telescope.core.training.tensors import DeviceMicroBatch
 
-__all__ = ["DeviceMicroBatch", "move_to_device", "packed_logits", "prepare_tensors", "to_device"]
+__all__ = ["packed_logits"]
 
 
 def packed_logits(model: nn.Module, mb: DeviceMicroBatch) -> torch.Tensor:

@@ -37,8 +37,9 @@ def kl_divergence_inference(
     logprobs: torch.Tensor, inference_logprobs: torch.Tensor, loss_mask: torch.Tensor
 ) -> torch.Tensor:
     """Mean over loss tokens of exp(ℓ − μ) − 1 − (ℓ − μ) (the k3 estimator), no grad."""
-    mask = loss_mask.to(torch.float32)
-    return _kl_sum(logprobs, inference_logprobs, mask) / mask.sum().clamp(min=1.0)
+    return kl_divergence_sum(logprobs, inference_logprobs, loss_mask) / loss_mask.to(
+        torch.float32
+    ).sum().clamp(min=1.0)
 
 
 def kl_divergence_sum(

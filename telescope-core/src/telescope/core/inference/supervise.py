@@ -27,13 +27,16 @@ def supervised_argv(argv: list[str], interval_s: float = 1.0, grace_s: float = 1
 
 
 def _end_group(child: subprocess.Popen[bytes], grace_s: float) -> int:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``; the child's exit code."""
+    """SIGTERM the process group, SIGKILL it after ``grace_s``; the child's exit code.
+
+    The whole group: vLLM's own helper processes (engine core, TP workers) are in it too.
+    """
     group = os.getpgrp()
     os.killpg(group, signal.SIGTERM)  # reaches this process too: ignored below
     try:
         return child.wait(grace_s)
     except subprocess.TimeoutExpired:
-        child.kill()
+        os.killpg(group, signal.SIGKILL)  # this process included: nobody is left to read the code
         return child.wait()
 
 

@@ -11,7 +11,7 @@ from telescope.core.observe.info import environment_info
 from telescope.core.runtime.batching import BatchBuilder
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.prompts import PromptSource
-from telescope.core.runtime.ray_group import RayTrainerGroup
+from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
 from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
 from telescope.core.runtime.tokens import Interleaver, stop_token_ids
@@ -80,7 +80,7 @@ async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: i
     world_size, firsts = sync_group_layout(len(clients), ranks_per_server)
     backend = sync_backend(session.pools.trainer_gpus, session.pools.inference_gpus)
     # The store listens on trainer rank 0's node, so that node picks the port (not the driver's).
-    port = await session.trainers[0].free_port.remote()
+    port = await asyncio.to_thread(node_free_port, session.pools.trainer, 0)
     spec = sync_group_spec(cfg, host, port, world_size, backend)
     requests = [WeightSyncInitRequest(rank=first, **spec) for first in firsts]
     await asyncio.gather(

@@ -58,12 +58,6 @@ class TrainerWorker:
 
         return str(ray.util.get_node_ip_address())
 
-    def free_port(self) -> int:
-        """A port free on this worker's node (rank 0 hosts the weight-sync store there)."""
-        from telescope.core.weights.group import free_port
-
-        return free_port("0.0.0.0")
-
     def train_step(self, batch: Any) -> dict[str, float]:
         """One training step on this rank's share of the batch."""
         return dict(self.backend.train_step(batch))

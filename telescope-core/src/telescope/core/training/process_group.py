@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["free_port", "init_process_group", "pick_device"]
+from telescope.core.weights.group import free_port
+
+__all__ = ["init_process_group", "pick_device"]
 
 
 def pick_device(requested: str) -> torch.device:
@@ -37,10 +38,3 @@ def init_process_group(device: torch.device) -> None:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         return
     dist.init_process_group(backend)
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
