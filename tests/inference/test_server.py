@@ -190,3 +190,15 @@ def test_several_token_id_prompts_in_one_request(server: SimpleNamespace) -> Non
         ].token_ids
         assert choices[2 * p]["token_ids"] == choices[2 * p + 1]["token_ids"] == greedy
     assert body["usage"]["prompt_tokens"] == len(PROMPT) + 3 and body["usage"]["completion_tokens"] == 16
+
+
+def test_the_kv_cache_goes_under_the_name_the_model_takes() -> None:
+    from telescope.core.inference.transformers_engine.core import cache_kwarg
+
+    class NewStyle:  # transformers >= 5.2x: past_key_values is deprecated, removed in 5.40
+        def forward(self, input_ids=None, cache=None, use_cache=None): ...  # type: ignore[no-untyped-def]
+
+    class OldStyle:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...  # type: ignore[no-untyped-def]
+
+    assert cache_kwarg(NewStyle()) == "cache" and cache_kwarg(OldStyle()) == "past_key_values"

@@ -232,3 +232,30 @@ def test_loader_verify_reuses_received_fingerprints_only_without_a_cast() -> Non
         "weight": fingerprint(model.weight),
         "bias": fingerprint(model.bias),
     }
+
+
+def test_the_plan_cache_tells_layouts_apart_by_name_dtype_and_shape() -> None:
+    from telescope.core.weights import WeightSyncSettings
+    from telescope.core.weights.sender import WeightSender
+    from telescope.core.weights.wire import LayoutHistory, MetaCache
+
+    class Group:  # what the sender reads of its group before anything is broadcast
+        rank, device = 0, torch.device("cpu")
+        meta_cache, layouts = MetaCache(), LayoutHistory()
+
+    sender = WeightSender(Group(), WeightSyncSettings())  # type: ignore[arg-type]
+    base = [("a", torch.zeros(4, 4)), ("b", torch.zeros(8))]
+    variants = [
+        base,
+        [("a", torch.zeros(4, 4)), ("b", torch.zeros(9))],  # another shape
+        [("a", torch.zeros(4, 4)), ("b", torch.zeros(8, dtype=torch.bfloat16))],  # another dtype
+        [("a", torch.zeros(4, 4)), ("c", torch.zeros(8))],  # another name
+    ]
+    plans = [sender._planned(v) for v in variants]
+    keys = [key for _, _, key in plans]
+    assert len(set(keys)) == 4  # four layouts, four plans
+    assert (
+        sender._planned([("a", torch.ones(4, 4)), ("b", torch.ones(8))]) is plans[0]
+    )  # values do not matter
+    for (meta, _, _), pending in zip(plans, variants, strict=True):
+        assert [(s.name, s.shape) for s in meta.slots] == [(n, tuple(t.shape)) for n, t in pending]
