@@ -82,4 +82,7 @@ def two_rank_resume_worker(rank: int, world_size: int, port: int, cfg_json: str,
     result = {"metrics": first + rest, "again": again, "final": final, "final_again": weights(resumed),
               "saved": saved, "info": info, "rand_save": rand_after_save, "rand_load": rand_after_load}  # fmt: skip
     torch.save(result, f"{out_dir}/rank{rank}.pt")
-    dist.destroy_process_group()
+    dist.barrier()  # every rank is past its last collective and has written its results
+    # End without interpreter teardown: a spawned rank's exit intermittently aborts in torch's C++
+    # threads ("terminate called without an active exception", SIGABRT) after all work is done.
+    os._exit(0)

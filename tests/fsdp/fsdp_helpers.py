@@ -117,4 +117,7 @@ def distributed_worker(
     # same run again, reducing gradients only after each minibatch's last row
     result["deferred_sync"] = train_and_record(cfg, batches, sync_gradients_every_micro_batch=False)
     torch.save(result, f"{out_dir}/rank{rank}.pt")
-    dist.destroy_process_group()
+    dist.barrier()  # every rank is past its last collective and has written its results
+    # End without interpreter teardown: a spawned rank's exit intermittently aborts in torch's C++
+    # threads ("terminate called without an active exception", SIGABRT) after all work is done.
+    os._exit(0)
