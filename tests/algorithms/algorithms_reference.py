@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 REINFORCE_FAMILY = ("grpo", "rloo", "reinforce_pp", "dr_grpo")
-ALGORITHMS = (*REINFORCE_FAMILY, "cispo", "gspo", "sapo")
+RATIO_ALGORITHMS = ("cispo", "gspo", "sapo")
+ALGORITHMS = (*REINFORCE_FAMILY, *RATIO_ALGORITHMS)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,16 @@ class Case:
             f"{self.algorithm}-ppo{int(self.use_ppo_clip)}-{self.ppo_clip_ref_logprobs}"
             f"-tis{int(self.use_tis)}-{self.dr_grpo_loss_agg_mode}"
         )
+
+    @property
+    def has_ratio(self) -> bool:
+        """The loss weights tokens by π/ref: PPO clip or a ratio algorithm."""
+        return self.use_ppo_clip or self.algorithm in RATIO_ALGORITHMS
+
+    @property
+    def valid(self) -> bool:
+        """TIS on top of a ratio to the rollout policy counts π/μ twice: refused."""
+        return not (self.use_tis and self.has_ratio and self.ppo_clip_ref_logprobs == "rollout")
 
 
 def advantages(rewards: np.ndarray, algorithm: str, norm: str) -> np.ndarray:
@@ -92,8 +103,10 @@ def token_losses(lp, lp_sg, mu, old, adv, mask, pos, case: Case) -> np.ndarray:
     else:
         raise ValueError(a)
     if case.use_tis:
+        # With a ratio π/π_old in the loss the TIS weight covers only π_old/μ; without one, π/μ.
         c = case.tis_logprob_clamp
-        loss = loss * np.minimum(np.exp(np.clip(lp_sg - mu, -c, c)), case.tis_cap)
+        policy = old if case.has_ratio else lp_sg
+        loss = loss * np.minimum(np.exp(np.clip(policy - mu, -c, c)), case.tis_cap)
     return loss
 
 

@@ -17,9 +17,8 @@ from telescope.core.testing import make_config
 def config_for(case: Case, **extra: Any) -> Any:
     """A real ``TelescopeConfig`` carrying the case's loss fields.
 
-    The one combination the config rejects (TIS + PPO clip against rollout logprobs, which
-    double-counts the correction) still has a well-defined loss; it is tested through a
-    namespace holding the same fields.
+    Combinations the config model rejects (TIS + PPO clip against rollout logprobs) come back
+    as a namespace holding the same fields, so the loss's own refusal can be tested.
     """
     fields = {k: getattr(case, k) for k in Case.__dataclass_fields__}
     fields.update(extra)

@@ -17,9 +17,9 @@ CASES = [
     Case("reinforce_pp", advantage_norm="batch", use_tis=True),
     Case("dr_grpo", dr_grpo_loss_agg_mode="token_sum_norm", use_tis=True),
     Case("dr_grpo", use_ppo_clip=True, ppo_clip_ref_logprobs="batch"),
-    Case("cispo", use_tis=True),
+    Case("cispo", ppo_clip_ref_logprobs="batch", use_tis=True),
     Case("gspo", ppo_clip_ref_logprobs="batch", use_tis=True),
-    Case("sapo", use_tis=True),
+    Case("sapo", ppo_clip_ref_logprobs="batch", use_tis=True),
 ]
 
 

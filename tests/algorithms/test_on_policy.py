@@ -16,7 +16,8 @@ def _cases() -> list[Case]:
     for a in ALGORITHMS:
         for clip in (False, True) if a in REINFORCE_FAMILY else (False,):
             for ref in ("rollout", "batch"):
-                cases.append(Case(a, use_ppo_clip=clip, ppo_clip_ref_logprobs=ref, use_tis=True))
+                case = Case(a, use_ppo_clip=clip, ppo_clip_ref_logprobs=ref, use_tis=True)
+                cases.append(case if case.valid else Case(a, use_ppo_clip=clip, ppo_clip_ref_logprobs=ref))
     return cases
 
 
@@ -65,7 +66,9 @@ def test_on_policy_parameter_gradient_through_token_logprobs(algorithm: str) -> 
     batch = {**batch, "lp": lp.detach().numpy(), "mu": lp.detach().numpy(), "old": lp.detach().numpy()}
     n_tokens = float(batch["mask"].sum())
     inputs = loss_inputs(batch, lp=lp, num_loss_tokens=n_tokens)
-    get_algorithm(algorithm).policy_loss(inputs, config_for(Case(algorithm, use_tis=True))).loss.backward()
+    get_algorithm(algorithm).policy_loss(
+        inputs, config_for(Case(algorithm, ppo_clip_ref_logprobs="batch", use_tis=True))
+    ).loss.backward()
     got = weight.grad.clone()
 
     weight.grad = None

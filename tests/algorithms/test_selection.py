@@ -86,6 +86,7 @@ def test_each_builtin_is_selectable_by_name(registry, name: str) -> None:  # typ
         "supports_ppo_clip": algorithm.supports_ppo_clip,
         "advantage_norms": algorithm.advantage_norms,
         "default_advantage_norm": algorithm.default_advantage_norm,
+        "uses_ratio": algorithm.uses_ratio,
     }
     rewards = torch.tensor([[1.0, 0.0, 0.0]])
     a = normalize_batch_advantages(compute_advantages(rewards, cfg, registry), cfg, registry)

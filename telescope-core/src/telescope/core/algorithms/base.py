@@ -148,13 +148,16 @@ class Algorithm:
             raise ValueError(
                 f"use_ppo_clip is not supported by algorithm '{self.name}'; set use_ppo_clip: false"
             )
+        problem = tis_reference_problem(cfg, uses_ratio=self.needs_reference(cfg), algorithm=self.name)
+        if problem:
+            raise ValueError(problem)
         ref = reference_logprobs(inputs, cfg) if self.needs_reference(cfg) else None
         mask = inputs.loss_mask.to(torch.float32)
         out = self.token_losses(inputs, ref, cfg)
         losses = out.losses
         stats = m.base_metrics(inputs, mask)
         if getattr(cfg, "use_tis", False):
-            weights, capped = tis_weights(inputs, cfg)
+            weights, capped = tis_weights(inputs, cfg, ref if self.needs_reference(cfg) else None)
             losses = losses * weights
             stats.update(m.tis_metrics(weights, capped, mask))
         stats.update(m.clip_metrics(out.clip_low, out.clip_high, mask))
@@ -198,13 +201,39 @@ def log_ratio(logprobs: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.clamp(logprobs - ref, -RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
 
 
-def tis_weights(inputs: LossInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """TIS weights sg(min(exp(clamp(ℓ − μ, ±c)), cap)) and which tokens hit the cap."""
+def tis_weights(
+    inputs: LossInputs, cfg: Any, ratio_ref: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TIS weights sg(min(exp(clamp(p − μ, ±c)), cap)) and which tokens hit the cap.
+
+    p is the policy the loss's own ratio does not already cover: the batch ``old_logprobs``
+    when the loss has a ratio π/π_old (``ratio_ref``), so the product is π/π_old · min(π_old/μ, cap)
+    and π/μ is counted once; the current ℓ for a ratio-free loss (plain REINFORCE).
+    """
     c = float(cfg.tis_logprob_clamp)
-    delta = as_float(inputs.logprobs.detach() - inputs.inference_logprobs.detach())
+    policy = inputs.logprobs if ratio_ref is None else ratio_ref
+    delta = as_float(policy.detach() - inputs.inference_logprobs.detach())
     raw = torch.exp(torch.clamp(delta, -c, c))
     cap = float(cfg.tis_cap)
     return torch.clamp(raw, max=cap), raw > cap
+
+
+def tis_reference_problem(cfg: Any, *, uses_ratio: bool, algorithm: str) -> str | None:
+    """Why ``use_tis`` cannot run with this config, or None.
+
+    A ratio-based loss (PPO clip, cispo, gspo, sapo) against the rollout logprobs already
+    weights each token by π/μ; TIS would multiply in min(π/μ, cap) again.
+    """
+    if not (getattr(cfg, "use_tis", False) and uses_ratio):
+        return None
+    if getattr(cfg, "ppo_clip_ref_logprobs", "rollout") != "rollout":
+        return None
+    what = "use_ppo_clip: true" if getattr(cfg, "use_ppo_clip", False) else f"algorithm '{algorithm}'"
+    return (
+        f"use_tis: true with {what} and ppo_clip_ref_logprobs: rollout double-counts the "
+        "importance-sampling correction (the loss's ratio is already π/μ); set "
+        "ppo_clip_ref_logprobs: batch (or use_tis: false)"
+    )
 
 
 def _at_least_one(value: int | float | torch.Tensor) -> torch.Tensor:

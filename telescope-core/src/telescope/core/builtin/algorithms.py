@@ -2,7 +2,9 @@
 
 Metadata read by the config validator (a plugin's own algorithm declares the same keys):
 ``supports_ppo_clip`` (may ``use_ppo_clip`` be on), ``advantage_norms`` (allowed values of
-``advantage_norm``) and ``default_advantage_norm`` (used when the user sets none).
+``advantage_norm``), ``default_advantage_norm`` (used when the user sets none) and
+``uses_ratio`` (the loss weights tokens by π/ref without PPO clip, so ``use_tis`` needs
+``ppo_clip_ref_logprobs: batch``).
 Factories are import strings, so nothing here imports torch.
 """
 
@@ -60,6 +62,9 @@ ALGORITHMS: dict[str, tuple[str, str, bool, tuple[str, ...], str]] = {
     ),
 }
 
+#: Algorithms whose loss always reads an importance ratio (their class's ``uses_ratio``).
+RATIO_ALGORITHMS = frozenset({"cispo", "gspo", "sapo"})
+
 
 @hookimpl
 def telescope_register_algorithms(register: Register) -> None:
@@ -72,4 +77,5 @@ def telescope_register_algorithms(register: Register) -> None:
             supports_ppo_clip=ppo_clip,
             advantage_norms=norms,
             default_advantage_norm=default_norm,
+            uses_ratio=name in RATIO_ALGORITHMS,
         )

@@ -123,7 +123,7 @@ class TelescopeConfig(BaseModel):
     dr_grpo_loss_agg_mode: Literal["token_mean", "token_sum_norm"] = "token_mean"
     """DR-GRPO loss aggregation. token_sum_norm removes response-level length bias."""
     use_tis: bool = False
-    """Truncated importance sampling for inference/trainer logprob correction."""
+    """Truncated importance sampling for inference/trainer logprob correction: weight min(π/μ, tis_cap); with a ratio loss (PPO clip, cispo, gspo, sapo) min(π_old/μ, tis_cap), which needs ppo_clip_ref_logprobs: batch."""
     tis_cap: float = Field(default=2.0, gt=0)
     """Max importance weight for TIS."""
     tis_logprob_clamp: float = Field(default=20.0, gt=0)

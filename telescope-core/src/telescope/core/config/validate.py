@@ -87,6 +87,12 @@ def _algorithm_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
             f"use_ppo_clip: true is invalid with algorithm '{cfg.algorithm}', which applies its own ratio "
             "weighting; set use_ppo_clip: false or use grpo, rloo, reinforce_pp or dr_grpo"
         )
+    if cfg.use_tis and meta.get("uses_ratio", False) and cfg.ppo_clip_ref_logprobs == "rollout":
+        problems.append(
+            f"use_tis: true with algorithm '{cfg.algorithm}' and ppo_clip_ref_logprobs: rollout double-counts "
+            f"the importance-sampling correction ('{cfg.algorithm}' already weights each token by its ratio "
+            "to the rollout policy); set ppo_clip_ref_logprobs: batch (or use_tis: false)"
+        )
     allowed = tuple(meta.get("advantage_norms", ("group", "batch")))
     if cfg.advantage_norm not in allowed:
         problems.append(
