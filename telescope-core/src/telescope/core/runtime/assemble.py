@@ -125,8 +125,7 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     runner = RolloutRunner(
         tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), interleaver
     )
-    dp = int(session.trainer_info[0].get("dp_world_size", len(session.trainers)))
-    trainer = RayTrainerGroup(session.trainers, dp, clients, session.servers.urls)
+    trainer = RayTrainerGroup.from_info(session.trainers, session.trainer_info, clients, session.servers.urls)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer)

@@ -11,7 +11,7 @@ from typing import Any
 from telescope.core.runtime.cluster import Pools, scheduling
 from telescope.core.runtime.workers import InferenceServerWorker, TrainerWorker
 
-__all__ = ["RayTrainerGroup", "Servers", "start_servers", "start_trainers"]
+__all__ = ["RayTrainerGroup", "Servers", "dp_layout_problem", "start_servers", "start_trainers"]
 
 log = logging.getLogger("telescope.runtime")
 
@@ -27,16 +27,34 @@ class Servers:
 
 @dataclass
 class RayTrainerGroup:
-    """Trainer rank actors; implements the orchestrator's ``TrainerHandle``."""
+    """Trainer rank actors; implements the orchestrator's ``TrainerHandle``.
+
+    The batch has one part per data-parallel rank; with tensor or pipeline parallelism
+    several actors share a dp rank and all of them get that part.
+    """
 
     actors: list[Any]
     dp_world_size: int
     clients: list[Any] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
+    dp_ranks: list[int] = field(default_factory=list)
+    """The data-parallel rank of each actor (from its ``init`` info); empty = actor i is dp rank i."""
+
+    @classmethod
+    def from_info(cls, actors: list[Any], infos: list[dict[str, Any]], clients: list[Any],
+                  urls: list[str]) -> RayTrainerGroup:  # fmt: skip
+        """The group for ``actors`` whose ``init`` returned ``infos`` (``dp_rank``, ``dp_world_size``)."""
+        dp = int(infos[0].get("dp_world_size", len(actors))) if infos else len(actors)
+        ranks = [int(info.get("dp_rank", i)) for i, info in enumerate(infos)]
+        problem = dp_layout_problem(ranks, [int(i.get("dp_world_size", dp)) for i in infos], len(actors))
+        if problem:
+            raise ValueError(f"trainer ranks report an inconsistent data-parallel layout: {problem}")
+        return cls(actors, dp, clients, urls, ranks)
 
     async def train_step(self, step: int, batch: Any) -> dict[str, float]:
-        """Every rank trains on its share; rank 0's metrics are the step's (they are all-reduced)."""
-        refs = [actor.train_step.remote(batch.per_rank[rank]) for rank, actor in enumerate(self.actors)]
+        """Every rank trains on its dp rank's part; rank 0's metrics are the step's (all-reduced)."""
+        ranks = self.dp_ranks or list(range(len(self.actors)))
+        refs = [actor.train_step.remote(batch.per_rank[ranks[i]]) for i, actor in enumerate(self.actors)]
         results = await asyncio.gather(*refs)
         return dict(results[0])
 
@@ -75,6 +93,25 @@ class RayTrainerGroup:
         """Every rank restores ``directory``; returns rank 0's report (``step``, ``training_state``)."""
         results = await asyncio.gather(*[a.load_checkpoint.remote(directory) for a in self.actors])
         return dict(results[0] or {})
+
+
+def dp_layout_problem(dp_ranks: list[int], dp_world_sizes: list[int], num_actors: int) -> str | None:
+    """Why these per-actor (dp_rank, dp_world_size) reports cannot be routed, or None."""
+    if len(dp_ranks) != num_actors:
+        return f"{len(dp_ranks)} reports for {num_actors} trainer actors"
+    sizes = sorted(set(dp_world_sizes))
+    if len(sizes) != 1:
+        return f"dp_world_size differs between ranks ({sizes})"
+    dp = sizes[0]
+    if dp < 1 or num_actors % dp:
+        return f"dp_world_size {dp} does not divide the {num_actors} trainer actors"
+    bad = [r for r in dp_ranks if not 0 <= r < dp]
+    if bad:
+        return f"dp_rank {bad[0]} is outside [0, {dp}) (dp_world_size {dp})"
+    missing = sorted(set(range(dp)) - set(dp_ranks))
+    if missing:
+        return f"no actor reports dp_rank {missing[0]}, so its part of the batch would never train"
+    return None
 
 
 def _digest(fingerprints: dict[str, str]) -> str:
