@@ -3,24 +3,38 @@
 # Idempotent: re-runs only when a pyproject.toml changed. Used by `make quickstart` and `make test`.
 #   PYTHON=python3.12 make test                     # pick the interpreter
 #   TELESCOPE_TORCH_SPEC="torch==2.9.1" make test   # pick the torch build to install
+#   TELESCOPE_EXTRAS=vllm,megatron make quickstart   # GPU machine: also vLLM (+ tracing, NVML) and Megatron-Core
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${TELESCOPE_VENV:-.venv}"
 TORCH_SPEC="${TELESCOPE_TORCH_SPEC:-torch==2.13.0}"
+EXTRAS="${TELESCOPE_EXTRAS:-}"  # comma-separated: vllm, megatron (docs/gpu.md)
+core_extras="torch,inference,ray,math,wandb"
+megatron_pkg="./telescope-megatron"
+for extra in ${EXTRAS//,/ }; do
+  case "$extra" in
+    vllm) core_extras="$core_extras,vllm" ;;
+    megatron) megatron_pkg="./telescope-megatron[megatron]" ;;
+    *) echo "bootstrap: unknown TELESCOPE_EXTRAS entry '$extra' (known: vllm, megatron)" >&2; exit 2 ;;
+  esac
+done
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.telescope-install-stamp"
-want=$(cat pyproject.toml telescope-*/pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml telescope-*/pyproject.toml scripts/bootstrap.sh; echo "$EXTRAS") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 echo "bootstrap: installing Telescope into $VENV (first run takes a few minutes)" >&2
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+# vLLM pins its own torch build: let it choose unless a torch spec was given explicitly.
+if [[ ",$EXTRAS," == *",vllm,"* && -z "${TELESCOPE_TORCH_SPEC:-}" ]]; then
+  :
+elif ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   "$VENV/bin/pip" install --quiet "$TORCH_SPEC"
 fi
 "$VENV/bin/pip" install --quiet \
-  -e "./telescope-core[torch,inference,ray,math,wandb]" \
-  -e ./telescope-fsdp -e ./telescope-megatron -e "./telescope-envs[datasets,math]" \
+  -e "./telescope-core[$core_extras]" \
+  -e ./telescope-fsdp -e "$megatron_pkg" -e "./telescope-envs[datasets,math]" \
   -e "./telescope-sandboxes[e2b,modal,prime]" -e ./telescope-cli -e ".[dev]"
 echo "$want" > "$stamp"

@@ -30,11 +30,12 @@ def test_launch_args_come_from_the_resolved_config() -> None:
         model_dtype="bfloat16", seed=11,
     )  # fmt: skip
     kwargs = VllmEngineKwargs(max_num_seqs=128, extra_args=["--enforce-eager"])
-    args = build_vllm_args(cfg, kwargs, model_path="/models/m", index=3, host="0.0.0.0", port=8103)
+    args = build_vllm_args(cfg, kwargs, model_path="/models/m", index=3, host="0.0.0.0", port=8103,
+                           otlp_endpoint="http://10.0.0.9:4999/v1/traces")  # fmt: skip
     assert args[0] == "/models/m"
     expected = {
         "--tensor-parallel-size": "2", "--gpu-memory-utilization": "0.55", "--max-model-len": "2048",
-        "--scheduling-policy": "fcfs", "--otlp-traces-endpoint": "http://127.0.0.1:4999/v1/traces",
+        "--scheduling-policy": "fcfs", "--otlp-traces-endpoint": "http://10.0.0.9:4999/v1/traces",
         "--logprobs-mode": "processed_logprobs", "--dtype": "bfloat16", "--seed": "14", "--port": "8103",
         "--host": "0.0.0.0", "--served-model-name": "org/some-model", "--worker-extension-cls": WORKER_EXTENSION,
         "--generation-config": "vllm", "--max-num-seqs": "128",
@@ -99,7 +100,7 @@ def test_transformers_engine_rejects_tensor_parallelism() -> None:
     [
         ("auto", True, True, "vllm", "vllm importable"),
         ("auto", True, False, "transformers", "no CUDA GPU"),
-        ("auto", False, True, "transformers", "vllm is not installed"),
+        ("auto", False, False, "transformers", "no CUDA GPU and vllm is not installed"),
         ("transformers", True, True, "transformers", "set in the config"),
     ],
 )

@@ -9,12 +9,14 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from telescope.core.config import ConfigError
 from telescope.core.plugins import PluginLoadError
 from telescope.core.registry import DuplicateComponentError, UnavailableComponentError, UnknownComponentError
 
-__all__ = ["USER_ERRORS", "err_console", "run_reporting_failures", "user_errors"]
+__all__ = ["USER_ERRORS", "err_console", "escape", "run_reporting_failures", "say", "user_errors"]
 
 #: Exceptions that mean "the user can fix this": printed plainly, exit code 2.
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -27,6 +29,15 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def say(label: str, text: object, *, style: str = "bold red", console: Console | None = None) -> None:
+    """Print ``label`` in ``style``, then ``text`` verbatim.
+
+    Messages are never parsed as rich markup: "pip install 'telescope-core[vllm]'" keeps its
+    "[vllm]" (markup would swallow it). Every user-facing message goes through here or ``escape``.
+    """
+    (console or err_console).print(Text.assemble((label, style), " ", str(text)))
 
 
 def debug_enabled(flag: object = False) -> bool:
@@ -45,7 +56,7 @@ def user_errors(func: F) -> F:
             debug = debug_enabled(kwargs.get("debug"))
             if debug:
                 err_console.print_exception()
-            err_console.print(f"[bold red]error:[/] {exc}", markup=True)
+            say("error:", exc)
             if not debug:
                 err_console.print("[dim](run with --debug for the traceback)[/]")
             raise typer.Exit(code=2) from None
@@ -63,7 +74,7 @@ def run_reporting_failures(
     try:
         return work()
     except KeyboardInterrupt:
-        err_console.print(f"[bold yellow]interrupted:[/] {interrupted}")
+        say("interrupted:", interrupted, style="bold yellow")
         raise typer.Exit(code=130) from None
     except USER_ERRORS:
         raise
@@ -72,6 +83,6 @@ def run_reporting_failures(
             raise
         from telescope.core.runtime.errors import describe_failure
 
-        err_console.print(f"[bold red]{what} failed:[/] {describe_failure(exc)}", markup=True)
-        err_console.print(f"[dim]logs: {logs} — run with --debug for the full traceback[/]")
+        say(f"{what} failed:", describe_failure(exc))
+        say("logs:", f"{logs} — run with --debug for the full traceback", style="dim")
         raise typer.Exit(code=1) from None

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from telescope.cli.errors import debug_enabled, err_console
+from telescope.cli.errors import debug_enabled, err_console, escape, say
 
 __all__ = ["app", "convert"]
 
@@ -30,7 +30,7 @@ def _checkpoint() -> None:
 def _fail(message: str, debug: bool) -> typer.Exit:
     if debug:
         err_console.print_exception()
-    err_console.print(f"[bold red]error:[/] {message}", markup=True)
+    say("error:", message)
     return typer.Exit(code=2)
 
 
@@ -59,16 +59,16 @@ def convert(
 
     def report(result: ConvertResult) -> None:
         verb = "exists, skipped" if result.skipped else "converted"
-        console.print(f"  {result.src.name} -> {result.out}  [dim]({verb})[/]")
+        console.print(f"  {escape(result.src.name)} -> {escape(str(result.out))}  [dim]({verb})[/]")
 
     start = time.perf_counter()
     try:
         if is_native_checkpoint(ckpt):
-            console.print(f"converting {ckpt} ...")
+            console.print(f"converting {ckpt} ...", markup=False)
             path = convert_checkpoint(ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite)
-            console.print(f"wrote {path} in {time.perf_counter() - start:.1f} s")
+            console.print(f"wrote {path} in {time.perf_counter() - start:.1f} s", markup=False)
             return
-        console.print(f"converting every checkpoint under {ckpt} ...")
+        console.print(f"converting every checkpoint under {ckpt} ...", markup=False)
         results = convert_all(
             ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite, on_checkpoint=report
         )

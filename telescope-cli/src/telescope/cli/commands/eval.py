@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from telescope.cli.errors import err_console, run_reporting_failures, user_errors
+from telescope.cli.errors import err_console, run_reporting_failures, say, user_errors
 
 __all__ = ["CONTEXT", "eval_command"]
 
@@ -19,7 +19,9 @@ def _summary(ref: Any, results: list[Any]) -> None:
     from telescope.core.observe.console import format_eval
 
     for r in results:
-        err_console.print(format_eval(ref.step, r.name, r.metrics, len(r.rows)), style="bold cyan")
+        err_console.print(
+            format_eval(ref.step, r.name, r.metrics, len(r.rows)), style="bold cyan", markup=False
+        )
 
 
 @user_errors
@@ -47,9 +49,8 @@ def eval_command(
     _, registry = load_plugins()
     check_eval_names(run, registry)
     refs = discover_checkpoints(run)
-    err_console.print(f"[bold]telescope eval[/] {eval_yaml}: {len(refs)} checkpoint(s) (steps "
-                      f"{', '.join(str(r.step) for r in refs)}), evals {', '.join(e.name for e in run.evals)}, "
-                      f"results in {run.resolved_run_dir / 'evals'}")  # fmt: skip
+    say("telescope eval", f"{eval_yaml}: {len(refs)} checkpoint(s) (steps {', '.join(str(r.step) for r in refs)}), "
+        f"evals {', '.join(e.name for e in run.evals)}, results in {run.resolved_run_dir / 'evals'}", style="bold")  # fmt: skip
     with Progress(console=err_console, transient=True) as bar:
         tasks: dict[str, Any] = {}
 

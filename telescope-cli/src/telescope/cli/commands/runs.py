@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from telescope.cli.errors import err_console
+from telescope.cli.errors import say
 from telescope.core.observe.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
 
@@ -62,9 +62,11 @@ def _header(console: Console, run: RunDirReader, steps: list[dict[str, Any]]) ->
     meta = run.meta
     last = steps[-1]["step"] if steps else "-"
     console.print(
-        f"[bold]Run[/] {meta.get('name', '')}  id {meta.get('run_id')}  [bold]{meta.get('status')}[/]"
+        f"[bold]Run[/] {escape(str(meta.get('name', '')))}  id {meta.get('run_id')}  [bold]{meta.get('status')}[/]"
     )
-    console.print(f"  dir {run.path}  schema v{meta.get('schema_version')}  starts {meta.get('starts', 1)}")
+    console.print(
+        f"  dir {escape(str(run.path))}  schema v{meta.get('schema_version')}  starts {meta.get('starts', 1)}"
+    )
     console.print(f"  steps logged {len(steps)}  last step {last}")
 
 
@@ -79,10 +81,10 @@ def _config(console: Console, cfg: dict[str, Any]) -> None:
 def _reward_curve(console: Console, run: RunDirReader, key: str) -> None:
     series = run.metric_series(key)
     if not series:
-        console.print(f"[bold]Reward curve[/] ({key}): no data yet")
+        console.print(f"[bold]Reward curve[/] ({escape(key)}): no data yet")
         return
     values = [v for _, v in series]
-    console.print(f"[bold]Reward curve[/] ({key}, steps {series[0][0]}..{series[-1][0]})")
+    console.print(f"[bold]Reward curve[/] ({escape(key)}, steps {series[0][0]}..{series[-1][0]})")
     console.print(f"  {sparkline(values)}")
     console.print(
         f"  first {values[0]:.4f}  last {values[-1]:.4f}  min {min(values):.4f}  max {max(values):.4f}"
@@ -171,7 +173,7 @@ def show(
     try:
         run = RunDirReader(run_dir)
     except RunDirError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        say("error:", exc)
         raise typer.Exit(code=2) from None
     console = Console(highlight=False, soft_wrap=False)
     steps = run.steps()
@@ -186,5 +188,5 @@ def show(
     damaged = {f: s for f, s in run.read_stats.items() if s.torn_tail or s.bad_lines}
     for fname, stats in damaged.items():
         console.print(
-            f"[yellow]note:[/] {fname}: torn last line skipped={stats.torn_tail}, bad lines={stats.bad_lines}"
+            f"[yellow]note:[/] {escape(fname)}: torn last line skipped={stats.torn_tail}, bad lines={stats.bad_lines}"
         )

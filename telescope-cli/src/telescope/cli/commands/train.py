@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from telescope.cli.context import load_run
-from telescope.cli.errors import err_console, run_reporting_failures, user_errors
+from telescope.cli.errors import run_reporting_failures, say, user_errors
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -23,20 +23,22 @@ def train(
 
     Any config field can be overridden: --learning_rate 5e-7 --environments '[{name: countdown}]'.
     """
+    from telescope.core.inference.auto import resolve_inference_engine, startup_notes
+
     run = load_run(run_yaml, list(ctx.args))
     cfg = run.cfg
-    err_console.print(
-        f"[bold]telescope train[/] {run_yaml}: model {cfg.model}, algorithm {cfg.algorithm}, backend "
-        f"{cfg.train_backend}, engine {cfg.inference_engine}, {cfg.inference_num_workers} inference + "
-        f"{cfg.trainer_num_workers} trainer workers, {cfg.number_of_steps} steps, run dir {cfg.resolved_run_dir}"
-    )
+    engine, why = resolve_inference_engine(cfg.inference_engine)  # auto on a GPU without vLLM: refused here
+    say("telescope train", f"{run_yaml}: model {cfg.model}, algorithm {cfg.algorithm}, backend "
+        f"{cfg.train_backend}, engine {engine} ({why}), {cfg.inference_num_workers} inference + "
+        f"{cfg.trainer_num_workers} trainer workers, {cfg.number_of_steps} steps, run dir {cfg.resolved_run_dir}",
+        style="bold")  # fmt: skip
+    for line in startup_notes(cfg, engine):
+        say("note:", line, style="bold yellow")
     try:
         runtime = importlib.import_module("telescope.core.runtime")
     except ModuleNotFoundError:
-        err_console.print(
-            "[bold red]error:[/] the training runtime (orchestrator on Ray) is not part of this release yet; "
-            "the config above is valid but no training was run."
-        )
+        say("error:", "the training runtime (orchestrator on Ray) is not part of this release yet; "
+            "the config above is valid but no training was run.")  # fmt: skip
         raise typer.Exit(code=1) from None
     code = run_reporting_failures(
         lambda: int(runtime.run_training(run.cfg, run.pset, run.registry) or 0), what="training",

@@ -1,4 +1,9 @@
-"""``inference_engine: auto``: vllm when it is importable and a GPU is present, else transformers."""
+"""``inference_engine: auto`` and what the vllm engine needs installed (nothing is imported here).
+
+auto picks vllm on a CUDA machine and transformers without one. A CUDA machine *without*
+vLLM is refused with the install command: silently generating with the embedded engine on
+GPUs would make a run many times slower. ``inference_engine: transformers`` runs it anyway.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,49 @@ import importlib.util
 import logging
 from collections.abc import Callable
 
-__all__ = ["resolve_inference_engine", "vllm_unavailable_reason"]
+from telescope.core.config.errors import ConfigError
+
+__all__ = [
+    "VLLM_INSTALL",
+    "resolve_inference_engine",
+    "startup_notes",
+    "tracing_unavailable_reason",
+    "vllm_unavailable_reason",
+]
 
 log = logging.getLogger("telescope.inference")
+
+#: How to install vLLM and what its tracing and GPU metrics need (docs/gpu.md).
+VLLM_INSTALL = (
+    "pip install 'telescope-core[vllm]' (or TELESCOPE_EXTRAS=vllm scripts/bootstrap.sh; see docs/gpu.md)"
+)
+
+#: Modules vLLM imports for ``--otlp-traces-endpoint`` with the http/protobuf protocol we set.
+TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package
+        return False
 
 
 def vllm_unavailable_reason() -> str | None:
     """Why the vllm engine cannot run here, or None when it can be imported (no import happens)."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (pip install 'telescope-core[vllm]' on a CUDA machine)"
+    if not _importable("vllm"):
+        return f"vllm is not installed: {VLLM_INSTALL} on a CUDA machine"
+    return None
+
+
+def tracing_unavailable_reason() -> str | None:
+    """Why vLLM could not export traces here (it refuses to start with the flag), or None."""
+    missing = [m for m in TRACING_MODULES if not _importable(m)]
+    if missing:
+        return (
+            f"the OpenTelemetry SDK/OTLP exporter vLLM's tracing needs is not importable ({', '.join(missing)}): "
+            f"{VLLM_INSTALL}, or set enable_vllm_tracing: false"
+        )
     return None
 
 
@@ -29,15 +68,35 @@ def _cuda_available() -> bool:
 def resolve_inference_engine(
     requested: str, *, has_vllm: Callable[[], bool] | None = None, has_gpu: Callable[[], bool] | None = None
 ) -> tuple[str, str]:
-    """Return ``(engine, why)`` for the ``inference_engine`` field; logs the choice for ``auto``."""
+    """Return ``(engine, why)`` for the ``inference_engine`` field.
+
+    Raises ``ConfigError`` for ``auto`` on a CUDA machine without vLLM (the message has the
+    install command and the explicit fallback).
+    """
     if requested != "auto":
         return requested, f"inference_engine: {requested} (set in the config)"
     vllm_ok = has_vllm() if has_vllm else vllm_unavailable_reason() is None
     gpu_ok = has_gpu() if has_gpu else _cuda_available()
     if vllm_ok and gpu_ok:
         choice, why = "vllm", "inference_engine: auto chose vllm (vllm importable, CUDA GPU present)"
+    elif gpu_ok:
+        raise ConfigError(
+            "inference_engine: auto found a CUDA GPU but vLLM is not installed, and generating with the "
+            f"embedded transformers engine on GPUs is many times slower. Install vLLM: {VLLM_INSTALL}; "
+            "or set inference_engine: transformers to run with the embedded engine anyway"
+        )
     else:
-        missing = [m for m, ok in (("vllm is not installed", vllm_ok), ("no CUDA GPU", gpu_ok)) if not ok]
-        choice, why = "transformers", f"inference_engine: auto chose transformers ({' and '.join(missing)})"
+        missing = "no CUDA GPU" + ("" if vllm_ok else " and vllm is not installed")
+        choice, why = "transformers", f"inference_engine: auto chose transformers ({missing})"
     log.info(why)
     return choice, why
+
+
+def startup_notes(cfg: object, engine: str) -> list[str]:
+    """Lines for the startup summary about what this machine's install changes in the run."""
+    notes = []
+    if engine == "vllm" and getattr(cfg, "enable_vllm_tracing", False):
+        reason = tracing_unavailable_reason()
+        if reason is not None:
+            notes.append(f"enable_vllm_tracing: tracing disabled: {reason}")
+    return notes

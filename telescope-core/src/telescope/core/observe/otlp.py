@@ -54,7 +54,9 @@ class OtlpReceiver:
 
     @classmethod
     def from_config(cls, cfg: Any) -> OtlpReceiver:
-        return cls(port=int(cfg.otlp_receiver_port))
+        """Loopback, or every interface when the inference servers do (servers on other nodes send here)."""
+        wildcard = str(getattr(cfg, "inference_host", "127.0.0.1")) in ("0.0.0.0", "::", "")
+        return cls(port=int(cfg.otlp_receiver_port), host="0.0.0.0" if wildcard else "127.0.0.1")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         receiver = self

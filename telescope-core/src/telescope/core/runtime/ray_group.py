@@ -128,9 +128,7 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
     import ray
 
     remote: Any = ray.remote(TrainerWorker)
-    master = bundle_ip(pools.trainer, 0)
-    # On one node loopback is the fastest and always-reachable rendezvous.
-    master = "127.0.0.1" if master == ray.util.get_node_ip_address() else master
+    master = rendezvous_host([bundle_ip(pools.trainer, rank) for rank in range(world_size)])
     port = node_free_port(pools.trainer, 0)
     actors = []
     for rank in range(world_size):
@@ -139,6 +137,15 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
                                name=None).remote(cfg_data, plugins, rank, world_size, master, port)  # fmt: skip
         actors.append(actor)
     return actors
+
+
+def rendezvous_host(rank_node_ips: list[str]) -> str:
+    """Rank 0's address for the trainer rendezvous: loopback (fastest, always reachable) only when
+    every rank shares rank 0's node, whichever node the driver is on."""
+    from telescope.core.runtime.addresses import LOOPBACK
+
+    first = rank_node_ips[0]
+    return LOOPBACK if all(ip == first for ip in rank_node_ips) else first
 
 
 def node_free_port(pg: Any, index: int) -> int:
@@ -168,11 +175,19 @@ def start_servers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, en
     """Create one server actor per bundle and wait for every server to answer /health."""
     import ray
 
+    from telescope.core.runtime.addresses import DRIVER_ADDRESS_ENV, reachable_url
+
     remote: Any = ray.remote(InferenceServerWorker)
+    driver_ip = str(ray.util.get_node_ip_address())
+    # Servers on other nodes send their traces to the driver's node (merged with the job's env_vars).
+    env = {"env_vars": {DRIVER_ADDRESS_ENV: driver_ip}}
     actors: list[Any] = [
-        remote.options(num_cpus=cpus, num_gpus=pools.inference_gpus, max_restarts=0,
+        remote.options(num_cpus=cpus, num_gpus=pools.inference_gpus, max_restarts=0, runtime_env=env,
                        scheduling_strategy=scheduling(pools.inference, i)).remote(cfg_data, plugins, i, engine, log_dir)
         for i in range(num_servers)
     ]  # fmt: skip
     infos = ray.get([a.start.remote() for a in actors])
-    return Servers(actors, [i["url"] for i in infos], [i["node_ip"] for i in infos])
+    # Each server reports how its own node reaches it; the driver may be elsewhere.
+    urls = [reachable_url(i["url"], i["node_ip"], driver_ip, bound_host=str(cfg_data["inference_host"]),
+                          what=f"inference server {n}") for n, i in enumerate(infos)]  # fmt: skip
+    return Servers(actors, urls, [i["node_ip"] for i in infos])

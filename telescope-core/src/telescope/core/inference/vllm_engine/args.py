@@ -7,11 +7,16 @@ in a fresh interpreter and silently ignored user settings: see the module docstr
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from telescope.core.inference.settings import VllmEngineKwargs
 
-__all__ = ["MANAGED_FLAGS", "WORKER_EXTENSION", "build_vllm_args", "build_vllm_env", "check_vllm_config"]
+__all__ = [
+    "MANAGED_FLAGS", "WORKER_EXTENSION", "build_vllm_args", "build_vllm_env", "check_vllm_config", "otlp_endpoint",
+]  # fmt: skip
+
+log = logging.getLogger("telescope.inference")
 
 WORKER_EXTENSION = "telescope.core.inference.vllm_engine.worker.TelescopeWeightSyncExtension"
 
@@ -41,9 +46,16 @@ def check_vllm_config(cfg: Any, kwargs: VllmEngineKwargs) -> None:
 
 
 def build_vllm_args(
-    cfg: Any, kwargs: VllmEngineKwargs, *, model_path: str, index: int, host: str, port: int
+    cfg: Any,
+    kwargs: VllmEngineKwargs,
+    *,
+    model_path: str,
+    index: int,
+    host: str,
+    port: int,
+    otlp_endpoint: str | None = None,
 ) -> list[str]:
-    """Arguments after ``vllm serve`` for server ``index``."""
+    """Arguments after ``vllm serve`` for server ``index``; ``otlp_endpoint`` None = no tracing."""  # fmt: skip
     args = [
         model_path,
         "--host", host,
@@ -62,8 +74,8 @@ def build_vllm_args(
         "--generation-config", "vllm",
         "--enable-prefix-caching" if kwargs.enable_prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
-    if cfg.enable_vllm_tracing:
-        args += ["--otlp-traces-endpoint", f"http://127.0.0.1:{cfg.otlp_receiver_port}/v1/traces"]
+    if otlp_endpoint is not None:
+        args += ["--otlp-traces-endpoint", otlp_endpoint]
     if kwargs.max_num_seqs is not None:
         args += ["--max-num-seqs", str(kwargs.max_num_seqs)]
     if kwargs.max_num_batched_tokens is not None:
@@ -71,14 +83,31 @@ def build_vllm_args(
     return args + list(kwargs.extra_args)
 
 
-def build_vllm_env(cfg: Any) -> dict[str, str]:
-    """Environment of a vLLM server process."""
+def otlp_endpoint(cfg: Any, driver_host: str) -> str | None:
+    """The OTLP traces URL of the driver's receiver, or None when tracing is off or cannot run here.
+
+    vLLM refuses to start with ``--otlp-traces-endpoint`` unless the OpenTelemetry SDK and the
+    OTLP exporter import, so without them tracing is dropped with a warning instead.
+    """
+    from telescope.core.inference.auto import tracing_unavailable_reason
+
+    if not cfg.enable_vllm_tracing:
+        return None
+    reason = tracing_unavailable_reason()
+    if reason is not None:
+        log.warning("enable_vllm_tracing: tracing disabled: %s", reason)
+        return None
+    return f"http://{driver_host}:{cfg.otlp_receiver_port}/v1/traces"
+
+
+def build_vllm_env(cfg: Any, *, tracing: bool | None = None) -> dict[str, str]:
+    """Environment of a vLLM server process (``tracing`` defaults to ``enable_vllm_tracing``)."""
     env = {
         # /pause, /resume, /abort_requests and /collective_rpc exist only in dev mode.
         "VLLM_SERVER_DEV_MODE": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    if cfg.enable_vllm_tracing:
+    if cfg.enable_vllm_tracing if tracing is None else tracing:
         env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
         env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
     return env

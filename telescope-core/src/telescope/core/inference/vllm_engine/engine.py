@@ -14,7 +14,12 @@ from telescope.core.inference.launcher import InferenceEngine, ServerCommand
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.supervise import supervised_argv
 from telescope.core.inference.transformers_engine.engine import local_url
-from telescope.core.inference.vllm_engine.args import build_vllm_args, build_vllm_env, check_vllm_config
+from telescope.core.inference.vllm_engine.args import (
+    build_vllm_args,
+    build_vllm_env,
+    check_vllm_config,
+    otlp_endpoint,
+)
 
 __all__ = ["VllmEngine", "create_vllm_engine", "vllm_executable"]
 
@@ -30,6 +35,15 @@ def vllm_executable() -> str:
             "the vllm engine needs the `vllm` command: pip install 'telescope-core[vllm]' on a GPU host"
         )
     return found
+
+
+def _node_ip() -> str:
+    """This process's node address as Ray reports it (loopback outside Ray)."""
+    try:
+        import ray
+    except ImportError:
+        return "127.0.0.1"
+    return str(ray.util.get_node_ip_address()) if ray.is_initialized() else "127.0.0.1"
 
 
 class VllmEngine(InferenceEngine):
@@ -57,11 +71,21 @@ class VllmEngine(InferenceEngine):
             index=index,
             host=host,
             port=port,
+            otlp_endpoint=(endpoint := self.otlp_endpoint()),
         )
-        env = {**build_vllm_env(self.cfg), "TELESCOPE_RESOLVED_CONFIG": config_path}
+        env = {
+            **build_vllm_env(self.cfg, tracing=endpoint is not None),
+            "TELESCOPE_RESOLVED_CONFIG": config_path,
+        }
         # vllm serve cannot run our parent watch: the supervisor ends it if the launcher dies.
         argv = supervised_argv([vllm_executable(), "serve", *args])
         return ServerCommand(argv=argv, env=env, url=local_url(host, port))
+
+    def otlp_endpoint(self) -> str | None:
+        """Where this node's server sends traces: the driver's OTLP receiver (loopback on its node)."""
+        from telescope.core.runtime.addresses import driver_host_from
+
+        return otlp_endpoint(self.cfg, driver_host_from(_node_ip()))
 
     def client(self, url: str, **options: Any) -> Any:
         """A client whose weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
