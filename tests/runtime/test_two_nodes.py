@@ -1,0 +1,181 @@
+"""A two-node Ray cluster on one machine: a head raylet and a worker raylet at 127.0.0.2.
+
+Ray reports the head at this machine's own address (it resolves a 127.0.0.1 head to a
+reachable one), the worker at 127.0.0.2: two distinct node addresses, each with its own CPU
+count and custom resource. An end-to-end run places the inference server on the worker node
+(1.5 CPUs fit only there) and the trainer on the head: the driver must use the server node's
+address, not 127.0.0.1, and the weight sync must cross nodes. Then PACK / SPREAD / STRICT_*
+placements are checked bundle by bundle. Marked slow (about 2-3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ports import free_port_block
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+WORKER_IP = "127.0.0.2"
+HEAD_CPUS, WORKER_CPUS = 1, 2
+
+
+def _ray_start(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``ray start --block`` in its own process group (ended by group id at teardown)."""
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    return subprocess.Popen([ray_bin, "start", "--block", "--disable-usage-stats", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _wait_for_nodes(address: str, count: int, timeout_s: float = 90.0) -> None:
+    probe = "import ray,sys; ray.init(address=sys.argv[1]); print(sum(n['Alive'] for n in ray.nodes()))"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, address], capture_output=True, text=True, timeout=60
+        )
+        if out.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(2)
+    raise RuntimeError(f"the two-node cluster at {address} did not come up")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Address of a fresh head + worker cluster (own temp dir and ports; never `ray stop`)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    temp = tempfile.mkdtemp(prefix="tg2n", dir="/tmp")  # short: Ray's socket paths have a length limit
+    base = free_port_block(6)
+    address = f"127.0.0.1:{base}"
+    head = _ray_start("--head", "--node-ip-address=127.0.0.1", f"--port={base}", f"--num-cpus={HEAD_CPUS}",
+                      '--resources={"head_node": 1}', "--include-dashboard=false", f"--temp-dir={temp}",
+                      f"--ray-client-server-port={base + 1}", f"--dashboard-agent-listen-port={base + 2}",
+                      f"--metrics-export-port={base + 3}", env=env)  # fmt: skip
+    procs = [head]
+    try:
+        _wait_for_nodes(address, 1)
+        procs.append(_ray_start(f"--address={address}", f"--node-ip-address={WORKER_IP}", f"--num-cpus={WORKER_CPUS}",
+                                '--resources={"worker_node": 1}', f"--dashboard-agent-listen-port={base + 4}",
+                                f"--metrics-export-port={base + 5}", env=env))  # fmt: skip
+        _wait_for_nodes(address, 2)
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        yield address
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def run(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A two-step run on the cluster; records what ``start_servers`` returned to the driver."""
+    import telescope.core.runtime.ray_group as ray_group
+    from telescope.core.config import load_config
+    from telescope.core.plugins import load_plugins
+    from telescope.core.runtime import run_training
+
+    seen: dict[str, Any] = {}
+    real_start_servers, real_start_trainers = ray_group.start_servers, ray_group.start_trainers
+
+    def recording_start_servers(*args: Any, **kwargs: Any) -> Any:
+        seen["servers"] = real_start_servers(*args, **kwargs)
+        return seen["servers"]
+
+    def recording_start_trainers(
+        cfg_data: Any, plugins: Any, pools: Any, world_size: int, cpus: float
+    ) -> Any:
+        seen["trainer_nodes"] = [ray_group.bundle_ip(pools.trainer, r) for r in range(world_size)]
+        return real_start_trainers(cfg_data, plugins, pools, world_size, cpus)
+
+    run_dir = tmp_path_factory.mktemp("two-nodes") / "run"
+    pset, registry = load_plugins()
+    cfg = load_config(None, {
+        "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
+        "environments": [{"name": "reverse_text"}], "inference_engine": "transformers",
+        "inference_num_workers": 1, "trainer_num_workers": 1, "inference_host": "0.0.0.0",
+        "ray_inference_cpus_per_worker": 1.5, "ray_trainer_cpus_per_worker": 1.0, "ray_address": cluster,
+        "ray_auto_start_local": False, "ray_shutdown_on_exit": False, "enable_vllm_tracing": False,
+        "inference_base_port": free_port_block(1), "group_size": 4, "prompts_batch_size_for_trainer": 2,
+        "number_of_steps": 2, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 512, "pad_to_multiple_of": 8,
+        "learning_rate": 1e-3, "discard_group_zero_advantage": False, "use_wandb": False,
+        "run_dir": str(run_dir), "seed": 3,
+    }, registry)  # fmt: skip
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ray_group, "start_servers", recording_start_servers)
+    mp.setattr(ray_group, "start_trainers", recording_start_trainers)
+    try:
+        seen["code"] = run_training(cfg, pset, registry)
+    finally:
+        mp.undo()
+    seen["run_dir"] = run_dir
+    return seen
+
+
+def test_driver_reaches_the_server_on_the_other_node_at_its_address(run: dict[str, Any]) -> None:
+    servers = run["servers"]
+    print(f"server node {servers.node_ips}, trainer node {run['trainer_nodes']}, driver used {servers.urls}")
+    assert run["code"] == 0
+    assert servers.node_ips == [WORKER_IP] and run["trainer_nodes"][0] != WORKER_IP
+    assert servers.urls[0].startswith(f"http://{WORKER_IP}:")  # not the server's own 127.0.0.1
+
+
+def test_weights_crossed_nodes_every_step(run: dict[str, Any]) -> None:
+    from telescope.core.observe import RunDirReader
+
+    syncs = [
+        e for e in RunDirReader(run["run_dir"]).events() if e["type"] == "weight_sync" and e["phase"] == "end"
+    ]
+    assert len(syncs) == 2 and len({e["attrs"]["digest"] for e in syncs}) == 2
+
+
+@pytest.mark.parametrize(
+    ("strategy", "cpus", "expected"),
+    [
+        ("STRICT_PACK", 1.0, "one node"),  # 2 x 1 CPU: only the worker node holds both
+        ("PACK", 1.0, "one node"),
+        ("STRICT_SPREAD", 1.0, "two nodes"),
+        ("SPREAD", 0.5, "two nodes"),
+    ],
+)
+def test_placement_strategies(cluster: str, strategy: str, cpus: float, expected: str) -> None:
+    import ray
+
+    from telescope.core.runtime.cluster import reserve_pools, shutdown
+    from telescope.core.runtime.ray_group import bundle_ip
+    from telescope.core.testing import make_config
+
+    cfg = make_config(ray_inference_placement_strategy=strategy, ray_trainer_placement_strategy=strategy,
+                      ray_inference_cpus_per_worker=cpus, ray_trainer_cpus_per_worker=0.01, trainer_num_workers=1,
+                      inference_num_workers=2, ray_placement_timeout_s=30, ray_namespace=f"placement-{strategy}")  # fmt: skip
+    ray.init(address=cluster)
+    pools = None
+    try:
+        pools = reserve_pools(cfg, 2, use_gpus=False)
+        nodes = [bundle_ip(pools.inference, i) for i in range(2)]
+    finally:
+        shutdown(cfg, pools, started_here=False)
+    print(f"{strategy}: bundles on {nodes}")
+    assert (len(set(nodes)) == 1) == (expected == "one node"), nodes
+    if strategy == "STRICT_PACK":
+        assert nodes == [WORKER_IP, WORKER_IP]
