@@ -22,7 +22,7 @@ from telescope.core.env import (
     info_turn,
 )
 from telescope.core.env.data import load_rows, select_rows
-from telescope.core.env.parsers import extract_code_block, strip_eos, strip_think_tags
+from telescope.core.env.parsers import extract_code_block, strip_think_tags
 from telescope.envs.kwargs import I3CodeKwargs
 
 __all__ = ["I3CodeEnvironment", "I3CodeKwargs", "parse_runner_output"]
@@ -162,7 +162,7 @@ class I3CodeEnvironment(SingleTurnEnvironment):
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         """1.0 when the extracted code passes every test."""
         start = time.monotonic()
-        text = strip_eos(completion, eos_token or self.eos_token)
+        text = completion  # already without the stop text (the EOS rule: Environment.strip_stop_text)
         code = (
             None
             if "<think>" in text and "</think>" not in text

@@ -117,4 +117,6 @@ def _entry_problems(
         return problems_from_validation_error(exc, prefix=f"{where}.kwargs.")
     except TypeError as exc:
         return [f"{where}.kwargs: {exc}"]
-    return []
+    from telescope.core.env.resolve import environment_component_problems
+
+    return [f"{where}: {p}" for p in environment_component_problems(component, kwargs, registry)]
