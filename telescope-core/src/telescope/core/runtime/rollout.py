@@ -204,7 +204,8 @@ class RolloutRunner:
             model_version_end=task.model_version(), num_turns=num_turns,
             timings={"generation_start": t0, "generation_end": t1, "reward_end": t2,
                      "generation_s": t1 - t0, "reward_s": t2 - t1},
-            info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags},
+            info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags,
+                  "info_turns": result.info_turns},
         )  # fmt: skip
 
 

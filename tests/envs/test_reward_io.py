@@ -1,13 +1,19 @@
-"""The EOS rule: ``compute_reward`` sees a single-turn completion without its stop text.
+"""What a reward receives and what of its result reaches the rollout records.
 
-The runtime passes the text of the stop token that actually ended the completion (any of the
-run's stop ids, not only the tokenizer's EOS); multi-turn assistant messages carry no stop
-text either; ``strip_stop_text = False`` opts out and receives the raw text.
+The EOS rule: ``compute_reward`` sees a single-turn completion without its stop text. The
+runtime passes the text of the stop token that actually ended the completion (any of the run's
+stop ids, not only the tokenizer's EOS); multi-turn assistant messages carry no stop text
+either; ``strip_stop_text = False`` opts out and receives the raw text.
+
+Records: golden answers, info turns (reward error messages included), sample tags and the
+environment's stop reason reach ``RolloutRecord`` (real ``RolloutRunner`` and
+``records_from_group``; the inference client is a fake, a boundary).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,8 +26,12 @@ from telescope.core.env import (
     Sample,
     SingleTurnEnvironment,
     SingleTurnKwargs,
+    info_turn,
 )
 from telescope.core.inference.client import Completion
+from telescope.core.observe.adapters import records_from_group
+from telescope.core.observe.records import RolloutRecord
+from telescope.core.runtime.groups import RolloutGroup
 from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner, SampleTask
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "third_party_env" / "src"
@@ -122,3 +132,58 @@ def test_multi_turn_messages_carry_no_stop_text(tiny_tokenizer: Any) -> None:
     )
     sample = asyncio.run(_runner(tok, [eot]).run(_Client([answer + [eot]]), task, lambda: None))
     assert sample.raw_reward == 1.0 and sample.completion_ids[-1] == eot
+
+
+class _Detailed(SingleTurnEnvironment):
+    kwargs_model: ClassVar[type[SingleTurnKwargs]] = SingleTurnKwargs
+
+    def load_dataset(self, num_samples: int = -1) -> list[Sample]:
+        return [Sample("q", "42", {"topic": "algebra"})]
+
+    async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        if completion == "boom":
+            raise RuntimeError("the checker crashed on 'boom'")
+        return RewardResult(1.0, {"correct": 1.0}, golden_answers={"correct": sample.answer},
+                            info_turns=[info_turn("tests", "3 of 3 passed")],
+                            sample_tags={"topic": sample.metadata["topic"]})  # fmt: skip
+
+
+class _Game(MultiTurnEnvironment):
+    kwargs_model: ClassVar[type[MultiTurnKwargs]] = MultiTurnKwargs
+
+    def load_dataset(self, num_samples: int = -1) -> list[Sample]:
+        return [Sample("q")]
+
+    async def env_response(self, messages: list[dict[str, Any]], state: RolloutState) -> list[dict[str, Any]]:
+        return []
+
+    def is_done(self, state: RolloutState) -> tuple[bool, str | None]:
+        return True, "solved"
+
+    async def compute_reward(self, state: RolloutState, eos_token: str = "") -> RewardResult:
+        return RewardResult(0.5)
+
+
+def _record(tokenizer: Any, env: Any, text: str) -> dict[str, Any]:
+    task = SampleTask("r", env, env.get_sample(0), [1, 2], "p", None, None)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    sample = asyncio.run(_runner(tokenizer, []).run(_Client([ids]), task, lambda: None))
+    (record,) = records_from_group(RolloutGroup(0, env.name, 0, [sample]), step=1)
+    row = json.loads(json.dumps(record.to_dict()))
+    assert RolloutRecord.from_dict(row).to_dict() == row  # the run directory reads it back
+    return row
+
+
+def test_reward_details_and_errors_reach_the_records(tiny_tokenizer: Any) -> None:
+    row = _record(tiny_tokenizer, _Detailed(), "42")
+    assert row["golden_answers"] == {"correct": "42"} and row["sample_tags"] == {"topic": "algebra"}
+    assert [t["info_value"] for t in row["info_turns"]] == ["3 of 3 passed"]
+    assert row["env_stop_reason"] is None
+    failed = _record(tiny_tokenizer, _Detailed(), "boom")
+    assert failed["reward"] == 0.0 and failed["sample_metrics"]["reward_error"] == 1.0
+    assert any("the checker crashed on 'boom'" in t["info_value"] for t in failed["info_turns"])
+
+
+def test_environment_stop_reason_reaches_the_records(tiny_tokenizer: Any) -> None:
+    row = _record(tiny_tokenizer, _Game(MultiTurnKwargs(max_turns=3)), "move")
+    assert row["env_stop_reason"] == "solved" and row["reward"] == 0.5
