@@ -67,7 +67,10 @@ class WordleKwargs(MultiTurnKwargs):
     seed: int = 0
     """Seed of the secret-word draw."""
     word_list_file: str | None = None
-    """A file with one five-letter word per line (null = the shipped list); secrets and valid guesses."""
+    """A file with one five-letter word per line: the secrets (null = the shipped 471-word list)."""
+    guess_list_file: str | None = None
+    """A file with one five-letter word per line: the valid guesses, besides the secrets (null = the
+    shipped 4667-word list from SCOWL via Debian's wamerican; see data/wordle_guesses.LICENSE)."""
 
 
 class CalculatorKwargs(ToolEnvironmentKwargs):
