@@ -12,12 +12,11 @@ import pytest
 
 PLUGIN = '''
 """Acme's Telescope plugin: one environment."""
-from pydantic import BaseModel, ConfigDict
 from telescope.core import hookimpl
+from telescope.core.env import SingleTurnKwargs
 
 
-class PuzzleKwargs(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+class PuzzleKwargs(SingleTurnKwargs):
     size: int = 3
     """Puzzle size."""
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel, ConfigDict
 
 from telescope.core import hookimpl
 from telescope.core.config import ConfigError, load_config, load_config_with_sources
+from telescope.core.env import EnvironmentKwargs
 from telescope.core.testing import registry_with
 
 
-class ToyKwargs(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+class ToyKwargs(EnvironmentKwargs):
     difficulty: int = 1
     """How hard."""
 

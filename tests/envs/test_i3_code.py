@@ -124,10 +124,62 @@ def test_timeouts_and_partial_passes(fake_registry) -> None:
     assert results[1].total_reward == 0.0 and results[1].sample_metrics["pass_rate"] == pytest.approx(1 / 3)
 
 
-def test_unknown_provider_is_a_clear_error(fake_registry) -> None:
-    result = _score_all(fake_registry, [(0, SUM)], provider="nonexistent")[0]
-    assert result.total_reward == 0.0 and result.sample_metrics["reward_error"] == 1.0
-    assert "nonexistent" in result.info_turns[0]["info_value"]
+def test_unknown_provider_is_refused_at_config_time(fake_registry) -> None:
+    from telescope.core.config import ConfigError, load_config
+
+    def problems(**kwargs: object) -> str:
+        with pytest.raises(ConfigError) as err:
+            load_config(
+                None, {"environments": [{"name": "i3_code", "kwargs": kwargs}]}, registry=fake_registry
+            )
+        return str(err.value)
+
+    unknown = problems(provider="lcoal")
+    assert "environments[0]: kwargs.provider: unknown sandbox provider 'lcoal'" in unknown
+    assert "Did you mean 'local'?" in unknown and "fake" in unknown  # the registered names
+    assert "kwargs.provider_kwargs.alow_unsandboxed: unknown field" in problems(
+        provider="local", provider_kwargs={"alow_unsandboxed": True}
+    )
+    load_config(
+        None, {"environments": [{"name": "i3_code", "kwargs": {"provider": "fake"}}]}, registry=fake_registry
+    )
+    from telescope.core.env import create_environment
+
+    with pytest.raises(ValueError, match="unknown sandbox provider 'nonexistent'"):
+        create_environment(fake_registry, "i3_code", {"provider": "nonexistent"})
+
+
+class BrokenProvider(FakeProvider):
+    """Fails like a provider without credentials, at construction (inside the reward's handling)."""
+
+    name = "broken"
+
+    def __init__(self, kwargs=None) -> None:
+        from telescope.core.sandbox import SandboxAuthError
+
+        raise SandboxAuthError("the 'broken' sandbox provider needs credentials: set BROKEN_API_KEY")
+
+
+def test_provider_failure_at_run_time_is_counted_and_logged() -> None:
+    class _Plugin:
+        @hookimpl
+        def telescope_register_sandbox_providers(self, register) -> None:
+            register.add("broken", BrokenProvider)
+
+    pset = get_plugin_manager(load_entrypoints=True)
+    pset.pm.register(_Plugin(), name="broken-sandbox")
+    pset.infos["broken-sandbox"] = PluginInfo("broken-sandbox", "tests", "tests", "0")
+    registry = build_registry(pset)
+    (result,) = _score_all(registry, [(0, SUM)], provider="broken", max_attempts=2)
+    assert result.total_reward == 0.0 and result.sample_metrics["sandbox_error"] == 1.0
+    assert result.sample_metrics["retry_count"] == 1.0
+    (error,) = [t["info_value"] for t in result.info_turns if t["info_key"] == "error"]
+    assert "sandbox failed (broken): SandboxAuthError" in error and "BROKEN_API_KEY" in error
+    env = registry.create(
+        "environment", "i3_code", {"sample_data": True, "provider": "broken"}, registry=registry
+    )
+    with pytest.raises(Exception, match="BROKEN_API_KEY"):  # env check / run start: loud, not reward 0
+        asyncio.run(env.prepare_resources())
 
 
 def test_local_provider_when_installed() -> None:

@@ -36,12 +36,13 @@ samples = env.load_dataset()
 assert len(samples) == 4 and env.name == "shout_reverse"
 good = asyncio.run(env.score(samples[0].answer, samples[0])).total_reward
 bad = asyncio.run(env.score("nope", samples[0])).total_reward
+eos = asyncio.run(env.score(samples[0].answer + "<|im_end|>", samples[0], "<|im_end|>")).total_reward
 try:
     load_config(cfg_path, {"environments": [{"name": "shout_reverse", "kwargs": {"num_sampels": 3}}]}, registry=registry)
     print("NO ERROR")
 except ConfigError as exc:
     print("CONFIG ERROR:", exc)
-print("REWARDS", good, bad)
+print("REWARDS", good, bad, eos)
 """
 
 
@@ -76,5 +77,5 @@ def test_third_party_package_installs_and_resolves_from_config(tmp_path: Path) -
     cmd = [sys.executable, "-c", SCRIPT, str(config)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "REWARDS 1.0 0.0" in out.stdout
+    assert "REWARDS 1.0 0.0 1.0" in out.stdout  # the EOS rule: a stopped correct answer earns 1
     assert "CONFIG ERROR" in out.stdout and "num_sampels" in out.stdout

@@ -166,6 +166,7 @@ def test_tool_errors_come_back_as_observations() -> None:
     assert metrics == {
         "total_tool_calls": 7.0, "tool_success_count": 2.0, "tool_error_count": 5.0, "tool_success_rate": 2 / 7,
         "unique_tools_used": 3.0, "slow_tool_calls": 1.0, "fail_tool_calls": 1.0, "echo_calls": 3.0,
+        "tool_argument_error_count": 1.0,
     }  # fmt: skip
     assert "# Available Tools" in env.system_prompt and "## echo" in env.system_prompt
 
@@ -230,3 +231,24 @@ def test_function_call_format_end_to_end(registry) -> None:
     assert observations[1].startswith("[multiply] Error: bad arguments")
     result = asyncio.run(env.score(state, sample))
     assert result.total_reward == 1.0 and result.sample_metrics["tool_error_count"] == 1.0
+
+
+def test_arguments_are_checked_against_the_tool_schema(registry) -> None:
+    env = registry.create("environment", "calculator", {"num_samples": 1})
+    turns = iter([
+        '<tool_call>{"name": "add", "arguments": {"a": "2", "b": "3"}}</tool_call>',  # strings: no "23"
+        '<tool_call>{"name": "add", "arguments": {"a": true, "b": 3}}</tool_call>',  # bool is not a number
+        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3.5}}</tool_call>',  # int fits number
+        "final answer",
+    ])  # fmt: skip
+    state = asyncio.run(run_text_rollout(env, env.get_sample(0), lambda messages: next(turns)))
+    observations = [m["content"] for m in state.last_messages() if m.get("turn_type") == "tool_result"]
+    assert observations[0] == (
+        "[add] Error: bad arguments: 'a' must be a number, got str '2'; 'b' must be a number, got str '3'"
+    )
+    assert observations[1] == "[add] Error: bad arguments: 'a' must be a number, got bool True"
+    assert observations[2] == "[add] 5.5"
+    metrics = env.get_tool_metrics(state)
+    assert (metrics["tool_argument_error_count"], metrics["tool_error_count"], metrics["tool_success_count"]) == (
+        2.0, 2.0, 1.0,
+    )  # fmt: skip

@@ -83,3 +83,16 @@ def test_dataset_is_seeded_and_private(registry) -> None:
     b = registry.create("environment", "wordle", {"num_samples": 20, "seed": 1}).load_dataset()
     assert [s.answer for s in a] == [s.answer for s in b] and random.getstate() == before
     assert len({s.answer for s in a}) > 5
+
+
+def test_real_guesses_are_valid_apart_from_the_secrets(registry, tmp_path) -> None:
+    env = registry.create("environment", "wordle", {})
+    assert {"stare", "arose", "adieu"} <= env.guesses and not {"stare", "arose", "adieu"} & set(env.words)
+    assert set(env.words) <= env.guesses and len(env.guesses) > 4000 and len(env.words) == 471
+    _, state, _ = _play(registry, "crane", ["<guess>[stare]</guess>", "<guess>[adieu]</guess>",
+                                            "<guess>[arose]</guess>", "<guess>[crane]</guess>"])  # fmt: skip
+    assert state.custom["game"].history == ["stare", "adieu", "arose", "crane"] and state.custom["game"].won
+    own = tmp_path / "guesses.txt"
+    own.write_text("zzzzz\n")
+    custom = registry.create("environment", "wordle", {"guess_list_file": str(own)})
+    assert "zzzzz" in custom.guesses and "stare" not in custom.guesses and "crane" in custom.guesses

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from eval_envs import parity
 
+from telescope.core.env.parsers import strip_eos
 from telescope.core.evals import EvalRunner, flat_metrics, resolve_eval, training_exclusions
 from telescope.core.inference.client import InferenceClient
 from telescope.core.registry import UnknownComponentError
@@ -76,7 +77,9 @@ def test_metrics_follow_from_the_rows(server_url: str, registry: Any, tokenizer:
     assert m["num_samples"] == 5 and m["num_completions"] == 15 and m["errors"] == 0
     assert m["parity"] == pytest.approx(sum(counts) / 15)
     assert m["reward"] == pytest.approx(m["parity"])
-    assert m["length"] == pytest.approx(sum(len(t) for r in rows for t in r["completions"]) / 15)
+    # The reward sees each completion without its stop text (the EOS rule); rows keep the raw text.
+    seen = [strip_eos(t, tokenizer.eos_token) for r in rows for t in r["completions"]]
+    assert m["length"] == pytest.approx(sum(len(t) for t in seen) / 15)
     assert m["pass@3/parity"] == pytest.approx(sum(c > 0 for c in counts) / 5)
     assert m["pass@1/parity"] == pytest.approx(sum(c / 3 for c in counts) / 5)
     assert m["pass^2/parity"] == pytest.approx(sum(comb(int(c), 2) / 3 for c in counts) / 5)

@@ -21,7 +21,7 @@ ROLLOUT_FIELDS = {
     "step", "group_id", "env", "sample_id", "prompt_text", "prompt_ids", "completion_text", "completion_ids",
     "reward", "raw_reward", "sample_metrics", "advantage", "model_version", "off_policy_steps", "stop_reason",
     "discard_reason", "zero_advantage_kind", "server", "lane", "timings", "prompt_idx", "num_turns", "time",
-    "kept", "prompt_tokens", "completion_tokens",
+    "kept", "prompt_tokens", "completion_tokens", "env_stop_reason", "golden_answers", "info_turns", "sample_tags",
 }  # fmt: skip
 EVENT_FIELDS = {
     "type",

@@ -83,7 +83,15 @@ def produced(make_rows) -> set[str]:
     """Every key rollout_metrics and perf_metrics can produce, from constructed steps."""
     rows = make_rows(1)  # kept, max_async, zero_advantage and off_policy rows, one environment
     other_env = [
-        RolloutRecord(step=1, group_id=9, env="other", sample_id=i, reward=float(i), completion_ids=[1])
+        RolloutRecord(
+            step=1,
+            group_id=9,
+            env="other",
+            sample_id=i,
+            reward=float(i) / 2,
+            raw_reward=float(i),
+            completion_ids=[1],
+        )  # a declared range 0..2 normalised it
         for i in range(2)
     ]
     drained = [RolloutRecord(step=1, group_id=8, env="e", sample_id=0, discard_reason="eval_drain")]

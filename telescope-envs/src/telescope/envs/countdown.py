@@ -16,7 +16,6 @@ from telescope.core.env import (
     SingleTurnEnvironment,
 )
 from telescope.core.env.data import load_rows, select_rows
-from telescope.core.env.parsers import strip_eos
 from telescope.envs.kwargs import CountdownKwargs
 from telescope.envs.safe_arith import MAX_EXPRESSION_CHARS, UnsafeExpression, safe_arithmetic
 
@@ -144,6 +143,5 @@ class CountdownEnvironment(SingleTurnEnvironment):
         return equation_reward(completion, list(meta["nums"]), meta["target"]), str(meta["target"])
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
-        """Format + equation rewards on the completion with a trailing EOS removed."""
-        text = strip_eos(completion, eos_token or self.eos_token)
-        return await self.rubric.score(completion=text, sample=sample)
+        """Format + equation rewards on the completion."""
+        return await self.rubric.score(completion=completion, sample=sample)

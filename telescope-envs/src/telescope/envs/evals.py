@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from telescope.core.env import RewardResult, Rubric, Sample
 from telescope.core.env.data import load_rows
-from telescope.core.env.parsers import strip_eos, strip_think_tags
+from telescope.core.env.parsers import strip_think_tags
 from telescope.envs.math_envs import MathEnvironment
 
 __all__ = ["Aime2024Eval", "Aime2025Eval", "GpqaDiamondEval", "Math500Eval", "extract_choice"]
@@ -50,9 +50,8 @@ class Math500Eval(_MathEval):
         return Sample(row["problem"], str(row["answer"]), meta)
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
-        text = strip_eos(completion, eos_token or self.eos_token)
         return await self.rubric.score(
-            completion=text, sample=sample,
+            completion=completion, sample=sample,
             extra_sample_metrics={"level": sample.metadata["level"]},
             extra_sample_tags={"subject": sample.metadata["subject"]},
         )  # fmt: skip

@@ -22,7 +22,7 @@ from telescope.core.env import (
     info_turn,
 )
 from telescope.core.env.data import load_rows, select_rows
-from telescope.core.env.parsers import extract_code_block, strip_eos, strip_think_tags
+from telescope.core.env.parsers import extract_code_block, strip_think_tags
 from telescope.envs.kwargs import I3CodeKwargs
 
 __all__ = ["I3CodeEnvironment", "I3CodeKwargs", "parse_runner_output"]
@@ -99,30 +99,57 @@ class I3CodeEnvironment(SingleTurnEnvironment):
         question = row.get("question") or row.get("prompt")
         return Sample(str(question), "", {"verification_info": verification, "num_test_cases": len(pairs)})
 
+    def sandbox_config(self) -> Any:
+        """The `SandboxConfig` of every sandbox: only what the user set (the rest is the provider's
+        default, so providers that take resources from an image or template accept it)."""
+        from telescope.core.sandbox import SandboxConfig
+
+        kw = self.code_kwargs
+        settings = {"image": kw.docker_image or None, "cpu": kw.cpu, "memory_mb": kw.memory_mb,
+                    "disk_size_gb": kw.disk_size_gb, "timeout_seconds": kw.timeout_minutes * 60}  # fmt: skip
+        return SandboxConfig.model_validate(
+            {"name": "i3-code", **{k: v for k, v in settings.items() if v is not None}}
+        )
+
+    def _build_provider(self) -> Any:
+        registry = self._registry
+        if registry is None:
+            from telescope.core.plugins import load_plugins
+
+            registry = load_plugins()[1]
+        kw = self.code_kwargs
+        return registry.create("sandbox_provider", kw.provider, kw.provider_kwargs)
+
     async def _get_pool(self) -> Any:
-        from telescope.core.sandbox import SandboxConfig, SandboxPool
+        from telescope.core.sandbox import SandboxPool
 
         if self._pool_lock is None:
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
                 kw = self.code_kwargs
-                registry = self._registry
-                if registry is None:
-                    from telescope.core.plugins import load_plugins
-
-                    registry = load_plugins()[1]
-                self._provider = registry.create("sandbox_provider", kw.provider, kw.provider_kwargs)
-                config = SandboxConfig.model_validate({
-                    "image": kw.docker_image, "cpu": kw.cpu, "memory_mb": kw.memory_mb,
-                    "disk_size_gb": kw.disk_size_gb, "timeout_seconds": kw.timeout_minutes * 60, "name": "i3-code",
-                })  # fmt: skip
+                if self._provider is None:
+                    self._provider = self._build_provider()
+                config = self.sandbox_config()
+                self._provider.check_config(config)
                 self._pool = await SandboxPool(self._provider, config, size=kw.pool_size,
                                                max_sandboxes=max(kw.pool_size, 1)).start()  # fmt: skip
             return self._pool
 
     async def prepare_resources(self) -> None:
-        """Start warming the sandbox pool."""
+        """Probe the provider (built, credentials, config accepted, one create/execute/destroy),
+        then start warming the pool. Raises `SandboxError` with the provider's own message."""
+        from telescope.core.sandbox import SandboxError
+
+        if self._provider is None:
+            self._provider = self._build_provider()
+        async with self._provider.sandbox(self.sandbox_config()) as handle:
+            result = await self._provider.execute(handle, "python3 -c 'print(6*7)'", timeout=60)
+        if result.stdout.strip() != "42":
+            raise SandboxError(
+                f"i3_code: the '{self.code_kwargs.provider}' sandbox cannot run python3 (exit {result.exit_code}, "
+                f"stderr {result.stderr.strip()[-300:]!r}); use an image with python3 (docker_image)"
+            )
         await self._get_pool()
 
     async def close(self) -> None:
@@ -131,16 +158,23 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             await self._pool.close()
             self._pool = None
 
-    async def _run_tests(self, code: str, meta: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """One attempt: upload the bundle into a fresh directory, run, clean up."""
+    async def _run_tests(self, code: str, meta: dict[str, Any]) -> list[dict[str, Any]] | str:
+        """One attempt: upload the bundle into a fresh directory, run, clean up.
+
+        Returns the per-test records, or why the sandbox failed (counted as ``sandbox_error``).
+        """
         from telescope.core.sandbox import SandboxError
 
         kw, info = self.code_kwargs, meta["verification_info"]
         bundle = {"mode": "func" if info["fn_name"] else "stdin", "code": code, "fn_name": info["fn_name"],
                   "inputs": info["inputs"], "outputs": info["outputs"], "timeout": kw.timeout_per_test,
                   "workers": kw.runner_workers}  # fmt: skip
-        pool, workdir = await self._get_pool(), f"run_{uuid.uuid4().hex[:12]}"
-        handle = await pool.acquire(timeout=600)
+        workdir = f"run_{uuid.uuid4().hex[:12]}"
+        try:  # the provider and pool are built here, so their failures are counted and logged
+            pool = await self._get_pool()
+            handle = await pool.acquire(timeout=600)
+        except SandboxError as exc:
+            return f"{type(exc).__name__}: {exc}"
         discard = True
         try:
             provider = self._provider
@@ -153,16 +187,19 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             )
             await provider.execute(handle, f"rm -rf {workdir}", timeout=30)
             discard = False
-            return parse_runner_output(result.stdout, result.exit_code)
-        except SandboxError:
-            return None
+            records = parse_runner_output(result.stdout, result.exit_code)
+            if records is None:
+                return f"test runner failed (exit {result.exit_code}): {result.stderr.strip()[-1000:]}"
+            return records
+        except SandboxError as exc:
+            return f"{type(exc).__name__}: {exc}"
         finally:
             await pool.release(handle, discard=discard)
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         """1.0 when the extracted code passes every test."""
         start = time.monotonic()
-        text = strip_eos(completion, eos_token or self.eos_token)
+        text = completion  # already without the stop text (the EOS rule: Environment.strip_stop_text)
         code = (
             None
             if "<think>" in text and "</think>" not in text
@@ -175,19 +212,18 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             return RewardResult(
                 0.0, metrics, info_turns=[info_turn("error", "No code extracted", kind="stderr")]
             )
-        records = None
+        records: list[dict[str, Any]] | str = "not run"
         for attempt in range(self.code_kwargs.max_attempts):
             metrics["retry_count"] = float(attempt)
             records = await self._run_tests(code, sample.metadata)
-            if records is not None:
+            if not isinstance(records, str):
                 break
         metrics["total_reward_time"] = time.monotonic() - start
         turns = [info_turn("generated_code", code, kind="code")]
-        if records is None:
+        if isinstance(records, str):
             metrics["sandbox_error"] = 1.0
-            return RewardResult(
-                0.0, metrics, info_turns=turns + [info_turn("error", "sandbox failed", kind="stderr")]
-            )
+            error = f"sandbox failed ({self.code_kwargs.provider}): {records}"
+            return RewardResult(0.0, metrics, info_turns=turns + [info_turn("error", error, kind="stderr")])
         passed = [bool(r.get("passed")) for r in records]
         metrics["pass_rate"] = sum(passed) / len(passed) if passed else 0.0
         metrics["passed"] = float(bool(passed) and all(passed))

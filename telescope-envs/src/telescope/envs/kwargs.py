@@ -13,6 +13,7 @@ from pydantic import Field
 from telescope.core.env.base import MultiTurnKwargs, SingleTurnKwargs
 from telescope.core.env.data import DatasetKwargs
 from telescope.core.env.tool_env import ToolEnvironmentKwargs
+from telescope.core.sandbox.check import sandbox_provider_problems
 
 __all__ = [
     "CalculatorKwargs",
@@ -66,7 +67,10 @@ class WordleKwargs(MultiTurnKwargs):
     seed: int = 0
     """Seed of the secret-word draw."""
     word_list_file: str | None = None
-    """A file with one five-letter word per line (null = the shipped list); secrets and valid guesses."""
+    """A file with one five-letter word per line: the secrets (null = the shipped 471-word list)."""
+    guess_list_file: str | None = None
+    """A file with one five-letter word per line: the valid guesses, besides the secrets (null = the
+    shipped 4667-word list from SCOWL via Debian's wamerican; see data/wordle_guesses.LICENSE)."""
 
 
 class CalculatorKwargs(ToolEnvironmentKwargs):
@@ -103,12 +107,13 @@ class I3CodeKwargs(SingleTurnKwargs, DatasetKwargs):
     """Kwargs of the sandbox provider, validated by its own model."""
     pool_size: int = Field(default=4, ge=0)
     """Warm sandboxes kept ready."""
-    memory_mb: int = Field(default=2048, ge=16)
-    """Memory per sandbox (MiB)."""
-    cpu: float = Field(default=1.0, gt=0)
-    """CPU cores per sandbox."""
-    disk_size_gb: float = Field(default=1.0, gt=0)
-    """Disk per sandbox (GB)."""
+    memory_mb: int | None = Field(default=None, ge=16)
+    """Memory per sandbox (MiB); null = the provider's default (set only what the provider can honour:
+    E2B takes resources from its template, Modal has no disk limit)."""
+    cpu: float | None = Field(default=None, gt=0)
+    """CPU cores per sandbox; null = the provider's default."""
+    disk_size_gb: float | None = Field(default=None, gt=0)
+    """Disk per sandbox (GB); null = the provider's default."""
     docker_image: str = ""
     """Container image for cloud providers (empty = the provider's default)."""
     timeout_minutes: int = Field(default=60, ge=1)
@@ -119,3 +124,7 @@ class I3CodeKwargs(SingleTurnKwargs, DatasetKwargs):
     """Attempts per completion when the sandbox infrastructure fails."""
     reward_timeout_s: float = Field(default=900.0, gt=0)
     """Seconds scoring one completion may take (sandbox wait + all attempts) before it scores 0."""
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """The sandbox provider must be registered and available, and its kwargs valid."""
+        return sandbox_provider_problems(registry, self.provider, self.provider_kwargs)

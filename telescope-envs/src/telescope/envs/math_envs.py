@@ -17,7 +17,7 @@ from telescope.core.env import (
 )
 from telescope.core.env.data import load_rows, select_rows
 from telescope.core.env.math_check import verify_math_answer
-from telescope.core.env.parsers import extract_boxed_answer, strip_eos, strip_think_tags
+from telescope.core.env.parsers import extract_boxed_answer, strip_think_tags
 from telescope.envs.kwargs import MathKwargs
 
 __all__ = [
@@ -92,8 +92,7 @@ class MathEnvironment(SingleTurnEnvironment):
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         """``correct`` in {0, 1}."""
-        text = strip_eos(completion, eos_token or self.eos_token)
-        return await self.rubric.score(completion=text, sample=sample)
+        return await self.rubric.score(completion=completion, sample=sample)
 
 
 class HendrycksMathEnvironment(MathEnvironment):

@@ -9,7 +9,7 @@ import random
 from typing import Any, ClassVar
 
 from telescope.core.env import RewardResult, Rubric, Sample, SingleTurnEnvironment
-from telescope.core.env.parsers import strip_eos, strip_think_tags
+from telescope.core.env.parsers import strip_think_tags
 from telescope.core.models.demo_tasks import REVERSE_SYSTEM_PROMPT, reverse_phrase
 from telescope.envs.kwargs import ReverseTextKwargs
 from telescope.envs.lcs import lcs_ratio
@@ -54,5 +54,4 @@ class ReverseTextEnvironment(SingleTurnEnvironment):
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         """LCS similarity of the answer to the reversed text."""
-        text = strip_eos(completion, eos_token or self.eos_token)
-        return await self.rubric.score(completion=text, sample=sample)
+        return await self.rubric.score(completion=completion, sample=sample)

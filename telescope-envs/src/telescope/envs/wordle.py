@@ -1,4 +1,7 @@
-"""Wordle: multi-turn word guessing with our own shipped word list (no textarena download).
+"""Wordle: multi-turn word guessing with shipped word lists (no textarena download).
+
+Secrets come from ``wordle_words.txt`` (471 common words); a guess is valid when it is in
+``wordle_guesses.txt`` (4667 five-letter words from SCOWL, Debian's ``wamerican``) or a secret.
 
 Reward (max 2.2) = correct (1) + partial credit from the last feedback (0.2 per G, 0.1
 per Y, only when not solved) + correct / number of guesses + 0.2 x mean format score.
@@ -89,6 +92,21 @@ def reward_format(messages: list[ChatMessage]) -> float:
     return sum(format_score(c) for c in contents) / len(contents) if contents else 0.0
 
 
+def _read_words(configured: str | None, shipped: str) -> list[str]:
+    """The five-letter words of ``configured`` (a path), else of the shipped file ``shipped``."""
+    if configured:
+        path = Path(configured)
+    else:
+        from telescope.envs.sample_data import sample_path
+
+        path = sample_path(shipped)
+    words = sorted({w.strip().lower() for w in path.read_text(encoding="utf-8").split() if w.strip()})
+    bad = [w for w in words if len(w) != 5 or not w.isalpha()]
+    if bad or not words:
+        raise ValueError(f"wordle word list {str(path)!r}: need five-letter words, bad entries {bad[:5]}")
+    return words
+
+
 class WordleEnvironment(MultiTurnEnvironment):
     """Wordle against a secret word from the word list."""
 
@@ -107,25 +125,15 @@ class WordleEnvironment(MultiTurnEnvironment):
             .add_reward(reward_length, name="length", range_min=0.0, range_max=1.0)
             .add_reward(reward_format, 0.2, name="format", range_min=0.0, range_max=1.0)
         )
-        self.words = self._read_words()
+        kw: WordleKwargs = self.kwargs  # type: ignore[assignment]
+        self.words = _read_words(kw.word_list_file, "wordle_words.txt")
+        self.guesses = frozenset(_read_words(kw.guess_list_file, "wordle_guesses.txt")) | frozenset(
+            self.words
+        )
 
     @property
     def metrics_ranges(self) -> dict[str, dict[str, Any]]:  # type: ignore[override]
         return self.rubric.metrics_ranges
-
-    def _read_words(self) -> list[str]:
-        kw: WordleKwargs = self.kwargs  # type: ignore[assignment]
-        if kw.word_list_file:
-            path = Path(kw.word_list_file)
-        else:
-            from telescope.envs.sample_data import sample_path
-
-            path = sample_path("wordle_words.txt")
-        words = sorted({w.strip().lower() for w in path.read_text(encoding="utf-8").split() if w.strip()})
-        bad = [w for w in words if len(w) != 5 or not w.isalpha()]
-        if bad or not words:
-            raise ValueError(f"wordle word list {str(path)!r}: need five-letter words, bad entries {bad[:5]}")
-        return words
 
     def load_dataset(self, num_samples: int = -1) -> list[Sample]:
         """``num_samples`` games with secrets drawn by a private seeded RNG."""
@@ -135,9 +143,12 @@ class WordleEnvironment(MultiTurnEnvironment):
         self._samples = [Sample(INTRO, rng.choice(self.words), {}) for _ in range(count)]
         return self._samples
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        return f"<guess>[{sample.answer}]</guess>"
+
     def create_initial_state(self, sample: Sample) -> RolloutState:
         state = super().create_initial_state(sample)
-        state.custom["game"] = WordleGame(secret=sample.answer, dictionary=frozenset(self.words))
+        state.custom["game"] = WordleGame(secret=sample.answer, dictionary=self.guesses)
         return state
 
     async def env_response(self, messages: list[ChatMessage], state: RolloutState) -> list[ChatMessage]:

@@ -27,6 +27,11 @@ def train(
 
     run = load_run(run_yaml, list(ctx.args))
     cfg = run.cfg
+    debug = debug or cfg.debug  # the config's debug: tracebacks and DEBUG logs in every process
+    if debug:
+        from telescope.core.observe.debuglog import enable_debug_logging
+
+        enable_debug_logging()
     engine, why = resolve_inference_engine(cfg.inference_engine)  # auto on a GPU without vLLM: refused here
     say("telescope train", f"{run_yaml}: model {cfg.model}, algorithm {cfg.algorithm}, backend "
         f"{cfg.train_backend}, engine {engine} ({why}), {cfg.inference_num_workers} inference + "

@@ -29,7 +29,8 @@ class TelescopeConfig(BaseModel):
 
     # --- General -------------------------------------------------------------------
     debug: bool = False
-    """Enable debug mode (full tracebacks, verbose worker logs)."""
+    """Enable debug mode: full tracebacks and DEBUG logs of every telescope.* logger, on the driver and in
+    every Ray worker (same as ``telescope train --debug``)."""
     seed: int = 0
     """Seed for every random choice (sampling of prompts, environments, model init)."""
     run_dir: str | None = None

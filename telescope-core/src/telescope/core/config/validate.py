@@ -10,7 +10,7 @@ from telescope.core.config.errors import problems_from_validation_error
 from telescope.core.config.schema import TelescopeConfig
 from telescope.core.registry import Registry, UnknownComponentError, did_you_mean
 
-__all__ = ["default_advantage_norm", "registry_problems"]
+__all__ = ["component_problems", "default_advantage_norm", "registry_problems"]
 
 
 def default_advantage_norm(raw: dict[str, Any], registry: Registry) -> str | None:
@@ -25,10 +25,10 @@ def default_advantage_norm(raw: dict[str, Any], registry: Registry) -> str | Non
 def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     """Every problem of ``cfg`` that needs the registry to see (empty when valid)."""
     problems = _model_problems(cfg.model) + _algorithm_problems(cfg, registry)
-    problems += _component_problems(registry, "trainer_backend", cfg.train_backend, "train_backend",
+    problems += component_problems(registry, "trainer_backend", cfg.train_backend, "train_backend",
                                     cfg.train_backend_kwargs)  # fmt: skip
     if cfg.inference_engine != "auto":
-        problems += _component_problems(registry, "inference_engine", cfg.inference_engine, "inference_engine",
+        problems += component_problems(registry, "inference_engine", cfg.inference_engine, "inference_engine",
                                         cfg.inference_engine_kwargs)  # fmt: skip
     for i, env in enumerate(cfg.environments):
         problems += _entry_problems(registry, ("environment",), env.name, env.kwargs, f"environments[{i}]")
@@ -62,9 +62,10 @@ def _selectable(registry: Registry, kind: str, name: str, field: str) -> list[st
     return []
 
 
-def _component_problems(
+def component_problems(
     registry: Registry, kind: str, name: str, field: str, kwargs: dict[str, Any]
 ) -> list[str]:
+    """``{field}: ...`` when ``name`` is unknown or unavailable, else ``{field}_kwargs.x: ...`` per bad kwarg."""
     problems = _selectable(registry, kind, name, field)
     if problems:
         return problems
@@ -123,4 +124,6 @@ def _entry_problems(
         return problems_from_validation_error(exc, prefix=f"{where}.kwargs.")
     except TypeError as exc:
         return [f"{where}.kwargs: {exc}"]
-    return []
+    from telescope.core.env.resolve import environment_component_problems
+
+    return [f"{where}: {p}" for p in environment_component_problems(component, kwargs, registry)]

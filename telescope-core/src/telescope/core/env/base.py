@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from telescope.core.env.chat import ChatOptions, render_messages
+from telescope.core.env.parsers import strip_eos
 from telescope.core.env.types import (
     ChatMessage,
     EvalMetricsResult,
@@ -38,6 +39,11 @@ class EnvironmentKwargs(BaseModel):
     reward_timeout_s: float = Field(default=60.0, gt=0)
     """Seconds a whole reward computation may take before it scores 0 (reward_timeout)."""
 
+    def registry_problems(self, registry: Any) -> list[str]:
+        """Problems only the installed plugins can reveal (``config validate`` calls this);
+        one line each, naming the kwarg (e.g. an unknown sandbox provider). Default: none."""
+        return []
+
 
 class SingleTurnKwargs(EnvironmentKwargs):
     """Kwargs of single-turn environments."""
@@ -66,6 +72,10 @@ class Environment(ABC):
     default_name: ClassVar[str] = ""
     default_system_prompt: ClassVar[str | None] = None
     eos_token: str = "<|endoftext|>"
+    """Stop text assumed when the host passes none (``score(..., eos_token="")``)."""
+    strip_stop_text: ClassVar[bool] = True
+    """EOS rule: ``compute_reward`` gets single-turn completions with the trailing stop text
+    (``eos_token``) removed. Set False to receive the raw text (then strip it yourself)."""
     reward_min: float | None = None
     reward_max: float | None = None
     metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -145,11 +155,19 @@ class Environment(ABC):
             failed = _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
             return EvalMetricsResult(metrics=failed.sample_metrics, info_turns=failed.info_turns)
 
+    def _completion_text(self, target: Any, eos_token: str) -> Any:
+        """The completion as ``compute_reward`` sees it (the EOS rule, see ``strip_stop_text``)."""
+        if isinstance(target, str) and self.strip_stop_text:
+            return strip_eos(target, eos_token or self.eos_token)
+        return target
+
     async def _reward_call(self, target: Any, sample: Sample, eos_token: str) -> RewardResult:
-        return await self.compute_reward(target, sample, eos_token)  # type: ignore[call-arg]
+        text = self._completion_text(target, eos_token)
+        return await self.compute_reward(text, sample, eos_token)  # type: ignore[call-arg]
 
     async def _eval_call(self, target: Any, sample: Sample, eos_token: str) -> EvalMetricsResult:
-        return await self.compute_eval_metrics(target, sample, eos_token)  # type: ignore[call-arg]
+        text = self._completion_text(target, eos_token)
+        return await self.compute_eval_metrics(text, sample, eos_token)  # type: ignore[call-arg]
 
     @abstractmethod
     async def compute_reward(self, *args: Any, **kwargs: Any) -> RewardResult:

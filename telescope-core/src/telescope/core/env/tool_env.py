@@ -19,7 +19,7 @@ from telescope.core.env.tool_calls import (
     parse_function_calls,
     parse_xml_tool_calls,
 )
-from telescope.core.env.tool_schema import func_to_tool_schema
+from telescope.core.env.tool_schema import argument_errors, func_to_tool_schema
 from telescope.core.env.types import ChatMessage, RolloutState
 
 __all__ = ["ToolEnvironment", "ToolEnvironmentKwargs", "ToolResult"]
@@ -62,6 +62,7 @@ class ToolEnvironment(MultiTurnEnvironment):
         tool_list = list(self.tools if tools is None else tools)
         self.tool_map: dict[str, Callable[..., Any]] = {t.__name__: t for t in tool_list}
         self.tool_schemas = [func_to_tool_schema(t) for t in tool_list]
+        self._schema_by_name = {s["function"]["name"]: s for s in self.tool_schemas}
 
     @property
     def tool_kwargs(self) -> ToolEnvironmentKwargs:
@@ -123,6 +124,9 @@ class ToolEnvironment(MultiTurnEnvironment):
             return ToolResult(
                 call.name, f"unknown tool '{call.name}'. Available tools: {available}", False, "unknown_tool"
             )
+        wrong = argument_errors(func, self._schema_by_name[call.name], call.arguments)
+        if wrong:  # checked against the schema the model was shown (no silent coercion, e.g. "2" + "3")
+            return ToolResult(call.name, f"bad arguments: {'; '.join(wrong)}", False, "argument_error")
         try:
             value = await asyncio.wait_for(
                 self._invoke(func, call.arguments), self.tool_kwargs.tool_timeout_s
@@ -198,6 +202,8 @@ class ToolEnvironment(MultiTurnEnvironment):
             }
         )
         custom["tool_success_count" if result.success else "tool_error_count"] += 1
+        if result.error == "argument_error":
+            custom["tool_argument_error_count"] = custom.get("tool_argument_error_count", 0) + 1
         custom.setdefault("_pending_tool_calls", []).append({
             "tool_name": result.tool_name,
             "arguments": json.dumps(call.arguments, default=str) if call else "{}",
@@ -222,6 +228,7 @@ class ToolEnvironment(MultiTurnEnvironment):
             "tool_success_count": float(ok),
             "tool_error_count": float(bad),
             "tool_success_rate": ok / total if total else 0.0,
+            "tool_argument_error_count": float(custom.get("tool_argument_error_count", 0)),
             "unique_tools_used": float(sum(1 for n in by_name.values() if n > 0)),
         }
         metrics.update({f"{name}_calls": float(n) for name, n in by_name.items()})

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["func_to_tool_schema", "parse_docstring"]
+__all__ = ["argument_errors", "func_to_tool_schema", "parse_docstring"]
 
 _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
 _SECTION = re.compile(
@@ -104,3 +104,51 @@ def func_to_tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
             "parameters": {"type": "object", "properties": properties, "required": required},
         },
     }
+
+
+_JSON_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list | tuple),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def _value_errors(name: str, value: Any, schema: dict[str, Any]) -> list[str]:
+    kind = schema.get("type")
+    if kind in _JSON_CHECKS and not _JSON_CHECKS[kind](value):
+        return [
+            f"'{name}' must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, got {type(value).__name__} {value!r}"
+        ]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"'{name}' must be one of {schema['enum']}, got {value!r}"]
+    if kind == "array" and "items" in schema:
+        return [
+            e for i, item in enumerate(value) for e in _value_errors(f"{name}[{i}]", item, schema["items"])
+        ]
+    return []
+
+
+def argument_errors(func: Callable[..., Any], schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+    """Why ``arguments`` do not fit the tool's JSON schema (empty when they do).
+
+    Only type-hinted parameters are checked (an unhinted one accepts anything); ``None`` is
+    accepted where the hint allows it; digit keys are positional arguments.
+    """
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # noqa: BLE001 - unresolvable forward refs: nothing to check against
+        return []
+    names = [n for n in inspect.signature(func).parameters if n not in ("self", "cls")]
+    properties = schema["function"]["parameters"]["properties"]
+    errors: list[str] = []
+    for key, value in arguments.items():
+        name = names[int(key)] if key.isdigit() and int(key) < len(names) else key
+        if name not in hints or name not in properties:
+            continue
+        if value is None and type(None) in typing.get_args(hints[name]):
+            continue
+        errors += _value_errors(name, value, properties[name])
+    return errors

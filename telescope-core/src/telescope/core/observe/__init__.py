@@ -25,7 +25,7 @@ from __future__ import annotations
 from telescope.core.observe.base import Logger
 from telescope.core.observe.build import build_logger_hub, enabled_logger_names
 from telescope.core.observe.hub import FINISH_STATUSES, LoggerHub, LoggerStartError
-from telescope.core.observe.info import environment_info
+from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.observe.metrics import perf_metrics, rollout_metrics, zero_advantage_kind
 from telescope.core.observe.reader import RunDirError, RunDirReader
 from telescope.core.observe.records import (
@@ -52,6 +52,7 @@ __all__ = [
     "build_logger_hub",
     "enabled_logger_names",
     "environment_info",
+    "eval_info",
     "gini",
     "max_median_ratio",
     "perf_metrics",

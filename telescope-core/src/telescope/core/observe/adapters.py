@@ -13,6 +13,15 @@ from telescope.core.observe.records import RolloutRecord
 __all__ = ["records_from_group"]
 
 
+def _reward_details(info: dict[str, Any]) -> dict[str, Any]:
+    """The ``RewardResult`` details and the environment's stop reason the runtime keeps in ``info``."""
+    stop = info.get("stop_reason")
+    return {"env_stop_reason": None if stop is None else str(stop),
+            "golden_answers": dict(info.get("golden_answers") or {}),
+            "info_turns": [dict(t) for t in info.get("info_turns") or []],
+            "sample_tags": {str(k): str(v) for k, v in dict(info.get("sample_tags") or {}).items()}}  # fmt: skip
+
+
 def records_from_group(
     group: Any,
     step: int,
@@ -48,7 +57,7 @@ def records_from_group(
                 discard_reason=reason, zero_advantage_kind=kind,
                 server=int(getattr(s, "server", -1)), lane=int(getattr(s, "lane", -1)),
                 timings=dict(getattr(s, "timings", {}) or {}), prompt_idx=int(getattr(group, "sample_idx", -1)),
-                num_turns=int(getattr(s, "num_turns", 1)),
+                num_turns=int(getattr(s, "num_turns", 1)), **_reward_details(getattr(s, "info", None) or {}),
             )
         )  # fmt: skip
     return rows

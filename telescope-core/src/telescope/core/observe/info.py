@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["environment_info"]
+__all__ = ["environment_info", "eval_info"]
 
 
 def _dataset_size(env: Any) -> int | None:
@@ -22,7 +22,7 @@ def _dataset_size(env: Any) -> int | None:
 
 
 def environment_info(envs: Mapping[str, Any], cfg: Any = None) -> list[dict[str, Any]]:
-    """One ``{name, weight, reward_min, reward_max, metrics_ranges, dataset_size, multi_turn}`` per env.
+    """One ``{name, weight, reward_min, reward_max, metrics_ranges, tags_options, dataset_size, multi_turn}`` per env.
 
     Args:
         envs: ``{name: environment}`` as the run built them (datasets loaded).
@@ -41,11 +41,31 @@ def environment_info(envs: Mapping[str, Any], cfg: Any = None) -> list[dict[str,
                 "weight": float(getattr(entry, "weight", 1.0)),
                 "reward_min": reward_min if reward_min is not None else getattr(env, "reward_min", None),
                 "reward_max": reward_max if reward_max is not None else getattr(env, "reward_max", None),
-                "metrics_ranges": {
-                    str(k): dict(v) for k, v in dict(getattr(env, "metrics_ranges", {}) or {}).items()
-                },
-                "dataset_size": _dataset_size(env),
-                "multi_turn": bool(getattr(env, "is_multi_turn", False)),
+                **_declared(env),
             }
         )
     return out
+
+
+def eval_info(envs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One ``{name, reward_min, reward_max, metrics_ranges, tags_options, dataset_size, multi_turn}``
+    per eval (``{name: environment}`` as the eval runner loaded them)."""
+    return [
+        {"name": str(name), "reward_min": getattr(env, "reward_min", None),
+         "reward_max": getattr(env, "reward_max", None), **_declared(env)}
+        for name, env in envs.items()
+    ]  # fmt: skip
+
+
+def _declared(env: Any) -> dict[str, Any]:
+    """What an environment class declares for charts: metric ranges and the values of its tags."""
+    return {
+        "metrics_ranges": {
+            str(k): dict(v) for k, v in dict(getattr(env, "metrics_ranges", {}) or {}).items()
+        },
+        "tags_options": {
+            str(k): [str(x) for x in v] for k, v in dict(getattr(env, "tags_options", {}) or {}).items()
+        },
+        "dataset_size": _dataset_size(env),
+        "multi_turn": bool(getattr(env, "is_multi_turn", False)),
+    }

@@ -11,7 +11,7 @@ section/group/metric convention; the full list is in ``docs/run-directory.md``.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from telescope.core.observe.records import CANCEL_REASONS, DISCARD_REASONS, RolloutRecord
 from telescope.core.observe.stats import gini, max_median_ratio, summary
@@ -55,13 +55,29 @@ def _value_metrics(prefix: str, groups: list[list[float]]) -> dict[str, float]:
     return out
 
 
-def _kept_metrics(kept: list[RolloutRecord]) -> dict[str, float]:
-    groups = _groups(kept)
-    out = _value_metrics("reward", [[r.reward for r in g] for g in groups])
+def _raw(record: RolloutRecord) -> float:
+    """The reward as the environment returned it."""
+    return record.reward if record.raw_reward is None else record.raw_reward
+
+
+def _reward_metrics(
+    prefix: str, groups: list[list[RolloutRecord]], value: Callable[[RolloutRecord], float]
+) -> dict[str, float]:
+    """``{prefix}/mean|std|min|max|gini_mean`` and, with several environments, ``{prefix}/{env}/...``."""
+    out = _value_metrics(prefix, [[value(r) for r in g] for g in groups])
+    kept = [r for g in groups for r in g]
     envs = sorted({r.env for r in kept})
     if len(envs) > 1:
         for env in envs:
-            out.update(_prefixed(f"reward/{env}", summary([r.reward for r in kept if r.env == env])))
+            out.update(_prefixed(f"{prefix}/{env}", summary([value(r) for r in kept if r.env == env])))
+    return out
+
+
+def _kept_metrics(kept: list[RolloutRecord]) -> dict[str, float]:
+    groups = _groups(kept)
+    out = _reward_metrics("reward", groups, _raw)
+    if any(_raw(r) != r.reward for r in kept):  # a declared range normalised some rewards
+        out.update(_reward_metrics("reward_normalized", groups, lambda r: r.reward))
     out.update(_prefixed("advantage", summary([r.advantage for r in kept])))
     names = sorted({k for r in kept for k in r.sample_metrics})
     for name in names:

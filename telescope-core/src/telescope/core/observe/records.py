@@ -87,6 +87,15 @@ class RolloutRecord:
     num_turns: int = 1
     time: float = field(default_factory=time.time)
     """Unix time the record was made."""
+    env_stop_reason: str | None = None
+    """Why the environment ended a multi-turn rollout (``max_turns_reached``, ``context_exhausted``,
+    its own ``is_done`` reason ...); None for single-turn."""
+    golden_answers: dict[str, str | None] = field(default_factory=dict)
+    """``RewardResult.golden_answers``: the reference answer per reward component."""
+    info_turns: list[dict[str, Any]] = field(default_factory=list)
+    """``RewardResult.info_turns``: extra text (test output, reward error messages ...)."""
+    sample_tags: dict[str, str] = field(default_factory=dict)
+    """``RewardResult.sample_tags``: string tags a UI can filter on."""
 
     @property
     def kept(self) -> bool:

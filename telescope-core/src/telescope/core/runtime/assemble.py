@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
-from telescope.core.observe.info import environment_info
+from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.runtime.batching import BatchBuilder
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.prompts import PromptSource
@@ -16,7 +17,16 @@ from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
 from telescope.core.runtime.tokens import Interleaver, stop_token_ids
 
-__all__ = ["add_checkpoints_and_evals", "build_orchestrator", "load_environments", "load_tokenizer"]
+__all__ = [
+    "add_checkpoints_and_evals",
+    "build_orchestrator",
+    "close_environments",
+    "load_environments",
+    "load_tokenizer",
+    "prepare_environments",
+]
+
+log = logging.getLogger("telescope.runtime")
 
 
 def load_tokenizer(cfg: Any) -> Any:
@@ -30,7 +40,10 @@ def load_tokenizer(cfg: Any) -> Any:
 
 
 def load_environments(cfg: Any, registry: Any) -> dict[str, Any]:
-    """Every training environment, built through the registry with its datasets loaded."""
+    """Every training environment, built through the registry with its datasets loaded.
+
+    A config ``reward_min``/``reward_max`` overrides the environment's declared range; null keeps it.
+    """
     envs = {}
     for entry in cfg.environments:
         if entry.name in envs:
@@ -38,10 +51,41 @@ def load_environments(cfg: Any, registry: Any) -> dict[str, Any]:
                 f"environments: '{entry.name}' is listed twice; merge the entries (weights add up)"
             )
         env = create_environment(registry, entry.name, entry.kwargs)
-        env.reward_min, env.reward_max = entry.reward_min, entry.reward_max
+        if entry.reward_min is not None:
+            env.reward_min = entry.reward_min
+        if entry.reward_max is not None:
+            env.reward_max = entry.reward_max
         env.samples()
         envs[entry.name] = env
     return envs
+
+
+async def prepare_environments(envs: dict[str, Any]) -> None:
+    """``prepare_resources`` of every training environment (sandbox pools, tools) before the first
+    dispatch; a failure ends the run naming the environment, instead of scoring 0 later."""
+    for i, (name, env) in enumerate(envs.items()):
+        try:
+            await env.prepare_resources()
+        except Exception as exc:
+            for started, prepared in list(envs.items())[: i + 1]:  # what already started, this one included
+                await _close(started, prepared)
+            raise RuntimeError(
+                f"environment '{name}': prepare_resources failed: {type(exc).__name__}: {exc} "
+                f"(check it without training: telescope env check {name})"
+            ) from exc
+
+
+async def close_environments(orchestrator: Any) -> None:
+    """``close`` of every training environment (at the end of the run, however it ends)."""
+    for name, env in orchestrator.prompts.envs.items():
+        await _close(name, env)
+
+
+async def _close(name: str, env: Any) -> None:
+    try:
+        await env.close()
+    except Exception as exc:  # noqa: BLE001 - one failed close must not hide the others or the run's error
+        log.warning("environment '%s': close failed: %s: %s", name, type(exc).__name__, exc)
 
 
 def sync_group_layout(num_servers: int, ranks_per_server: int) -> tuple[int, list[int]]:
@@ -111,6 +155,7 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     tokenizer = await asyncio.to_thread(load_tokenizer, cfg)
     envs = await asyncio.to_thread(load_environments, cfg, registry)
     _call(observer, "on_info", lambda info: None)({"environments": environment_info(envs, cfg)})
+    await prepare_environments(envs)
     engine = inference_engine(cfg, registry)
     clients = [engine.client(url) for url in session.servers.urls]
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
@@ -118,7 +163,7 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)
     sources = [SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))
                for e in cfg.environments]  # fmt: skip
-    ranges = {e.name: (e.reward_min, e.reward_max) for e in cfg.environments}
+    ranges = {name: (env.reward_min, env.reward_max) for name, env in envs.items()}
     prefetch = cfg.prompt_prefetch_buffer_size if cfg.enable_prompt_prefetch else 0
     prompts = PromptSource(PromptScheduler(sources, cfg.seed), envs, ranges, tokenizer, chat, prefetch)
     interleaver = Interleaver(tokenizer, chat) if cfg.interleaved_rollouts else None
@@ -152,6 +197,8 @@ async def add_checkpoints_and_evals(orchestrator: Orchestrator, session: Any, ob
     from telescope.core.evals import EvalRunner
 
     runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.tokenizer)
+    evals_info = eval_info({name: ev.loaded.env for name, ev in runner.evals.items()})
+    _call(observer, "on_info", lambda info: None)({"evals": evals_info})
     controller = EvalController(
         cfg, runner, orchestrator.clients, _call(observer, "on_eval", lambda s, r: None)
     )

@@ -123,7 +123,11 @@ class RunSession:
 
     async def train(self, observer: Any, pset: Any) -> None:
         """Build the orchestrator around the started processes and run it."""
-        from telescope.core.runtime.assemble import add_checkpoints_and_evals, build_orchestrator
+        from telescope.core.runtime.assemble import (
+            add_checkpoints_and_evals,
+            build_orchestrator,
+            close_environments,
+        )
 
         orchestrator, clients = await build_orchestrator(self, observer, pset)
         evals = None
@@ -137,6 +141,7 @@ class RunSession:
         finally:
             if evals is not None:
                 await evals.close()
+            await close_environments(orchestrator)
             for client in clients:
                 await client.close()
 

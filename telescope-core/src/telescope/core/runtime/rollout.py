@@ -87,6 +87,12 @@ class RolloutRunner:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
+    def stop_text(self, ids: list[int]) -> str:
+        """The text of the stop token that ended ``ids`` (any of the run's stop ids), else the EOS text."""
+        if ids and ids[-1] in self.settings.stop_token_ids:
+            return self.decode(ids[-1:])
+        return self.eos_text
+
     async def run(self, client: Any, task: SampleTask, on_generated: Callable[[], None]) -> RolloutSample:
         """Generate and score one sample (never raises for model-output problems)."""
         if isinstance(task.env, MultiTurnEnvironment):
@@ -105,7 +111,7 @@ class RolloutRunner:
         on_generated()
         text = self.decode(choice.token_ids)
         env: SingleTurnEnvironment = task.env
-        result = await env.score(text, task.sample, self.eos_text)
+        result = await env.score(text, task.sample, self.stop_text(choice.token_ids))
         sample = self._finish(task, choice.token_ids, choice.logprobs, None, choice.finish_reason or "stop",
                               result, text, start_version, (t0, t1, time.time()), num_turns=1)  # fmt: skip
         sample.response_ids = [choice.response_id] if choice.response_id else []
@@ -136,7 +142,7 @@ class RolloutRunner:
             mask += [1] * len(ids)
             finish = choice.finish_reason or "stop"
             text = self.decode(ids)
-            assistant = {"role": "assistant", "content": _strip_eos(text, self.eos_text)}
+            assistant = {"role": "assistant", "content": _strip_eos(text, self.stop_text(ids))}
             state.trajectory.append(TrajectoryStep(
                 prompt=[dict(m) for m in messages], completion=[assistant], prompt_token_ids=list(prompt_ids),
                 completion_token_ids=ids, completion_logprobs=list(choice.logprobs),
@@ -198,7 +204,8 @@ class RolloutRunner:
             model_version_end=task.model_version(), num_turns=num_turns,
             timings={"generation_start": t0, "generation_end": t1, "reward_end": t2,
                      "generation_s": t1 - t0, "reward_s": t2 - t1},
-            info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags},
+            info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags,
+                  "info_turns": result.info_turns},
         )  # fmt: skip
 
 

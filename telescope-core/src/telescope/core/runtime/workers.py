@@ -17,6 +17,10 @@ def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[Any, Any]:
     from telescope.core.plugins import load_plugins
 
     cfg = TelescopeConfig.model_validate(cfg_data)
+    if cfg.debug:
+        from telescope.core.observe.debuglog import enable_debug_logging
+
+        enable_debug_logging()
     _, registry = load_plugins(only=plugins)
     return cfg, registry
 

@@ -1,0 +1,62 @@
+"""i3_code's SandboxConfig passes only what the user set, through every real provider's
+``check_config`` (the providers are built from the installed SDKs with placeholder
+credentials; nothing leaves the machine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from telescope.core.sandbox import SandboxConfigError
+from telescope.envs.i3_code import I3CodeEnvironment
+from telescope.envs.kwargs import I3CodeKwargs
+
+CREDENTIALS = {"E2B_API_KEY": "e2b_x", "DAYTONA_API_KEY": "dtn_x", "PRIME_API_KEY": "pk_x",
+               "MODAL_TOKEN_ID": "ak-x", "MODAL_TOKEN_SECRET": "as-x"}  # fmt: skip
+PROVIDERS = {"e2b": ("e2b", "E2BSandboxProvider"), "modal": ("modal", "ModalSandboxProvider"),
+             "daytona": ("daytona", "DaytonaSandboxProvider"), "prime": ("prime_sandboxes", "PrimeSandboxProvider"),
+             "local": (None, "LocalSandboxProvider")}  # fmt: skip
+
+
+def _provider(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    sdk, cls_name = PROVIDERS[name]
+    if sdk is not None:
+        pytest.importorskip(sdk)
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    import importlib
+
+    module = importlib.import_module(
+        f"telescope.sandboxes.{name}" if sdk else "telescope.sandboxes.local.provider"
+    )
+    cls = getattr(module, cls_name)
+    if name == "local":
+        from telescope.sandboxes.local.provider import LocalSandboxKwargs
+
+        return cls(LocalSandboxKwargs(allow_unsandboxed=True))
+    return cls()
+
+
+def _config(**kwargs: Any) -> Any:
+    return I3CodeEnvironment(I3CodeKwargs(**kwargs)).sandbox_config()
+
+
+@pytest.mark.parametrize("name", sorted(PROVIDERS))
+def test_default_i3_code_config_is_accepted_by_every_provider(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _config()
+    assert config.model_fields_set == {"name", "timeout_seconds"}  # nothing the user did not set
+    assert config.timeout_seconds == 3600
+    _provider(name, monkeypatch).check_config(config)
+
+
+def test_explicit_settings_reach_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _config(memory_mb=4096, cpu=2, docker_image="python:3.12")
+    assert config.model_fields_set == {"name", "timeout_seconds", "memory_mb", "cpu", "image"}
+    with pytest.raises(SandboxConfigError, match="memory_mb=4096"):  # E2B: resources come from the template
+        _provider("e2b", monkeypatch).check_config(config)
+    _provider("daytona", monkeypatch).check_config(config)  # whole CPUs and GiB: accepted
+    with pytest.raises(SandboxConfigError, match="disk_size_gb"):  # Modal has no disk limit
+        _provider("modal", monkeypatch).check_config(_config(disk_size_gb=2))
