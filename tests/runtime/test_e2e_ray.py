@@ -137,6 +137,17 @@ def test_every_run_file_follows_the_documented_schema(run_dir: Path) -> None:
     assert (run_dir / "logs" / "telescope.stdout.log").is_file()
 
 
+def test_torch_thread_counts_recorded_in_run_json(run_dir: Path) -> None:
+    """Sync mode (max_async_rollout 0): each side shares the node's cores among its 2 processes."""
+    import os
+
+    expected = {"threads": max(1, len(os.sched_getaffinity(0)) // 2), "rule": "sync: "}
+    info = RunDirReader(run_dir).meta["info"]["torch_threads"]
+    for side in ("trainer", "inference"):
+        assert [c["threads"] for c in info[side]] == [expected["threads"]] * 2, side
+        assert all(c["rule"].startswith(expected["rule"]) for c in info[side]), info
+
+
 def test_step_metrics_carry_the_seed_names(run_dir: Path) -> None:
     steps = [s["metrics"] if "metrics" in s else s for s in read_jsonl(run_dir / "metrics.jsonl")]
     seed_step = {"entropy", "kl_divergence_inference", "grad_norm", "learning_rate"}

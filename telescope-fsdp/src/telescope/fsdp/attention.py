@@ -1,23 +1,52 @@
-"""``packed_sdpa``: attention over packed rows that costs sum(n_i^2), not L^2.
+"""``packed_sdpa``: attention over packed rows that costs about sum(n_i^2), not L^2.
 
 transformers' own ``sdpa`` path keeps packed samples apart with a dense block-diagonal
 [L, L] mask, so every row pays full L^2 attention whatever its samples' lengths, and the
 masked kernel is slower than the causal one. This implementation splits the row at the
 samples' boundaries (where ``position_ids`` restart) and runs causal
-``scaled_dot_product_attention`` on each sample: exact, no mask tensor, and the work of a
-varlen kernel. It is what ``attn_implementation: auto`` picks when flash-attn is missing.
+``scaled_dot_product_attention`` without a mask tensor. It is what ``attn_implementation:
+auto`` picks when flash-attn is missing (CPU, and CUDA without flash-attn).
+
+How the samples are grouped into SDPA calls (``plan_groups``, the documented rule):
+
+- a sample longer than ``GROUP_MAX_LEN`` tokens gets a call of its own (its attention work
+  dwarfs the per-call overhead, and padding it would add real work);
+- shorter samples are grouped by length class (``ceil(log2(n))``: 1, 2, 3-4, 5-8, ...) and each
+  class runs as **one** batched call, right-padded to its longest sample (at most 2x its
+  shortest), so a row of 32 short RL answers costs a handful of kernels and autograd nodes
+  instead of 32 per layer.
+
+Right padding under a causal mask is exact: a real query at position i < n only sees keys
+0..i, all real, and the padded queries' outputs are dropped (so no gradient reaches them).
+``per_sample_attention`` (one call per sample, the previous implementation) is kept as the
+reference the grouped path is tested against.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PACKED_SDPA", "packed_sdpa_attention", "register_packed_sdpa", "segment_lengths"]
+__all__ = [
+    "GROUP_MAX_LEN",
+    "PACKED_SDPA",
+    "AttentionPlan",
+    "grouped_attention",
+    "packed_sdpa_attention",
+    "per_sample_attention",
+    "plan_attention",
+    "plan_groups",
+    "register_packed_sdpa",
+    "segment_lengths",
+]
 
 PACKED_SDPA = "telescope_packed_sdpa"
+
+#: Samples up to this many tokens share batched SDPA calls; longer ones get their own call.
+GROUP_MAX_LEN = 256
 
 
 def segment_lengths(position_ids: torch.Tensor) -> list[int]:
@@ -25,6 +54,117 @@ def segment_lengths(position_ids: torch.Tensor) -> list[int]:
     breaks = torch.nonzero(position_ids[1:] - position_ids[:-1] != 1).flatten() + 1
     edges = [0, *breaks.tolist(), position_ids.numel()]
     return [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def plan_groups(lengths: list[int], group_max_len: int = GROUP_MAX_LEN) -> list[list[int]]:
+    """Segment indices per SDPA call: long segments alone, short ones by ``ceil(log2(n))`` class."""
+    groups: list[list[int]] = []
+    classes: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        if n > group_max_len:
+            groups.append([i])
+        else:
+            classes.setdefault((n - 1).bit_length(), []).append(i)
+    return groups + [classes[c] for c in sorted(classes)]
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Gather indices for each batched call and the inverse map back to row order."""
+
+    gathers: list[torch.Tensor]
+    """Per call: ``[B, m]`` row positions (right-padded by repeating a sample's last position)."""
+    inverse: torch.Tensor
+    """``[L]``: where each row token's output sits in the concatenated, flattened call outputs."""
+
+
+def plan_attention(
+    lengths: list[int], device: torch.device, group_max_len: int = GROUP_MAX_LEN
+) -> AttentionPlan:
+    """Index tensors for ``grouped_attention`` over segments of ``lengths`` (in row order)."""
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    gathers, inverse = [], [0] * sum(lengths)
+    offset = 0
+    for group in plan_groups(lengths, group_max_len):
+        m = max(lengths[i] for i in group)
+        rows = []
+        for b, i in enumerate(group):
+            n, s = lengths[i], starts[i]
+            rows.append([s + min(j, n - 1) for j in range(m)])
+            for j in range(n):
+                inverse[s + j] = offset + b * m + j
+        gathers.append(torch.tensor(rows, dtype=torch.long, device=device))
+        offset += len(group) * m
+    return AttentionPlan(gathers, torch.tensor(inverse, dtype=torch.long, device=device))
+
+
+def grouped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: AttentionPlan,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal attention of q [1, H, L, D], k/v [1, Hkv, L, D] per ``plan`` -> [1, L, H, D]."""
+    gqa = key.shape[1] != query.shape[1]
+    q0, k0, v0 = query[0], key[0], value[0]
+    outs = []
+    for idx in plan.gathers:
+        # [H, B, m, D] -> [B, H, m, D]: one batch entry per sample of the call
+        flat_idx = idx.reshape(-1)
+        qb, kb, vb = (
+            t.index_select(1, flat_idx).unflatten(1, idx.shape).transpose(0, 1) for t in (q0, k0, v0)
+        )
+        out = F.scaled_dot_product_attention(
+            qb, kb, vb, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+        )
+        outs.append(out.transpose(1, 2).reshape(-1, q0.shape[0], q0.shape[2]))  # [B*m, H, D]
+    flat = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return flat.index_select(0, plan.inverse).unsqueeze(0)
+
+
+def per_sample_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: list[int],
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Reference path: one causal SDPA call per segment -> [1, L, H, D]."""
+    gqa = key.shape[1] != query.shape[1]
+    outs, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        outs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, sl], key[:, :, sl], value[:, :, sl],
+                dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa,
+            )
+        )  # fmt: skip
+        start += n
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+
+
+class _PlanCache:
+    """The plan of the last ``position_ids`` seen: every layer of one forward gets the same tensor."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, int, int] | None = None
+        self._plan: AttentionPlan | None = None
+
+    def get(self, position_ids: torch.Tensor) -> AttentionPlan:
+        key = (position_ids, position_ids._version, position_ids.data_ptr())
+        if self._plan is None or self._key is None or self._key[0] is not key[0] or self._key[1:] != key[1:]:
+            self._plan = plan_attention(segment_lengths(position_ids.reshape(-1)), position_ids.device)
+            self._key = key
+        return self._plan
+
+
+_plans = _PlanCache()
 
 
 def packed_sdpa_attention(
@@ -51,23 +191,8 @@ def packed_sdpa_attention(
         raise NotImplementedError(
             "packed_sdpa attention does not implement sliding-window layers; use 'sdpa'"
         )
-    gqa = key.shape[1] != query.shape[1]
-    outs, start = [], 0
-    for n in segment_lengths(position_ids.reshape(-1)):
-        sl = slice(start, start + n)
-        outs.append(
-            F.scaled_dot_product_attention(
-                query[:, :, sl],
-                key[:, :, sl],
-                value[:, :, sl],
-                dropout_p=dropout if module.training else 0.0,
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=gqa,
-            )
-        )
-        start += n
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    p = dropout if module.training else 0.0
+    return grouped_attention(query, key, value, _plans.get(position_ids), p, scaling), None
 
 
 def register_packed_sdpa() -> str:

@@ -22,7 +22,8 @@ class FSDPBackendKwargs(BaseModel):
     """Where to train: ``auto`` picks CUDA when available (NCCL), else CPU (gloo)."""
     attn_implementation: Literal["auto", "flash_attention_2", "packed_sdpa", "sdpa", "eager"] = "auto"
     """Attention kernel: ``auto`` = flash_attention_2 on CUDA when flash-attn is installed, else
-    ``packed_sdpa`` (causal SDPA per packed sample: sum(n_i^2) work, runs on CPU). ``sdpa`` and
+    ``packed_sdpa`` (causal SDPA without a mask, short samples batched by length class and long
+    ones alone: about sum(n_i^2) work, runs on CPU; see ``telescope.fsdp.attention``). ``sdpa`` and
     ``eager`` are transformers' own, with a dense block-diagonal [L, L] mask (L^2 work). All of
     them keep packed samples apart (position_ids restart, attention_mask=None, no KV cache)."""
     gradient_checkpointing: bool = True

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from telescope.core.algorithms.base import Algorithm, LossInputs
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
 from telescope.core.algorithms.metrics import StepMetrics, kl_divergence_sum
 from telescope.core.packing import minibatch_groups
+from telescope.core.training.aggregate import count, global_loss_counts, step_metrics
 from telescope.core.training.tensors import DeviceMicroBatch
 from telescope.core.training.timing import StepTimer
 from telescope.fsdp.microbatch import packed_logits
@@ -54,18 +54,6 @@ def old_logprobs(st: TrainState, mbs: list[DeviceMicroBatch], timer: StepTimer) 
             logits = packed_logits(st.model, mb)
             out.append(token_logprobs(logits, mb.targets, st.cfg.temperature, st.cfg.entropy_chunk_size))
     return out
-
-
-def global_counts(st: TrainState, mbs: list[DeviceMicroBatch]) -> tuple[float, float]:
-    """(loss tokens, samples) summed over the minibatch's micro-batches on every rank."""
-    counts = torch.tensor(
-        [float(sum(mb.num_loss_tokens for mb in mbs)), float(sum(mb.num_samples for mb in mbs))],
-        dtype=torch.float64,
-        device=st.device,
-    )
-    if dist.is_initialized():
-        dist.all_reduce(counts)
-    return float(counts[0]), float(counts[1])
 
 
 def micro_batch_backward(
@@ -122,9 +110,9 @@ def run_minibatch(
     timer: StepTimer,
 ) -> float | None:
     """One optimizer step over ``mbs``; returns the grad norm, or None when nothing is trained."""
-    counts = global_counts(st, mbs)
+    counts = global_loss_counts(mbs, st.device)
     if counts[0] == 0:  # no loss token on any rank: every rank skips alike
-        st.counters["empty_minibatches"] = st.counters.get("empty_minibatches", 0) + 1
+        count(st.counters, "empty_minibatches")
         return None
     st.optimizer.zero_grad(set_to_none=True)
     for k, (mb, old) in enumerate(zip(mbs, olds, strict=True)):
@@ -135,9 +123,9 @@ def run_minibatch(
     if math.isfinite(norm):
         with timer.track("optimizer"):
             st.optimizer.step()
-        st.counters["optimizer_steps"] = st.counters.get("optimizer_steps", 0) + 1
+        count(st.counters, "optimizer_steps")
     else:
-        st.counters["skipped_nonfinite_steps"] = st.counters.get("skipped_nonfinite_steps", 0) + 1
+        count(st.counters, "skipped_nonfinite_steps")
         logger.warning(
             "grad norm is %s: optimizer step skipped (counted in train/skipped_nonfinite_steps)", norm
         )
@@ -161,12 +149,4 @@ def run_minibatches(
         if norm is not None:
             norms.append(norm)
     stats.all_reduce(device=st.device)
-    out = stats.result()
-    trained = [n for n in norms if math.isfinite(n)]
-    out["grad_norm"] = sum(trained) / len(trained) if trained else float("nan")
-    if "loss" in out and norms:
-        out["loss"] /= len(norms)  # sum of minibatch losses -> mean per minibatch
-    for key in ("optimizer_steps", "skipped_nonfinite_steps", "empty_minibatches"):
-        out[f"train/{key}"] = float(st.counters.get(key, 0) - before.get(key, 0))
-    out["train/minibatches"] = float(len(groups))
-    return out
+    return step_metrics(stats.result(), norms, st.counters, before, len(groups))

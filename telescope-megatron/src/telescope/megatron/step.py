@@ -15,7 +15,6 @@ both to make the gradients the plain sum of shares.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -27,6 +26,7 @@ from telescope.core.algorithms.base import Algorithm, LossInputs
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
 from telescope.core.algorithms.metrics import StepMetrics
 from telescope.core.packing import MicroBatch, minibatch_groups
+from telescope.core.training.aggregate import count, global_loss_counts, step_metrics
 from telescope.core.training.tensors import DeviceMicroBatch, to_device
 from telescope.core.training.timing import StepTimer
 from telescope.megatron.model import BuiltModel
@@ -149,28 +149,15 @@ def attach_old_logprobs(st: MegatronState, items: list[_Item], timer: StepTimer)
         item.old = out["logprobs"]
 
 
-def global_counts(st: MegatronState, items: list[_Item]) -> tuple[float, float]:
-    """(loss tokens, samples) summed over the minibatch on every data-parallel rank."""
-    from megatron.core import parallel_state as ps
-
-    t = torch.tensor(
-        [float(sum(i.mb.num_loss_tokens for i in items)), float(sum(i.mb.num_samples for i in items))],
-        dtype=torch.float64,
-        device=st.device,
-    )
-    dist.all_reduce(t, group=ps.get_data_parallel_group())
-    return float(t[0]), float(t[1])
-
-
 def run_minibatch(
     st: MegatronState, items: list[_Item], stats: StepMetrics, timer: StepTimer
 ) -> float | None:
     """One optimizer step over ``items``; the grad norm, or None when no rank has a loss token."""
     from megatron.core import parallel_state as ps
 
-    counts = global_counts(st, items)
+    counts = global_loss_counts([i.mb for i in items], st.device, ps.get_data_parallel_group())
     if counts[0] == 0:
-        st.counters["empty_minibatches"] = st.counters.get("empty_minibatches", 0) + 1
+        count(st.counters, "empty_minibatches")
         return None
     for chunk in st.built.chunks:
         chunk.zero_grad_buffer()
@@ -183,9 +170,9 @@ def run_minibatch(
     with timer.track("optimizer"):
         ok, grad_norm, _ = st.optimizer.step()
     if ok:
-        st.counters["optimizer_steps"] = st.counters.get("optimizer_steps", 0) + 1
+        count(st.counters, "optimizer_steps")
         return float(grad_norm)
-    st.counters["skipped_nonfinite_steps"] = st.counters.get("skipped_nonfinite_steps", 0) + 1
+    count(st.counters, "skipped_nonfinite_steps")
     logger.warning("non-finite gradients: optimizer step skipped (counted in train/skipped_nonfinite_steps)")
     return float("nan")
 
@@ -204,15 +191,7 @@ def run_minibatches(st: MegatronState, rows: list[MicroBatch], timer: StepTimer)
         norm = run_minibatch(st, items, stats, timer)
         if norm is not None:
             norms.append(norm)
-    out = _reduce_loss_metrics(stats)
-    trained = [n for n in norms if math.isfinite(n)]
-    out["grad_norm"] = sum(trained) / len(trained) if trained else float("nan")
-    if "loss" in out and norms:
-        out["loss"] /= len(norms)  # sum of minibatch losses -> mean per minibatch
-    for key in ("optimizer_steps", "skipped_nonfinite_steps", "empty_minibatches"):
-        out[f"train/{key}"] = float(st.counters.get(key, 0) - before.get(key, 0))
-    out["train/minibatches"] = float(len(groups))
-    return out
+    return step_metrics(_reduce_loss_metrics(stats), norms, st.counters, before, len(groups))
 
 
 def _reduce_loss_metrics(stats: StepMetrics) -> dict[str, float]:

@@ -259,6 +259,12 @@ class TelescopeConfig(BaseModel):
     """CPU cores allocated per inference worker (fractions allowed)."""
     ray_trainer_cpus_per_worker: float = Field(default=4.0, gt=0)
     """CPU cores allocated per trainer worker (fractions allowed)."""
+    trainer_torch_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads per trainer rank (null = auto: with max_async_rollout 0 the trainer
+    ranks share the node's cores, else ray_trainer_cpus_per_worker rounded up)."""
+    inference_torch_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads per transformers-engine server (null = auto, the trainer's rule with
+    ray_inference_cpus_per_worker; the engine kwarg num_threads wins)."""
     ray_inference_placement_strategy: Placement = "PACK"
     """Placement strategy for inference workers."""
     ray_trainer_placement_strategy: Placement = "PACK"

@@ -101,9 +101,10 @@ def _is_built(marker: Path) -> bool:
     return marker.is_file() and marker.read_text().strip() == BUILD_VERSION
 
 
-def build_tiny_model(name: str, target: str | os.PathLike[str]) -> None:
-    """Build model ``name`` into folder ``target`` (replaced atomically when complete)."""
-    spec = TINY_MODEL_SPECS[name]
+def build_tiny_model(name: str | TinyModelSpec, target: str | os.PathLike[str]) -> None:
+    """Build model ``name`` (a built-in name or any spec, e.g. a benchmark's) into folder
+    ``target`` (replaced atomically when complete)."""
+    spec = name if isinstance(name, TinyModelSpec) else TINY_MODEL_SPECS[name]
     target = Path(target)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:

@@ -63,7 +63,9 @@ def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any =
         session.start()
         if hub is not None:
             from telescope.core.observe.torch_memory import RayDrainFetcher
+            from telescope.core.runtime.workers import torch_thread_info
 
+            hub.log_info({"torch_threads": torch_thread_info(session.trainer_info, session.servers)})
             hub.add_torch_memory_source(RayDrainFetcher(session.trainers))
             if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
                 hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))

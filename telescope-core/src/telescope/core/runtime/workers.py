@@ -6,10 +6,13 @@ every process runs the same components with the same settings.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
-__all__ = ["InferenceServerWorker", "TrainerWorker"]
+__all__ = ["InferenceServerWorker", "TrainerWorker", "torch_thread_info"]
+
+logger = logging.getLogger(__name__)
 
 
 def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[Any, Any]:
@@ -25,10 +28,27 @@ def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[Any, Any]:
     return cfg, registry
 
 
-def _set_threads(cpus: float) -> None:
+def _set_threads(cfg: Any, component: str) -> dict[str, Any]:
+    """Set torch's intra-op threads by ``telescope.core.runtime.threads``; returns the choice."""
     import torch
 
-    torch.set_num_threads(max(1, int(cpus)))
+    from telescope.core.runtime.threads import choose_torch_threads
+
+    choice = choose_torch_threads(cfg, component)  # type: ignore[arg-type]
+    torch.set_num_threads(choice.threads)
+    logger.info("%s torch threads: %d (%s)", component, choice.threads, choice.rule)
+    return choice.to_dict()
+
+
+def torch_thread_info(trainer_info: list[dict[str, Any]], servers: Any) -> dict[str, Any]:
+    """The thread counts every trainer rank and server chose (the driver records them in run.json)."""
+    import ray
+
+    actors = servers.actors if servers is not None else []
+    return {
+        "trainer": [info.get("torch_threads") for info in trainer_info],
+        "inference": ray.get([a.torch_threads.remote() for a in actors]),
+    }
 
 
 class TrainerWorker:
@@ -39,7 +59,7 @@ class TrainerWorker:
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
                            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})  # fmt: skip
         self.cfg, registry = _load(cfg_data, plugins)
-        _set_threads(self.cfg.ray_trainer_cpus_per_worker)
+        self._threads = _set_threads(self.cfg, "trainer")
         self.rank = rank
         from telescope.core.observe.torch_memory import TorchMemorySampler
 
@@ -55,7 +75,7 @@ class TrainerWorker:
 
     def init(self) -> dict[str, Any]:
         """Build model and optimizer (collective across ranks)."""
-        return dict(self.backend.init())
+        return {**self.backend.init(), "torch_threads": self._threads}
 
     def node_ip(self) -> str:
         import ray
@@ -112,6 +132,7 @@ class InferenceServerWorker:
     ) -> None:
         self.cfg, registry = _load(cfg_data, plugins)
         self.index = index
+        self.engine_name = engine
         self.engine = registry.create(
             "inference_engine", engine, self.cfg.inference_engine_kwargs, cfg=self.cfg
         )
@@ -125,6 +146,14 @@ class InferenceServerWorker:
         # Server i listens on inference_host:inference_base_port + i (engine.launch's default).
         self.server = self.engine.launch(self.index, log_dir=self.log_dir)
         return {"url": self.server.url, "node_ip": str(ray.util.get_node_ip_address())}
+
+    def torch_threads(self) -> dict[str, Any] | None:
+        """The threads the server process uses (transformers engine), or None for other engines."""
+        if self.engine_name != "transformers":
+            return None
+        from telescope.core.inference.transformers_engine.server import server_threads
+
+        return server_threads(self.cfg, self.engine.kwargs).to_dict()
 
     def log_tail(self) -> str:
         return self.server.log_tail() if self.server is not None else ""

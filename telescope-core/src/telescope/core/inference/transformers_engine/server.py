@@ -21,8 +21,17 @@ from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.app import build_app
 from telescope.core.inference.transformers_engine.core import EngineOptions, GenerationEngine
 from telescope.core.inference.transformers_engine.weights import ServerWeightSync
+from telescope.core.runtime.threads import ThreadChoice, choose_torch_threads
 
-__all__ = ["InProcessServer", "ServerState", "check_config", "load_server_state", "main", "start_in_thread"]
+__all__ = [
+    "InProcessServer",
+    "ServerState",
+    "check_config",
+    "load_server_state",
+    "main",
+    "server_threads",
+    "start_in_thread",
+]
 
 log = logging.getLogger("telescope.inference.transformers")
 
@@ -57,10 +66,11 @@ def _notes(cfg: Any, device: str) -> list[str]:
     return notes
 
 
-def _threads(cfg: Any, kwargs: TransformersEngineKwargs, available: int) -> int:
+def server_threads(cfg: Any, kwargs: TransformersEngineKwargs) -> ThreadChoice:
+    """The engine kwarg ``num_threads`` if set, else ``telescope.core.runtime.threads``' rule."""
     if kwargs.num_threads:
-        return kwargs.num_threads
-    return max(1, min(available, int(cfg.ray_inference_cpus_per_worker)))
+        return ThreadChoice(kwargs.num_threads, "inference_engine_kwargs.num_threads")
+    return choose_torch_threads(cfg, "inference")
 
 
 def load_server_state(cfg: Any, kwargs: TransformersEngineKwargs, index: int = 0) -> ServerState:
@@ -71,7 +81,9 @@ def load_server_state(cfg: Any, kwargs: TransformersEngineKwargs, index: int = 0
     from telescope.core.models.tiny import resolve_model_path
 
     check_config(cfg)
-    torch.set_num_threads(_threads(cfg, kwargs, torch.get_num_threads()))
+    threads = server_threads(cfg, kwargs)
+    torch.set_num_threads(threads.threads)
+    log.info("torch threads: %d (%s)", threads.threads, threads.rule)
     device = kwargs.device if kwargs.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_utilization)

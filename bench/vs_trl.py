@@ -1,0 +1,277 @@
+"""Telescope vs TRL's ``GRPOTrainer``, side by side in one run, on identical workloads.
+
+Run: ``.venv/bin/python bench/vs_trl.py [--workloads tiny,24m,long] [--rounds 2] [--modes sync,async]``
+(needs the bench extra: ``pip install -e '.[bench]'``, i.e. ``trl``).
+
+For every workload one random Qwen2-architecture model (``telescope.core.models.tiny``: a
+locally trained byte-level BPE tokenizer, ``save_pretrained``) is built once and loaded by both
+frameworks. Both train GRPO on one-word ``reverse_text`` prompts (the same system prompt, chat
+template and LCS reward), 4 prompts x 8 completions per step, lr 1e-3 (constant), temperature
+1, fp32, no KL term, one gradient step per batch, gradient checkpointing as each framework's
+default (on for both). TRL runs in this process with 2 torch threads and its defaults otherwise
+(HF ``generate``); Telescope runs ``run_training`` (Ray, the transformers engine, the FSDP
+backend on 1 rank) in sync (``max_async_rollout: 0``) and async (``1``) mode, threads chosen by
+its own rule (``telescope.core.runtime.threads``; recorded in run.json).
+
+Workloads (``--workloads``):
+- ``tiny``: ~0.33M parameters (hidden 128, 2 layers), <= 16 completion tokens (overhead bound);
+- ``24m``: ~24M parameters (hidden 512, 8 layers), <= 64 completion tokens;
+- ``long``: ~2.4M parameters (hidden 256, 4 layers) with a 686-token vocabulary and <= 1024
+  completion tokens: a random model ends a completion with probability ~1/686 per token, so
+  lengths vary widely (mean ~530, about half >= 512).
+
+Timing: the machine may be shared, so the runs are interleaved: each round runs TRL, then
+Telescope sync, then Telescope async, for every workload; each run's first ``warmup`` steps are
+left out and its median step time kept; the table shows the median over rounds (and the load
+average, ``os.getloadavg()``, when each run started). Telescope's s/step is its
+``timing_step_total`` (wall time from one step's end to the next, generation included); TRL's is
+the wall time between ``on_step_end`` callbacks. The ratio is TRL s/step / Telescope s/step
+(> 1: Telescope faster). Figures are wall-clock and machine-dependent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from telescope.core.models.demo_tasks import REVERSE_SYSTEM_PROMPT, REVERSE_WORDS
+from telescope.core.models.tiny import TinyModelSpec, build_tiny_model
+
+PROMPTS_PER_STEP, GROUP_SIZE, LR, TRL_THREADS = 4, 8, 1e-3, 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model shape and completion limit, with how many steps each run times."""
+
+    spec: TinyModelSpec
+    max_tokens: int
+    steps: int
+    warmup: int
+    seq_len: int
+
+
+WORKLOADS = {
+    "tiny": Workload(TinyModelSpec(128, 2, 4, 2, 256), max_tokens=16, steps=16, warmup=3, seq_len=2048),
+    "24m": Workload(TinyModelSpec(512, 8, 8, 4, 1408), max_tokens=64, steps=5, warmup=2, seq_len=2048),
+    "long": Workload(TinyModelSpec(256, 4, 4, 2, 512, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
+                     seq_len=8192),
+}  # fmt: skip
+
+
+@dataclass
+class RunResult:
+    """One framework's run of one workload."""
+
+    step_s: list[float]
+    load: float
+    completion_tokens: float = float("nan")
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.step_s)
+
+
+def build_model(name: str, wl: Workload, root: Path) -> tuple[str, int]:
+    """The workload's model folder (built once) and its parameter count."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target = root / "models" / name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        build_tiny_model(wl.spec, target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    return str(target), sum(p.numel() for p in model.parameters())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- TRL -----------------------------------------------------------------------------------
+def trl_dataset(n: int, seed: int) -> Any:
+    """One-word reverse prompts in the conversational format reverse_text uses."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        word = rng.choice(REVERSE_WORDS)
+        prompt = [{"role": "system", "content": REVERSE_SYSTEM_PROMPT}, {"role": "user", "content": word}]
+        rows.append({"prompt": prompt, "answer": word[::-1]})
+    return Dataset.from_list(rows)
+
+
+def trl_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+    from telescope.envs.reverse_text import reverse_reward
+
+    return [reverse_reward(c[0]["content"], a) for c, a in zip(completions, answer, strict=True)]
+
+
+def run_trl(model_dir: str, wl: Workload, root: Path) -> RunResult:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(TRL_THREADS)
+    load = os.getloadavg()[0]
+    stamps: list[float] = []
+
+    class StepClock(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+            stamps.append(time.perf_counter())
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            stamps.append(time.perf_counter())
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    generate, gen_s = model.generate, []
+
+    def timed_generate(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = generate(*args, **kwargs)
+        gen_s.append(time.perf_counter() - t0)
+        return out
+
+    model.generate = timed_generate
+    n_steps = wl.warmup + wl.steps
+    args = GRPOConfig(
+        output_dir=str(root / "trl"), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE,
+        num_generations=GROUP_SIZE, max_completion_length=wl.max_tokens, learning_rate=LR,
+        lr_scheduler_type="constant", temperature=1.0, beta=0.0, max_steps=n_steps, logging_steps=1,
+        save_strategy="no", report_to=[], disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=trl_reward, args=args, train_dataset=trl_dataset(64 * n_steps, seed=0),
+        processing_class=tokenizer, callbacks=[StepClock()],
+    )  # fmt: skip
+    trainer.train()
+    steps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][wl.warmup :]
+    lengths = [
+        h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+    ]
+    return RunResult(
+        steps, load, statistics.mean(lengths[wl.warmup :]) if lengths else float("nan"),
+        {"generate": statistics.median(gen_s[wl.warmup :])} if len(gen_s) > wl.warmup else {},
+    )  # fmt: skip
+
+
+# --- Telescope -----------------------------------------------------------------------------
+def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path) -> RunResult:
+    from telescope.core.config import load_config
+    from telescope.core.plugins import load_plugins
+    from telescope.core.runtime import run_training
+
+    load = os.getloadavg()[0]
+    pset, registry = load_plugins()
+    run_dir = root / f"telescope-{time.time_ns()}"
+    cfg = load_config(None, {
+        "model": model_dir, "model_dtype": "float32", "mixed_precision_dtype": None,
+        "environments": [{"name": "reverse_text", "kwargs": {"min_words": 1, "max_words": 1}}],
+        "inference_engine": "transformers", "inference_num_workers": 1, "trainer_num_workers": 1,
+        "ray_inference_cpus_per_worker": 1.0, "ray_trainer_cpus_per_worker": 1.0, "ray_address": "local",
+        "inference_base_port": free_port(), "group_size": GROUP_SIZE, "prompts_batch_size_for_trainer": PROMPTS_PER_STEP,
+        "number_of_steps": wl.warmup + wl.steps, "max_async_rollout": max_async, "max_tokens": wl.max_tokens,
+        "seq_len": wl.seq_len, "pad_to_multiple_of": 8, "learning_rate": LR, "temperature": 1.0,
+        "discard_group_zero_advantage": False, "eval_before_training": False, "eval_after_training": False,
+        "use_wandb": False, "run_dir": str(run_dir), "seed": 0,
+    }, registry)  # fmt: skip
+    run_training(cfg, pset, registry)
+    rows = [json.loads(line)["metrics"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = rows[wl.warmup :]
+    phases = {
+        k.removeprefix("timing_").removesuffix("_total"): statistics.median(r.get(k, 0.0) for r in rows)
+        for k in sorted({k for r in rows for k in r if k.startswith("timing_") and k.endswith("_total")})
+    }
+    length_key = next((k for k in rows[0] if "completion" in k and "len" in k and k.endswith("mean")), None)
+    return RunResult(
+        [r["timing_step_total"] for r in rows], load,
+        statistics.mean(r[length_key] for r in rows) if length_key else float("nan"), phases,
+    )  # fmt: skip
+
+
+# --- report --------------------------------------------------------------------------------
+def median_of(runs: list[RunResult]) -> float:
+    return statistics.median(r.median for r in runs)
+
+
+def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]) -> None:
+    print("\n| workload | params | TRL s/step | Telescope sync s/step | Telescope async s/step | TRL compl/s | "
+          "Telescope best compl/s | Telescope vs TRL (best) | load (1 min) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    n = PROMPTS_PER_STEP * GROUP_SIZE
+    for name, by in results.items():
+        trl = median_of(by["trl"])
+        tele = {m: median_of(by[m]) for m in ("sync", "async") if by.get(m)}
+        best = min(tele.values())
+        loads = "/".join(f"{r.load:.1f}" for runs in by.values() for r in runs)
+        cells = [f"{tele[m]:.3f}" if m in tele else "-" for m in ("sync", "async")]
+        print(f"| {name} | {params[name] / 1e6:.2f}M | {trl:.3f} | {cells[0]} | {cells[1]} | {n / trl:.1f} | "
+              f"{n / best:.1f} | {trl / best:.2f}x | {loads} |")  # fmt: skip
+    print(
+        "\nmean completion tokens (TRL / Telescope), TRL generate s/step, Telescope phases (median s/step):"
+    )
+    for name, by in results.items():
+        trl_len = statistics.mean(r.completion_tokens for r in by["trl"])
+        gen = statistics.median(r.phases.get("generate", float("nan")) for r in by["trl"])
+        print(f"- {name}: TRL {trl_len:.1f} tokens, generate {gen:.3f} s/step")
+        for mode in ("sync", "async"):
+            if not by.get(mode):
+                continue
+            runs = by[mode]
+            tl = statistics.mean(r.completion_tokens for r in runs)
+            keys = sorted({k for r in runs for k in r.phases})
+            ph = ", ".join(f"{k} {statistics.median(r.phases.get(k, 0.0) for r in runs):.3f}" for k in keys)
+            print(f"  Telescope {mode}: {tl:.1f} tokens; {ph}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="tiny,24m,long")
+    parser.add_argument("--modes", default="sync,async", help="Telescope modes: sync (0), async (1)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repeats of every run")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default per workload)")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="telescope-bench-vs-trl-"))
+    names = args.workloads.split(",")
+    modes = {"sync": 0, "async": 1}
+    chosen = [m for m in args.modes.split(",") if m]
+    workloads = {n: WORKLOADS[n] for n in names}
+    if args.steps:
+        workloads = {
+            n: Workload(w.spec, w.max_tokens, args.steps, w.warmup, w.seq_len) for n, w in workloads.items()
+        }
+    built = {n: build_model(n, w, root) for n, w in workloads.items()}
+    params = {n: b[1] for n, b in built.items()}
+    results: dict[str, dict[str, list[RunResult]]] = {
+        n: {"trl": [], **{m: [] for m in chosen}} for n in names
+    }
+    for r in range(args.rounds):
+        for name, wl in workloads.items():
+            path = built[name][0]
+            res = results[name]
+            res["trl"].append(run_trl(path, wl, root))
+            print(f"[round {r}] {name} TRL {res['trl'][-1].median:.3f} s/step", flush=True)
+            for mode in chosen:
+                res[mode].append(run_telescope(path, wl, modes[mode], root))
+                print(f"[round {r}] {name} Telescope {mode} {res[mode][-1].median:.3f} s/step", flush=True)
+    print(f"\n{os.cpu_count()} cores; {args.rounds} interleaved rounds; medians of per-run medians")
+    print_tables(params, results)
+
+
+if __name__ == "__main__":
+    main()
