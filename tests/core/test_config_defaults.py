@@ -21,6 +21,7 @@ ADDED_FIELDS = {
     "inference_engine_kwargs": {},
     "trainer_torch_threads": None,
     "inference_torch_threads": None,
+    "stall_timeout_s": 1800.0,
 }
 
 

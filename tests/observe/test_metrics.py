@@ -108,9 +108,22 @@ def test_multi_env_reward_and_empty_step() -> None:
     assert empty["discarded/count"] == 0.0 and "reward/mean" not in empty
 
 
-def test_unknown_discard_reason_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown discard_reason.*'stale'"):
-        rollout_metrics([RolloutRecord(step=1, group_id=0, env="a", sample_id=0, discard_reason="stale")])
+def test_every_discard_reason_is_counted_and_none_raises() -> None:
+    def row(gid: int, reason: str | None, env: str = "a", **metrics: float) -> RolloutRecord:
+        return RolloutRecord(step=1, group_id=gid, env=env, sample_id=0, discard_reason=reason,
+                             sample_metrics=dict(metrics))  # fmt: skip
+
+    rows = [row(0, None), row(1, "rollout_error"), row(2, "rollout_error"), row(3, "prompt_too_long"),
+            row(4, "reward_error", env="b", reward_error=1.0), row(5, "reward_error", env="b", reward_timeout=1.0),
+            row(6, "from_a_plugin"), row(7, "off_policy")]  # fmt: skip
+    m = rollout_metrics(rows)
+    # 7 finished rollouts (1 kept + 6 discarded); the cancelled one is not a discard
+    assert m["discarded/count"] == 6.0 and m["cancelled/count"] == 1.0
+    assert m["discarded/rollout_error/count"] == 2.0 and m["discarded/prompt_too_long/count"] == 1.0
+    assert m["discarded/reward_error/count"] == 2.0 and m["discarded/from_a_plugin/count"] == 1.0
+    assert m["discarded/from_a_plugin/pct"] == pytest.approx(100 / 7)
+    assert m["discarded/max_async/count"] == 0.0
+    assert m["reward/b/errors"] == 2.0 and m["reward/a/errors"] == 0.0
 
 
 def test_perf_metrics() -> None:

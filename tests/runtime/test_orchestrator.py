@@ -161,7 +161,10 @@ def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> 
     with pytest.raises(RolloutsFailingError) as info:
         asyncio.run(asyncio.wait_for(orch.run(), timeout=30))  # it used to cycle the dataset forever
     message = str(info.value)
-    assert "none of the last 200 prompt groups produced a rollout (prompt_too_long 200)" in message
+    assert (
+        "none of the last 200 prompt groups of environment 'toy' produced a usable rollout (prompt_too_long 200)"
+        in message
+    )
     assert "max_model_len=4" in message and "raise max_model_len" in message
     assert not trainer.batches and orch.counts.discarded["prompt_too_long"] == 200
     kinds = {(e["type"], e["phase"]) for e in observer.events}  # nothing was scored
@@ -169,13 +172,29 @@ def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> 
 
 
 def test_the_failure_streak_resets_on_any_scored_group() -> None:
+    from telescope.core.runtime.groups import GroupFailure
     from telescope.core.runtime.stall import FailureStreak
 
     streak = FailureStreak(limit=3)
-    assert streak.record("rollout_error: ConnectionError: refused") is None
-    assert streak.record("prompt_too_long: prompt has 9 tokens") is None
+    assert streak.record(GroupFailure("rollout_error", "ConnectionError: refused")) is None
+    assert streak.record(GroupFailure("prompt_too_long", "prompt has 9 tokens")) is None
     assert streak.record(None) is None  # a scored group (kept or zero-advantage) breaks the streak
-    assert streak.record("rollout_error: a") is None and streak.record("rollout_error: b") is None
-    error = streak.record("prompt_too_long: prompt has 12 tokens")
+    assert streak.record(GroupFailure("rollout_error", "a")) is None
+    assert streak.record(GroupFailure("rollout_error", "b")) is None
+    error = streak.record(GroupFailure("prompt_too_long", "prompt has 12 tokens"))
     assert error is not None and "(rollout_error 2, prompt_too_long 1)" in str(error)
     assert "the latest: prompt has 12 tokens" in str(error) and "inference server logs" in str(error)
+
+
+def test_failure_streaks_are_kept_per_environment() -> None:
+    from telescope.core.runtime.groups import GroupFailure
+    from telescope.core.runtime.stall import FailureStreaks
+
+    streaks = FailureStreaks(limit=3)
+    broken = GroupFailure("reward_error", "ZeroDivisionError")
+    for _ in range(2):  # the healthy environment's successes do not reset the broken one's streak
+        assert streaks.record("broken", broken) is None
+        assert streaks.record("healthy", None) is None
+    error = streaks.record("broken", broken)
+    assert error is not None and "environment 'broken'" in str(error) and "(reward_error 3)" in str(error)
+    assert "logs/telescope.log" in str(error)

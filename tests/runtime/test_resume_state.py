@@ -9,6 +9,7 @@ import pytest
 from fakes import FakeClient, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
+from telescope.core.runtime.liveness import RunStageError
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
 
 
@@ -39,7 +40,9 @@ def run_with_crash(tokenizer: Any, save_at: int, crash_at: int, **overrides: Any
     orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward), client, **overrides)
     hook = SnapshotThenCrash(save_at, crash_at)
     orch.hooks.append(hook)
-    with pytest.raises(Crash):
+    with pytest.raises(
+        RunStageError, match=f"step {crash_at}: step hook SnapshotThenCrash failed: Crash: killed"
+    ):
         asyncio.run(orch.run())
     return orch, trainer, hook.state
 
@@ -90,7 +93,7 @@ def test_counters_continue_across_a_resume(tokenizer: Any) -> None:
     orch, _, _ = build(tokenizer, ToyEnv(reward), client, **fields)
     hook = SnapshotThenCrash(save_at=2, crash_at=3)
     orch.hooks.append(hook)
-    with pytest.raises(Crash):
+    with pytest.raises(RunStageError, match="Crash: killed after step 3"):
         asyncio.run(orch.run())
     assert hook.state is not None
     saved = hook.state["counts"]["zero_advantage"].get("all_positive", 0)

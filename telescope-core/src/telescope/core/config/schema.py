@@ -83,6 +83,8 @@ class TelescopeConfig(BaseModel):
     """Free the inference lane when generation completes, before reward computation."""
     max_off_policy_steps: int = Field(default=8, ge=-1)
     """Cancel in-flight rollouts after this many weight updates (-1 disables cancellation)."""
+    stall_timeout_s: float = Field(default=1800.0, ge=0)
+    """Fail the run, with a dump of what every server, lane and group is doing, when no training step completes for this many seconds (0 = never)."""
 
     # --- Trainer -------------------------------------------------------------------
     learning_rate: float = Field(default=1.0e-6, gt=0)

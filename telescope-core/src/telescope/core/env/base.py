@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from telescope.core.env import reward_log
 from telescope.core.env.chat import ChatOptions, render_messages
 from telescope.core.env.parsers import strip_eos
 from telescope.core.env.types import (
@@ -135,13 +137,19 @@ class Environment(ABC):
         A failure scores 0 with ``reward_error``/``reward_timeout`` set.
         """
         timeout = self.kwargs.reward_timeout_s
+        token = reward_log.scoring(self)
         try:
             call = self._reward_call(target, sample, eos_token)
-            return await asyncio.wait_for(call, timeout=timeout)
+            return await asyncio.wait_for(_with_faults(self.name, call), timeout=timeout)
         except TimeoutError:
-            return _failed_reward("reward_timeout", f"compute_reward took longer than {timeout}s")
-        except Exception as exc:  # noqa: BLE001 - rewards never crash a run
+            message = f"compute_reward took longer than {timeout}s"
+            reward_log.report("compute_reward", None, message)
+            return _failed_reward("reward_timeout", message)
+        except Exception as exc:  # noqa: BLE001 - rewards never crash a run, but are logged and counted
+            reward_log.report("compute_reward", exc)
             return _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            reward_log.reset(token)
 
     async def evaluate(
         self, target: str | RolloutState, sample: Sample, eos_token: str = ""
@@ -182,6 +190,18 @@ class Environment(ABC):
             info_turns=result.info_turns,
             sample_tags=result.sample_tags,
         )
+
+
+async def _with_faults(env_name: str, call: Any) -> Any:
+    if "TELESCOPE_FAULTS" in os.environ:  # fault injection (tests, bench/faults.py)
+        from telescope.core.runtime import faults
+
+        try:
+            await faults.on_reward(env_name)
+        except BaseException:
+            call.close()  # the reward coroutine never started
+            raise
+    return await call
 
 
 def _failed_reward(key: str, message: str) -> RewardResult:

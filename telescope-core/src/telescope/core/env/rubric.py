@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from telescope.core.env import reward_log
 from telescope.core.env.threads import run_in_daemon_thread
 from telescope.core.env.types import RewardResult, RolloutState, Sample, info_turn
 
@@ -166,8 +167,10 @@ class Rubric:
             value, golden = _unpack(raw)
         except TimeoutError as exc:
             detail = str(exc) or f"no result within {entry.timeout_s}s"
+            reward_log.report(entry.name, None, f"timeout: {detail}")
             return 0.0, None, ("timeout", f"{entry.name}: {detail}")
-        except Exception as exc:  # noqa: BLE001 - a reward never crashes a run
+        except Exception as exc:  # noqa: BLE001 - a reward never crashes a run (logged once, counted)
+            reward_log.report(entry.name, exc)
             tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
             return 0.0, None, ("error", f"{entry.name}: {tb}")
         return value, golden, None

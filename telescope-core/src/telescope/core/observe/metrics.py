@@ -1,7 +1,7 @@
 """Per-step rollout metrics, computed from the step's ``RolloutRecord`` list.
 
 Input: every rollout record of one trainer step — kept (``discard_reason`` None), discarded
-(``max_async`` / ``zero_advantage``) and cancelled (``off_policy`` / ``eval_drain``).
+(``DISCARD_REASONS`` or any other reason) and cancelled (``off_policy`` / ``eval_drain``).
 Reward, advantage, sample-metric, token and group metrics use the kept rollouts (the
 samples the trainer saw); the ``discarded/*`` and ``cancelled/*`` sections use the others.
 A prompt group is the rollouts sharing ``(step, group_id)``. Key names follow the
@@ -107,10 +107,10 @@ def _length_metrics(prefix: str, rows: list[RolloutRecord]) -> dict[str, float]:
 
 
 def _discard_metrics(discarded: list[RolloutRecord], n_finished: int) -> dict[str, float]:
-    counts = Counter(r.discard_reason for r in discarded)
+    counts = Counter(str(r.discard_reason) for r in discarded)
     out = {"discarded/count": float(len(discarded))}
     out["discarded/pct"] = 100.0 * len(discarded) / n_finished if n_finished else 0.0
-    for reason in DISCARD_REASONS:
+    for reason in [*DISCARD_REASONS, *sorted(set(counts) - set(DISCARD_REASONS))]:
         out[f"discarded/{reason}/count"] = float(counts.get(reason, 0))
         out[f"discarded/{reason}/pct"] = 100.0 * counts.get(reason, 0) / n_finished if n_finished else 0.0
     zero = [r for r in discarded if r.discard_reason == "zero_advantage"]
@@ -125,6 +125,18 @@ def _discard_metrics(discarded: list[RolloutRecord], n_finished: int) -> dict[st
     return out
 
 
+def _reward_error_metrics(rows: Sequence[RolloutRecord]) -> dict[str, float]:
+    """``reward/<env>/errors``: rollouts of each environment whose reward raised or timed out."""
+    out: dict[str, float] = {}
+    for r in rows:
+        failed = (
+            r.sample_metrics.get("reward_error", 0.0) > 0 or r.sample_metrics.get("reward_timeout", 0.0) > 0
+        )
+        key = f"reward/{r.env}/errors"
+        out[key] = out.get(key, 0.0) + float(failed)
+    return out
+
+
 def rollout_metrics(rows: Sequence[RolloutRecord], extra_cancelled: int = 0) -> dict[str, float]:
     """All rollout-derived step metrics for one step's records.
 
@@ -134,15 +146,10 @@ def rollout_metrics(rows: Sequence[RolloutRecord], extra_cancelled: int = 0) -> 
     """
     kept = [r for r in rows if r.discard_reason is None]
     cancelled = [r for r in rows if r.discard_reason in CANCEL_REASONS]
-    discarded = [r for r in rows if r.discard_reason in DISCARD_REASONS]
-    unknown = {r.discard_reason for r in rows} - {None, *CANCEL_REASONS, *DISCARD_REASONS}
-    if unknown:
-        raise ValueError(
-            f"unknown discard_reason {sorted(map(str, unknown))}: use one of "
-            f"{', '.join(DISCARD_REASONS + CANCEL_REASONS)} (or None for a kept rollout)"
-        )
+    discarded = [r for r in rows if r.discard_reason is not None and r.discard_reason not in CANCEL_REASONS]
     out = _kept_metrics(kept)
     out.update(_discard_metrics(discarded, len(kept) + len(discarded)))
+    out.update(_reward_error_metrics(rows))
     cancel_counts = Counter(r.discard_reason for r in cancelled)
     out["cancelled/count"] = float(len(cancelled) + extra_cancelled)
     for reason in CANCEL_REASONS:

@@ -23,8 +23,9 @@ __all__ = [
 #: Version of the run-directory layout and of every record below (bump on breaking change).
 SCHEMA_VERSION = 2
 
-#: Why a finished rollout was not used for training.
-DISCARD_REASONS = ("max_async", "zero_advantage")
+#: Why a finished rollout was not used for training (any other reason a plugin or a newer
+#: runtime writes is counted as a discard too: ``discarded/<reason>/count``).
+DISCARD_REASONS = ("max_async", "zero_advantage", "rollout_error", "prompt_too_long", "reward_error")
 #: Why an in-flight rollout was stopped before it finished (counted as cancelled).
 CANCEL_REASONS = ("off_policy", "eval_drain")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from telescope.core.config import ConfigError, TelescopeConfig
+from telescope.core.runtime import faults
 
 __all__ = ["Pools", "connect", "reserve_pools", "shutdown"]
 
@@ -30,6 +31,7 @@ def runtime_env(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
     if cfg.ray_propagate_run_dir:
         env_vars.setdefault("TELESCOPE_RUN_DIR", run_dir)
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
+    faults.propagate(env_vars)
     if env_vars:
         env["env_vars"] = env_vars
     if cfg.ray_pin_py_executable:

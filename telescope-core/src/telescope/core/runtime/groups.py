@@ -6,11 +6,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "GroupFailure",
     "RolloutGroup",
     "RolloutSample",
     "normalize_reward",
+    "reward_failed",
     "zero_advantage_kind",
 ]
+
+
+@dataclass(frozen=True)
+class GroupFailure:
+    """Why a group could not be trained on: a discard ``reason`` and the detail a user needs."""
+
+    reason: str
+    """``rollout_error``, ``prompt_too_long`` or ``reward_error`` (a discard reason of the records)."""
+    message: str
 
 
 @dataclass
@@ -56,6 +67,17 @@ class RolloutGroup:
     def rewards(self) -> list[float]:
         """The (normalised) rewards, in sample order."""
         return [s.reward for s in self.samples]
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version any of its samples started generating with (-1: no samples)."""
+        return min((s.model_version_start for s in self.samples), default=-1)
+
+
+def reward_failed(sample: RolloutSample) -> bool:
+    """The reward of ``sample`` raised or timed out (``Environment.score`` / ``Rubric`` count these)."""
+    metrics = sample.sample_metrics
+    return metrics.get("reward_error", 0.0) > 0 or metrics.get("reward_timeout", 0.0) > 0
 
 
 def normalize_reward(reward: float, reward_min: float | None, reward_max: float | None) -> float:

@@ -40,6 +40,12 @@ class Lanes:
             return len(self._servers[server].queue)
         return sum(len(s.queue) for s in self._servers)
 
+    def free_count(self, server: int) -> int:
+        return len(self._servers[server].free)
+
+    def enabled(self, server: int) -> bool:
+        return self._servers[server].enabled
+
     def pick_server(self, need: int) -> int | None:
         """The server with the most free slots beyond its queue, if it has ``need`` of them."""
         best, best_room = None, need - 1

@@ -7,9 +7,15 @@ servers hold, 0 = the initial model):
 - a new group starts only while it is needed for a batch that may be generated with the
   current weights: batches ``< model_version + max_async_rollout + 1``. With
   ``max_async_rollout: 0`` every batch is generated entirely by the latest weights;
-- after each weight update, in-flight samples started more than ``max_off_policy_steps``
-  versions ago are cancelled — the task and the request on the server (discard reason
-  ``max_async``).
+- after each weight update, samples still *generating* that were dispatched more than
+  ``max_off_policy_steps`` versions ago are cancelled — the task and the request on the
+  server (cancel reason ``off_policy``); scoring does not age a sample;
+- when a batch is cut, a group whose oldest sample started more than ``max_async_rollout``
+  versions before the batch's step is discarded (reason ``max_async``).
+
+Liveness: a failure in any task of the run (trainer loop, prompt prefetch, rollout tasks)
+ends ``run`` at once with a ``RunStageError`` naming the stage; with ``stall_timeout_s`` set,
+a run that completes no step for that long logs what everything is doing and fails.
 """
 
 from __future__ import annotations
@@ -22,11 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from telescope.core.runtime.batching import BatchBuilder
-from telescope.core.runtime.groups import RolloutGroup, RolloutSample, zero_advantage_kind
+from telescope.core.runtime.groups import (
+    GroupFailure,
+    RolloutGroup,
+    RolloutSample,
+    reward_failed,
+    zero_advantage_kind,
+)
 from telescope.core.runtime.lanes import Lanes, QueuedSample
+from telescope.core.runtime.liveness import DiscardTally, StallError, stage_error
 from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
 from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
-from telescope.core.runtime.stall import FailureStreak
+from telescope.core.runtime.stall import FailureStreaks
 from telescope.core.runtime.step_metrics import step_metrics
 
 __all__ = ["Orchestrator", "TrainerHandle"]
@@ -61,13 +74,26 @@ class RunObserver(Protocol):
 
 
 @dataclass
+class _Running:
+    """One dispatched sample: its task and request, and whether the model is still generating it."""
+
+    task: asyncio.Task[Any]
+    request_id: str
+    slot: int
+    version: int
+    """``model_version`` when it was dispatched."""
+    started: float = field(default_factory=time.time)
+    generating: bool = True
+
+
+@dataclass
 class _Group:
     prepared: PreparedPrompt
     server: int
     results: list[RolloutSample | None]
-    running: dict[int, tuple[asyncio.Task[Any], str, int, int]] = field(default_factory=dict)
+    running: dict[int, _Running] = field(default_factory=dict)
     finished: int = 0
-    failure: str | None = None
+    failure: GroupFailure | None = None
 
 
 @dataclass
@@ -81,12 +107,15 @@ class Counts:
     zero_advantage: Counter[str] = field(default_factory=Counter)
     cancelled_samples: int = 0
     rollout_errors: int = 0
+    reward_errors: Counter[str] = field(default_factory=Counter)
+    """Samples whose reward raised or timed out, per environment."""
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready counters (a checkpoint's ``orchestrator_state.json``)."""
         return {"model_version": self.model_version, "completed_steps": self.completed_steps,
                 "discarded": dict(self.discarded), "zero_advantage": dict(self.zero_advantage),
-                "cancelled_samples": self.cancelled_samples, "rollout_errors": self.rollout_errors}  # fmt: skip
+                "cancelled_samples": self.cancelled_samples, "rollout_errors": self.rollout_errors,
+                "reward_errors": dict(self.reward_errors)}  # fmt: skip
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Counts:
@@ -94,11 +123,15 @@ class Counts:
         step = int(state["completed_steps"])
         return cls(inference_step=step, model_version=int(state["model_version"]), completed_steps=step,
                    discarded=Counter(state["discarded"]), zero_advantage=Counter(state["zero_advantage"]),
-                   cancelled_samples=int(state["cancelled_samples"]), rollout_errors=int(state["rollout_errors"]))  # fmt: skip
+                   cancelled_samples=int(state["cancelled_samples"]), rollout_errors=int(state["rollout_errors"]),
+                   reward_errors=Counter(state.get("reward_errors", {})))  # fmt: skip
 
 
 class Orchestrator:
     """One run's rollout/training loop (asyncio, in the driver process)."""
+
+    progress_every_s: float = 10.0
+    """While no step completes, a line with the discards since the last step at most this often."""
 
     def __init__(
         self, cfg: Any, prompts: PromptSource, runner: RolloutRunner, clients: list[Any],
@@ -122,9 +155,14 @@ class Orchestrator:
         self._step_started = time.time()
         self._wait_for_data_s = 0.0
         self._fatal: BaseException | None = None
-        # A run whose every group fails (prompts too long for max_model_len, a broken server)
-        # would never train: end it after this many failed groups in a row.
-        self._failures = FailureStreak(max(200, 4 * cfg.prompts_batch_size_for_trainer))
+        self._stage = "starting"
+        """What the trainer loop is doing now (named in failures and in the stall dump)."""
+        self._stage_since = time.time()
+        # A run whose every group of an environment fails (prompts too long for max_model_len, a
+        # broken server, a reward that always raises) would never train on it: end it after
+        # this many failed groups of one environment in a row.
+        self._failures = FailureStreaks(max(200, 4 * cfg.prompts_batch_size_for_trainer))
+        self._discards = DiscardTally()
         self.hooks: list[StepHook] = []
         self.tokenizer: Any = None
         self.held_servers: set[int] = set()
@@ -143,24 +181,46 @@ class Orchestrator:
 
     # --- main loop ---------------------------------------------------------------------
     async def run(self) -> Counts:
-        """Run until ``number_of_steps`` training steps are done; any failure ends the run."""
-        trainer_task = asyncio.create_task(self._trainer_loop(), name="trainer-loop")
-        await self.prompts.start()
+        """Run until ``number_of_steps`` training steps are done; any failure ends the run at once."""
+        trainer_task = self._spawn(self._trainer_loop(), "trainer loop")
+        watchdog = self._spawn(self._watchdog(), "watchdog")
         try:
-            while self.counts.completed_steps < self.cfg.number_of_steps:
+            await self.prompts.start(on_failure=self._fail)
+            while not trainer_task.done():
+                self._raise_if_failed()
                 await self._start_groups()
                 self._dispatch_queued()
-                if trainer_task.done():
-                    trainer_task.result()
-                    break
                 await self._wake.wait()
                 self._wake.clear()
-                if self._fatal is not None:
-                    raise self._fatal
-            await trainer_task  # the last step's hooks (checkpoint, evals) finish before shutdown
+            self._raise_if_failed()
+            trainer_task.result()
         finally:
+            watchdog.cancel()
             await self._shutdown(trainer_task)
         return self.counts
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(lambda t: self._check_task(t, name))
+        return task
+
+    def _check_task(self, task: asyncio.Task[Any], stage: str) -> None:
+        """A task that raised ends the run (wakes the main loop, which raises)."""
+        if task.cancelled() or task.exception() is None:
+            self._poke()  # a finished trainer loop ends the main loop
+            return
+        exc = task.exception()
+        assert exc is not None
+        self._fail(stage_error(stage, exc))
+
+    def _fail(self, error: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        self._poke()
+
+    def _raise_if_failed(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
 
     def _event(self, kind: str, phase: str, **fields: Any) -> None:
         self.observer.on_event(
@@ -177,6 +237,33 @@ class Orchestrator:
         if not trainer_task.done():
             trainer_task.cancel()
         await asyncio.gather(trainer_task, return_exceptions=True)
+
+    # --- watchdog --------------------------------------------------------------------------
+    async def _watchdog(self) -> None:
+        """Fails a run with no step for ``stall_timeout_s``; says why no batch fills meanwhile."""
+        stall = float(self.cfg.stall_timeout_s)
+        tick = min(self.progress_every_s, stall) if stall > 0 else self.progress_every_s
+        last_line = time.time()
+        while True:
+            await asyncio.sleep(max(0.05, tick / 4))
+            now = time.time()
+            idle = now - self._step_started
+            if stall > 0 and idle > stall:
+                for line in describe_state(self):
+                    log.error("%s", line)
+                self._fail(StallError(
+                    f"no training step completed for {idle:.0f}s (stall_timeout_s={stall:g}) while "
+                    f"waiting for step {self.counts.completed_steps + 1}, the trainer loop in '{self._stage}': "
+                    "what every server, lane and group was doing is in <run_dir>/logs/telescope.log; "
+                    "raise stall_timeout_s for steps this slow, 0 turns the watchdog off"))  # fmt: skip
+                return
+            if self._discards and idle >= self.progress_every_s and now - last_line >= self.progress_every_s:
+                last_line = now
+                log.warning(
+                    "no batch for step %d yet after %.0fs (%d of %d groups collected); discarded since the "
+                    "last step: %s", self.counts.inference_step + 1, idle, len(self._bucket),
+                    self.cfg.prompts_batch_size_for_trainer, self._discards.summary(),
+                )  # fmt: skip
 
     # --- starting groups ---------------------------------------------------------------
     def _groups_wanted(self) -> int:
@@ -207,25 +294,23 @@ class Orchestrator:
                 self.lanes.release(server, slot)
                 continue
             request_id = f"g{queued.group_id}-s{queued.index}-v{self.counts.model_version}"
-            task = asyncio.create_task(self._run_sample(group, queued.index, server, slot, request_id))
-            task.add_done_callback(self._check_task)
-            group.running[queued.index] = (task, request_id, slot, self.counts.model_version)
-
-    def _check_task(self, task: asyncio.Task[Any]) -> None:
-        """A bug in sample bookkeeping must stop the run loudly, never hang it."""
-        if not task.cancelled() and task.exception() is not None and self._fatal is None:
-            self._fatal = task.exception()
-            self._poke()
+            task = self._spawn(self._run_sample(group, queued.index, server, slot, request_id),
+                               f"the rollout task of group {queued.group_id} sample {queued.index}")  # fmt: skip
+            group.running[queued.index] = _Running(task, request_id, slot, self.counts.model_version)
 
     # --- one sample --------------------------------------------------------------------
     async def _run_sample(self, group: _Group, index: int, server: int, slot: int, request_id: str) -> None:
         freed = generated = False
         p = group.prepared
         where = {"group_id": p.item.group_id, "sample_id": index, "server": server, "lane": slot}
+        version = self.counts.model_version
 
         def on_generated() -> None:  # generation over (all turns), the reward comes next
             nonlocal freed, generated
             generated = True
+            running = group.running.get(index)
+            if running is not None:
+                running.generating = False  # scoring does not age a sample (max_off_policy_steps)
             self._event("generation", "end", **where)
             self._event("reward", "start", group_id=p.item.group_id, sample_id=index)
             if not freed and self.cfg.free_lane_after_generation and self.individual:
@@ -243,11 +328,14 @@ class Orchestrator:
         except asyncio.CancelledError:
             raise
         except PromptTooLongError as exc:
-            group.failure = group.failure or f"prompt_too_long: {exc}"
+            group.failure = group.failure or GroupFailure("prompt_too_long", str(exc))
+            group.results[index] = _failed_sample(p, server, slot, version, str(exc))
         except Exception as exc:  # noqa: BLE001 - a failed request discards its group, the run goes on
             self.counts.rollout_errors += 1
-            group.failure = group.failure or f"rollout_error: {type(exc).__name__}: {exc}"
-            log.warning("rollout of group %d sample %d failed: %s", p.item.group_id, index, exc)
+            message = f"{type(exc).__name__}: {exc}"
+            group.failure = group.failure or GroupFailure("rollout_error", message)
+            group.results[index] = _failed_sample(p, server, slot, version, message)
+            log.warning("rollout of group %d sample %d failed: %s", p.item.group_id, index, message)
         finally:
             if not freed:
                 self.lanes.release(server, slot)
@@ -267,11 +355,15 @@ class Orchestrator:
         self._groups.pop(item.group_id, None)
         samples = [s for s in group.results if s is not None]
         done = RolloutGroup(item.group_id, item.env_name, item.sample_idx, samples, self.counts.model_version)
-        stalled = self._failures.record(group.failure)
-        if stalled is not None and self._fatal is None:
-            self._fatal = stalled
+        errored = [s for s in samples if reward_failed(s)]
+        self.counts.reward_errors[item.env_name] += len(errored)
+        if group.failure is None and errored and len(errored) == len(samples):
+            group.failure = GroupFailure("reward_error", _reward_error_detail(item.env_name, errored[0]))
+        stalled = self._failures.record(item.env_name, group.failure)
+        if stalled is not None:
+            self._fail(stalled)
         if group.failure is not None:
-            done.discard_reason = group.failure.split(":", 1)[0]
+            done.discard_reason = group.failure.reason
         else:
             self.batches.assign_advantages(done)
             kind = zero_advantage_kind(done.rewards)
@@ -279,19 +371,41 @@ class Orchestrator:
                 done.discard_reason, done.zero_advantage_kind = "zero_advantage", kind
                 self.counts.zero_advantage[kind] += 1
         if done.discard_reason is not None:
-            self.counts.discarded[done.discard_reason] += 1
-            self.prompts.resolve([item.group_id])
+            self._discard(done)
         else:
-            self._bucket.append(done)
-        self.observer.on_group(done, self.counts.inference_step)
+            self._bucket.append(done)  # reported when it goes into a batch (or is discarded there)
         self._cut_batches()
+
+    def _discard(self, group: RolloutGroup) -> None:
+        assert group.discard_reason is not None
+        self.counts.discarded[group.discard_reason] += 1
+        self._discards.add(group.discard_reason, group.env_name)
+        self.prompts.resolve([group.group_id])
+        self.observer.on_group(group, self.counts.inference_step)
+
+    def _drop_too_old(self) -> None:
+        """Discard bucket groups generated more than ``max_async_rollout`` versions before this batch."""
+        limit, step = self.cfg.max_async_rollout, self.counts.inference_step
+        fresh = []
+        for group in self._bucket:
+            if step - group.oldest_version > limit:
+                group.discard_reason = "max_async"
+                self._discard(group)
+            else:
+                fresh.append(group)
+        self._bucket = fresh
 
     def _cut_batches(self) -> None:
         size = self.cfg.prompts_batch_size_for_trainer
-        while len(self._bucket) >= size and self.counts.inference_step < self.cfg.number_of_steps:
+        while self.counts.inference_step < self.cfg.number_of_steps:
+            self._drop_too_old()
+            if len(self._bucket) < size:
+                return
             groups, self._bucket = self._bucket[:size], self._bucket[size:]
             groups.sort(key=lambda g: g.group_id)  # the batch does not depend on completion order
             batch = self.batches.build(groups, self.trainer.dp_world_size, self.counts.inference_step)
+            for group in groups:
+                self.observer.on_group(group, self.counts.inference_step)
             self._batches.put_nowait((self.counts.inference_step, batch))
             self.counts.inference_step += 1
 
@@ -305,13 +419,14 @@ class Orchestrator:
         elif reason is not None:
             self.prompts.resolve([gid])
         self.lanes.drop_group(gid)
-        ids = [rid for (_, rid, _, _) in group.running.values()]
-        for task, *_ in list(group.running.values()):
-            task.cancel()
+        ids = [r.request_id for r in group.running.values()]
+        for running in list(group.running.values()):
+            running.task.cancel()
         if reason is not None:
             self.counts.discarded[reason] += 1
             self.counts.cancelled_samples += len(ids)
             item = group.prepared.item
+            self._discards.add(reason, item.env_name)
             done = [s for s in group.results if s is not None]
             cancelled = RolloutGroup(item.group_id, item.env_name, item.sample_idx, done, self.counts.model_version,
                                      discard_reason=reason)  # fmt: skip
@@ -337,38 +452,55 @@ class Orchestrator:
         self._poke()
 
     async def _cancel_stale(self) -> None:
+        """Cancel groups with a sample still generating that was dispatched too many versions ago."""
         limit = self.cfg.max_off_policy_steps
         if limit < 0:
             return
         stale = [gid for gid, g in self._groups.items()
-                 if any(self.counts.model_version - v > limit for (_, _, _, v) in g.running.values())]  # fmt: skip
+                 if any(r.generating and self.counts.model_version - r.version > limit for r in g.running.values())]  # fmt: skip
         for gid in stale:
             await self._cancel_group(gid, reason="off_policy")
 
     # --- trainer side ------------------------------------------------------------------
+    def _enter(self, stage: str) -> None:
+        self._stage, self._stage_since = stage, time.time()
+
     async def _trainer_loop(self) -> None:
-        while self.counts.completed_steps < self.cfg.number_of_steps:
-            waited = time.time()
-            step, batch = await self._batches.get()
-            self._wait_for_data_s = time.time() - waited
-            self._event("trainer", "start", step=step + 1, name="train_step")
-            metrics = await self.trainer.train_step(step, batch)
-            self.prompts.resolve([g.group_id for g in batch.groups])
-            self._event("trainer", "end", step=step + 1, name="train_step")
-            sync = await self.sync_weights(step + 1)
-            self.counts.model_version = step + 1
-            await self._cancel_stale()
-            self.counts.completed_steps = step + 1
-            now = time.time()
-            timing = {
-                "timing_step_total": now - self._step_started,
-                "timing_waiting_for_data": self._wait_for_data_s,
-            }
-            self._step_started = now
-            self.observer.on_step(step + 1, step_metrics(self.counts, batch, metrics, sync, timing))
-            self._poke()
-            for hook in self.hooks:
-                await hook.after_step(self, step + 1)
+        step = self.counts.completed_steps
+        try:
+            while self.counts.completed_steps < self.cfg.number_of_steps:
+                self._enter("waiting for a batch")
+                waited = time.time()
+                step, batch = await self._batches.get()
+                await self._train_one(step, batch, time.time() - waited)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the stage and step named
+            raise stage_error(self._stage, exc, step + 1) from None
+
+    async def _train_one(self, step: int, batch: Any, waited_s: float) -> None:
+        self._wait_for_data_s = waited_s
+        self._enter("train_step")
+        self._event("trainer", "start", step=step + 1, name="train_step")
+        metrics = await self.trainer.train_step(step, batch)
+        self.prompts.resolve([g.group_id for g in batch.groups])
+        self._event("trainer", "end", step=step + 1, name="train_step")
+        self._enter("weight sync")
+        sync = await self.sync_weights(step + 1)
+        self.counts.model_version = step + 1
+        await self._cancel_stale()
+        self.counts.completed_steps = step + 1
+        now = time.time()
+        timing = {
+            "timing_step_total": now - self._step_started,
+            "timing_waiting_for_data": self._wait_for_data_s,
+        }
+        self._step_started = now
+        self._discards.reset()
+        self._enter("the observer's on_step")
+        self.observer.on_step(step + 1, step_metrics(self.counts, batch, metrics, sync, timing))
+        self._poke()
+        for hook in self.hooks:
+            self._enter(f"step hook {type(hook).__name__}")
+            await hook.after_step(self, step + 1)
 
     async def sync_weights(self, version: int) -> dict[str, Any]:
         """Broadcast the trainer's weights as ``version``; held servers receive without applying."""
@@ -377,3 +509,42 @@ class Orchestrator:
         sync = dict(await self.trainer.sync_weights(version, self.last_sync_hold))
         self._event("weight_sync", "end", step=version, version=version, digest=str(sync.pop("digest", "")))
         return sync
+
+
+def _failed_sample(p: PreparedPrompt, server: int, lane: int, version: int, message: str) -> RolloutSample:
+    """The record of a sample whose request failed: nothing generated, nothing scored."""
+    return RolloutSample(list(p.prompt_ids), [], [], None, "error", 0.0, 0.0, prompt_text=p.prompt_text,
+                         server=server, lane=lane, model_version_start=version, model_version_end=version,
+                         info={"error": message})  # fmt: skip
+
+
+def _reward_error_detail(env: str, sample: RolloutSample) -> str:
+    detail = next(iter(sample.info.get("reward_errors") or []), "")
+    return f"every reward of the group failed in environment '{env}'" + (f": {detail}" if detail else "")
+
+
+def describe_state(orch: Orchestrator) -> list[str]:
+    """What every server, lane and group is doing (the watchdog's dump)."""
+    now = time.time()
+    lines = [
+        f"stall dump: steps {orch.counts.completed_steps}/{orch.cfg.number_of_steps} done, batches handed to "
+        f"the trainer {orch.counts.inference_step}, model version {orch.counts.model_version}, trainer loop in "
+        f"'{orch._stage}' for {now - orch._stage_since:.0f}s, {len(orch._bucket)} groups waiting for a batch, "
+        f"{orch._batches.qsize()} batches queued for the trainer, discards since the last step: "
+        f"{orch._discards.summary() or 'none'}"
+    ]  # fmt: skip
+    for server in range(orch.lanes.num_servers):
+        groups = [g for g in orch._groups.values() if g.server == server]
+        running = sum(len(g.running) for g in groups)
+        lines.append(f"server {server}: {'enabled' if orch.lanes.enabled(server) else 'disabled'}, "
+                     f"{orch.lanes.free_count(server)}/{orch.lanes.slots_per_server} lanes free, {running} samples "
+                     f"running, {orch.lanes.queued_count(server)} queued, {len(groups)} groups")  # fmt: skip
+    for gid, g in sorted(orch._groups.items()):
+        samples = ", ".join(
+            f"#{i} lane {r.slot} {'generating' if r.generating else 'scoring'} {now - r.started:.0f}s "
+            f"(dispatched at v{r.version}, {r.request_id})"
+            for i, r in sorted(g.running.items())
+        )  # fmt: skip
+        lines.append(f"group {gid} ({g.prepared.item.env_name}) on server {g.server}: {g.finished}/"
+                     f"{len(g.results)} finished; running: {samples or 'none'}")  # fmt: skip
+    return lines

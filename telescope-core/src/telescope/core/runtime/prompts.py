@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from telescope.core.env.base import MultiTurnEnvironment
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import Sample
+from telescope.core.runtime import faults
+from telescope.core.runtime.liveness import stage_error
 from telescope.core.runtime.scheduler import PromptItem, PromptScheduler
 
 __all__ = ["PreparedPrompt", "PromptSource"]
@@ -51,6 +54,7 @@ class PromptSource:
         self._task: asyncio.Task[None] | None = None
         self._outstanding: dict[int, PromptItem] = {}
         self._requeued: deque[PromptItem] = deque()
+        self._prepared = 0
 
     # --- the ledger ----------------------------------------------------------------------
     def _draw(self) -> PromptItem:
@@ -90,7 +94,16 @@ class PromptSource:
         )
 
     def prepare(self, item: PromptItem) -> PreparedPrompt:
-        """Render and tokenize one scheduled prompt."""
+        """Render and tokenize one scheduled prompt; a failure names the environment and sample."""
+        self._prepared += 1
+        try:
+            faults.on_prepare_prompt(self._prepared)
+            return self._prepare(item)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the environment and sample
+            stage = f"prompt preparation (environment '{item.env_name}', sample {item.sample_idx})"
+            raise stage_error(stage, exc) from None
+
+    def _prepare(self, item: PromptItem) -> PreparedPrompt:
         env = self.envs[item.env_name]
         sample = env.get_sample(item.sample_idx)
         if isinstance(env, MultiTurnEnvironment):
@@ -101,10 +114,15 @@ class PromptSource:
         lo, hi = self.ranges.get(item.env_name, (None, None))
         return PreparedPrompt(item, env, sample, text, ids, lo, hi)
 
-    async def start(self) -> None:
+    async def start(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """Start the prefetch task (when enabled); ``on_failure`` hears at once if it fails."""
         if self.prefetch > 0:
             self._queue = asyncio.Queue(maxsize=self.prefetch)
             self._task = asyncio.create_task(self._fill(), name="prompt-prefetch")
+            if on_failure is not None:
+                self._task.add_done_callback(
+                    lambda t: on_failure(t.exception()) if not t.cancelled() and t.exception() else None  # type: ignore[arg-type]
+                )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -119,11 +137,21 @@ class PromptSource:
             await self._queue.put(prepared)
 
     async def next(self) -> PreparedPrompt:
-        """The next prompt (from the prefetch buffer when enabled)."""
-        if self._queue is not None:
-            if self._task is not None and self._task.done():
-                self._task.result()  # surface a failure in preparation
-            prepared = await self._queue.get()
-        else:
-            prepared = await asyncio.to_thread(self.prepare, self._draw())
-        return prepared
+        """The next prompt (from the prefetch buffer when enabled); raises the prefetch's failure."""
+        if self._queue is None or self._task is None:
+            return await asyncio.to_thread(self.prepare, self._draw())
+        if self._queue.empty() and not self._task.done():
+            # Wait for the next prompt *or* the end of the prefetch task: a failure of
+            # prepare() while the buffer is empty must not leave the caller waiting forever.
+            getter = asyncio.ensure_future(self._queue.get())
+            try:
+                await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                return getter.result()
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        self._task.result()  # surface a failure in preparation
+        raise RuntimeError("the prompt prefetch task stopped without an error (was it stopped?)")

@@ -15,6 +15,7 @@ from typing import Any
 
 from telescope.core.env.base import MultiTurnEnvironment, SingleTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
+from telescope.core.runtime import faults
 from telescope.core.runtime.groups import RolloutSample, normalize_reward
 from telescope.core.runtime.tokens import Interleaver
 
@@ -106,6 +107,7 @@ class RolloutRunner:
         params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
         if params is None:  # nothing generated, nothing to score (the caller frees the lane)
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
+        await faults.on_request(task.request_id)
         (choice,) = await client.complete(task.prompt_ids, **params)
         t1 = time.time()
         on_generated()
@@ -134,6 +136,7 @@ class RolloutRunner:
             if params is None:
                 state.stop_reason, finish = "context_exhausted", "length"
                 break
+            await faults.on_request(params["request_id"])
             (choice,) = await client.complete(prompt_ids, **params)
             response_ids += [choice.response_id] if choice.response_id else []
             ids = list(choice.token_ids)
@@ -205,7 +208,9 @@ class RolloutRunner:
             timings={"generation_start": t0, "generation_end": t1, "reward_end": t2,
                      "generation_s": t1 - t0, "reward_s": t2 - t1},
             info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags,
-                  "info_turns": result.info_turns},
+                  "info_turns": result.info_turns,
+                  "reward_errors": [t["info_value"] for t in result.info_turns
+                                    if str(t.get("info_key", "")).startswith(("reward_error", "reward_timeout"))]},
         )  # fmt: skip
 
 

@@ -84,6 +84,9 @@ class TrainerWorker:
 
     def train_step(self, batch: Any) -> dict[str, float]:
         """One training step on this rank's share of the batch."""
+        from telescope.core.runtime import faults
+
+        faults.on_train_step(int(getattr(batch, "step", -1)) + 1)
         return dict(self.backend.train_step(batch))
 
     def drain_torch_memory(self) -> list[dict[str, Any]]:

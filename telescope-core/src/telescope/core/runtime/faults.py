@@ -1,0 +1,137 @@
+"""Fault injection: make a real run suffer named faults, to test and measure how it copes.
+
+Set ``TELESCOPE_FAULTS`` to a comma-separated spec before the run starts; the driver passes
+it to every Ray worker (the run's ``runtime_env``). Entries are ``name@N`` or ``name=value``:
+
+- ``train_step_raise@N``: every trainer rank raises ``InjectedFault`` in training step N (1-based).
+- ``prompt_raise@N``: preparing the N-th prompt of the run (1-based) raises.
+- ``request_fail=P``: each inference request fails with probability P; which ones is decided by
+  a hash of the request id, so a rerun fails the same requests.
+- ``reward_raise=ENV``: every reward of environment ENV raises (``*``: every environment).
+- ``reward_hang=ENV``: every reward of ENV hangs until the environment's ``reward_timeout_s``.
+- ``server_slow=S``: every inference request waits S seconds before it is sent.
+
+Example: ``TELESCOPE_FAULTS=train_step_raise@3,request_fail=0.1``. Unset, every hook is one
+environment lookup and a comparison: nothing is slowed down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import zlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["ENV_VAR", "FaultSpec", "FaultSpecError", "InjectedFault", "current", "parse"]
+
+ENV_VAR = "TELESCOPE_FAULTS"
+
+
+class FaultSpecError(ValueError):
+    """``TELESCOPE_FAULTS`` does not parse."""
+
+
+class InjectedFault(RuntimeError):
+    """A failure ``TELESCOPE_FAULTS`` asked for (never raised when it is unset)."""
+
+
+class FaultSpec(BaseModel):
+    """The faults of one run, parsed from ``TELESCOPE_FAULTS``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    train_step_raise: int | None = Field(default=None, ge=1)
+    """Training step (1-based) in which every trainer rank raises."""
+    prompt_raise: int | None = Field(default=None, ge=1)
+    """The N-th prompt prepared in the run (1-based) fails to prepare."""
+    request_fail: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Probability that an inference request fails (reproducible per request id)."""
+    reward_raise: str | None = None
+    """Environment whose every reward raises (``*``: all of them)."""
+    reward_hang: str | None = None
+    """Environment whose every reward hangs until its timeout (``*``: all of them)."""
+    server_slow: float = Field(default=0.0, ge=0.0)
+    """Seconds every inference request waits before it is sent."""
+
+
+def parse(spec: str) -> FaultSpec:
+    """``"train_step_raise@3,request_fail=0.1"`` -> ``FaultSpec``; a clear ``FaultSpecError`` otherwise."""
+    fields: dict[str, str] = {}
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        sep = "@" if "@" in entry else "=" if "=" in entry else None
+        if sep is None:
+            raise FaultSpecError(f"{ENV_VAR}: entry {entry!r} needs a value: write name@N or name=value")
+        name, value = (part.strip() for part in entry.split(sep, 1))
+        if name in fields:
+            raise FaultSpecError(f"{ENV_VAR}: {name!r} is given twice in {spec!r}")
+        fields[name] = value
+    try:
+        return FaultSpec.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        known = ", ".join(FaultSpec.model_fields)
+        raise FaultSpecError(f"{ENV_VAR}={spec!r}: {problems} (known faults: {known})") from None
+
+
+_cache: tuple[str, FaultSpec] | None = None
+
+
+def current() -> FaultSpec | None:
+    """The faults this process should inject, or None (the common case: ``TELESCOPE_FAULTS`` unset)."""
+    global _cache
+    spec = os.environ.get(ENV_VAR)
+    if not spec:
+        return None
+    if _cache is None or _cache[0] != spec:
+        _cache = (spec, parse(spec))
+    return _cache[1]
+
+
+# --- the hooks the runtime calls -----------------------------------------------------------
+def on_train_step(step: int) -> None:
+    """Trainer ranks, before training step ``step`` (1-based)."""
+    faults = current()
+    if faults is not None and faults.train_step_raise == step:
+        raise InjectedFault(f"{ENV_VAR}: train_step_raise@{step}")
+
+
+def on_prepare_prompt(count: int) -> None:
+    """The driver, before preparing the ``count``-th prompt of the run (1-based)."""
+    faults = current()
+    if faults is not None and faults.prompt_raise == count:
+        raise InjectedFault(f"{ENV_VAR}: prompt_raise@{count}")
+
+
+async def on_request(request_id: str) -> None:
+    """The driver, before sending inference request ``request_id``."""
+    faults = current()
+    if faults is None:
+        return
+    if faults.server_slow:
+        await asyncio.sleep(faults.server_slow)
+    if faults.request_fail and zlib.crc32(request_id.encode()) / 2**32 < faults.request_fail:
+        raise InjectedFault(f"{ENV_VAR}: request_fail={faults.request_fail} failed request {request_id}")
+
+
+async def on_reward(env_name: str) -> None:
+    """Inside an environment's reward computation (its timeout and error handling apply)."""
+    faults = current()
+    if faults is None:
+        return
+    if faults.reward_hang in (env_name, "*"):
+        await asyncio.Event().wait()  # until the reward timeout cancels it
+    if faults.reward_raise in (env_name, "*"):
+        raise InjectedFault(f"{ENV_VAR}: reward_raise={faults.reward_raise}")
+
+
+def propagate(env_vars: dict[str, Any]) -> None:
+    """Add this process's ``TELESCOPE_FAULTS`` to a Ray ``runtime_env``'s ``env_vars``."""
+    spec = os.environ.get(ENV_VAR)
+    if spec:
+        parse(spec)  # a typo fails the run at start-up, in the driver, not later in a worker
+        env_vars.setdefault(ENV_VAR, spec)
