@@ -10,6 +10,7 @@ from typing import Any
 
 from telescope.core.config import TelescopeConfig
 from telescope.core.runtime.preflight import check_supported
+from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
 from telescope.core.runtime.signals import route_sigterm_to_interrupt, sigterm_as_interrupt, teardown_signals
 
 __all__ = ["run_training"]
@@ -33,11 +34,23 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
 
 
 def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any = None) -> int:
-    """Train ``cfg`` to completion; returns the process exit code (0 on success)."""
+    """Train ``cfg`` to completion; returns the process exit code (0 on success).
+
+    The run directory is locked for the whole run and must be empty unless resuming or
+    ``overwrite`` is set (``telescope.core.runtime.rundir``).
+    """
+    check_supported(cfg)
+    with RunDirLock(Path(cfg.resolved_run_dir).resolve()) as lock:
+        resuming = cfg.resume_from_checkpoint is not False
+        check_run_dir_free(lock.run_dir, resume=resuming, overwrite=cfg.overwrite)
+        return _run_in(cfg, pset, registry, observer)
+
+
+def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> int:
+    """The run, once its run directory is locked and checked."""
     from telescope.core.inference.auto import resolve_inference_engine
     from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
 
-    check_supported(cfg)
     resume = find_resume_point(cfg)
     superseded = supersede_later_checkpoints(cfg, resume) if resume is not None else []
     run_dir = prepare_run_dir(cfg)
