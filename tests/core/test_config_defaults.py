@@ -22,6 +22,8 @@ ADDED_FIELDS = {
     "trainer_torch_threads": None,
     "inference_torch_threads": None,
     "stall_timeout_s": 1800.0,
+    "overwrite": False,
+    "checkpoint_failure": "stop",
 }
 
 

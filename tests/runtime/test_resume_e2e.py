@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,9 @@ from typing import Any
 import pytest
 import yaml
 from ports import free_port_block
+from rundriver import launch as _launch
+from rundriver import settings as driver_settings
+from rundriver import wait_for as _wait_for
 
 from telescope.core.config import load_config
 from telescope.core.observe import RunDirReader
@@ -33,16 +34,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def settings(run_dir: Path, **overrides: Any) -> dict[str, Any]:
-    return {
-        "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text"}], "inference_engine": "transformers",
-        "inference_num_workers": 1, "trainer_num_workers": 1, "ray_inference_cpus_per_worker": 0.5,
-        "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local", "inference_base_port": free_port_block(1),
-        "group_size": 4, "prompts_batch_size_for_trainer": 2, "max_async_rollout": 0, "max_tokens": 10,
-        "seq_len": 512, "pad_to_multiple_of": 8, "learning_rate": 1e-3, "discard_group_zero_advantage": False,
-        "use_wandb": False, "eval_before_training": False, "eval_after_training": False, "seed": 5,
-        "run_dir": str(run_dir), **overrides,
-    }  # fmt: skip
+    return driver_settings(run_dir, **{"max_async_rollout": 0, "max_tokens": 10, "seq_len": 512, **overrides})
 
 
 def train(run_dir: Path, **overrides: Any) -> None:
@@ -86,24 +78,6 @@ def test_three_plus_three_steps_equal_six(tmp_path: Path) -> None:
         assert sb[step] == sa[step], f"step {step} trained on different samples after the resume"
     state = json.loads((split / "checkpoints" / "step_6" / "orchestrator_state.json").read_text())
     assert state["counts"]["completed_steps"] == 6
-
-
-def _launch(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    code = "from telescope.cli.app import main; main()"
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-c", code, "train", str(config)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-
-
-def _wait_for(condition: Any, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.time() + timeout_s
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"training exited early ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        if time.time() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"timed out:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
 
 
 def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:

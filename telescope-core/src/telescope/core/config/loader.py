@@ -79,7 +79,10 @@ def load_defaults() -> dict[str, Any]:
 
 
 def parse_overrides(args: list[str], known_fields: list[str]) -> dict[str, Any]:
-    """Parse ``--field value`` / ``--field=value`` pairs (dashes in names become underscores)."""
+    """Parse ``--field value`` / ``--field=value`` pairs (dashes in names become underscores).
+
+    A ``--field`` followed by another ``--field`` or by nothing sets it to true (``--overwrite``).
+    """
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -88,13 +91,15 @@ def parse_overrides(args: list[str], known_fields: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override '{arg}': expected --field value (e.g. --learning_rate 5e-7)")
         key, eq, value = arg[2:].partition("=")
         key = key.replace("-", "_")
-        if not eq:
-            if i + 1 >= len(args):
-                raise ConfigError(f"override --{key}: missing value (e.g. --{key} VALUE)")
-            i += 1
-            value = args[i]
         if key not in known_fields:
             raise ConfigError(f"override --{key}: unknown field.{did_you_mean(key, known_fields)}".rstrip())
+        if not eq and (i + 1 >= len(args) or args[i + 1].startswith("--")):
+            out[key] = True  # a bare --flag (--overwrite); a field that is not a bool rejects it by name
+            i += 1
+            continue
+        if not eq:
+            i += 1
+            value = args[i]
         try:
             out[key] = parse_yaml_value(value)
         except yaml.YAMLError as exc:

@@ -35,6 +35,8 @@ class TelescopeConfig(BaseModel):
     """Seed for every random choice (sampling of prompts, environments, model init)."""
     run_dir: str | None = None
     """Run directory for logs, rollouts and checkpoints. null = runs/<wandb_run_name>."""
+    overwrite: bool = False
+    """Replace the previous run in a non-empty run_dir (deletes its files). false = refuse to start there."""
 
     # --- Model ---------------------------------------------------------------------
     model: str = "Qwen/Qwen2.5-3B"
@@ -181,6 +183,8 @@ class TelescopeConfig(BaseModel):
     """Keep only the N most recent checkpoints."""
     checkpoint_keep_every: int | None = Field(default=None, ge=1)
     """Always keep checkpoints at these step multiples."""
+    checkpoint_failure: Literal["stop", "warn"] = "stop"
+    """A checkpoint that cannot be written (disk full, ...): stop = end the run, warn = train on without it."""
 
     # --- Evals ---------------------------------------------------------------------
     eval_before_training: bool = True

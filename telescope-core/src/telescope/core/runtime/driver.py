@@ -10,6 +10,8 @@ from typing import Any
 
 from telescope.core.config import TelescopeConfig
 from telescope.core.runtime.preflight import check_supported
+from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
+from telescope.core.runtime.signals import route_sigterm_to_interrupt, sigterm_as_interrupt, teardown_signals
 
 __all__ = ["run_training"]
 
@@ -32,11 +34,23 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
 
 
 def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any = None) -> int:
-    """Train ``cfg`` to completion; returns the process exit code (0 on success)."""
+    """Train ``cfg`` to completion; returns the process exit code (0 on success).
+
+    The run directory is locked for the whole run and must be empty unless resuming or
+    ``overwrite`` is set (``telescope.core.runtime.rundir``).
+    """
+    check_supported(cfg)
+    with RunDirLock(Path(cfg.resolved_run_dir).resolve()) as lock:
+        resuming = cfg.resume_from_checkpoint is not False
+        check_run_dir_free(lock.run_dir, resume=resuming, overwrite=cfg.overwrite)
+        return _run_in(cfg, pset, registry, observer)
+
+
+def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> int:
+    """The run, once its run directory is locked and checked."""
     from telescope.core.inference.auto import resolve_inference_engine
     from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
 
-    check_supported(cfg)
     resume = find_resume_point(cfg)
     superseded = supersede_later_checkpoints(cfg, resume) if resume is not None else []
     run_dir = prepare_run_dir(cfg)
@@ -60,17 +74,11 @@ def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any =
     status, error = "failed", None
     pset.pm.hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
     try:
-        session.start()
-        if hub is not None:
-            from telescope.core.observe.torch_memory import RayDrainFetcher
-            from telescope.core.runtime.workers import torch_thread_info
-
-            hub.log_info({"torch_threads": torch_thread_info(session.trainer_info, session.servers)})
-            hub.add_torch_memory_source(RayDrainFetcher(session.trainers))
-            if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
-                hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
-                observer.traces = hub.add_otlp_receiver()
-        asyncio.run(session.train(observer, pset))
+        with sigterm_as_interrupt():
+            session.start()
+            if hub is not None:
+                _add_sources(hub, session, engine, observer)
+            asyncio.run(session.train(observer, pset))
         status = "completed"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -79,13 +87,59 @@ def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any =
         error = exc
         raise
     finally:
-        if hub is not None:
-            hub.stop_sources()  # the last drain happens before the actors are killed
+        with teardown_signals():
+            _end_run(hub, session, status, error, run_dir)
+            pset.pm.hook.telescope_run_end(status=status, error=error)
+    return 0
+
+
+def _add_sources(hub: Any, session: RunSession, engine: str, observer: Any) -> None:
+    from telescope.core.observe.torch_memory import RayDrainFetcher
+    from telescope.core.runtime.workers import torch_thread_info
+
+    hub.log_info({"torch_threads": torch_thread_info(session.trainer_info, session.servers)})
+    hub.add_torch_memory_source(RayDrainFetcher(session.trainers))
+    if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
+        hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
+        observer.traces = hub.add_otlp_receiver()
+
+
+def _end_run(hub: Any, session: RunSession, status: str, error: BaseException | None, run_dir: Path) -> None:
+    """Stop every process, then close the run directory with its final status (and why it failed)."""
+    if hub is not None:
+        hub.stop_sources()  # the last drain happens before the actors are killed
+    if error is not None:
+        _log_failure(hub, error, run_dir)
+    try:
         session.stop()
+    finally:
         if hub is not None:
             hub.finish("finished" if status == "completed" else status)
-        pset.pm.hook.telescope_run_end(status=status, error=error)
-    return 0
+
+
+def _log_failure(hub: Any, error: BaseException, run_dir: Path) -> None:
+    """The one-line reason into logs/telescope.log, the traceback into the detailed log, both into run.json."""
+    from telescope.core.observe.hub import HUB_WARNING
+    from telescope.core.runtime.errors import describe_failure, root_cause
+
+    reason = describe_failure(error)
+    # HUB_WARNING: the console does not repeat it (the CLI prints the same line once, in red)
+    log.error("training failed: %s", reason, extra=HUB_WARNING)
+    log.debug("training failed: traceback", exc_info=error)
+    if hub is not None:
+        tail = log_tail(run_dir / "logs" / "telescope.log")
+        hub.log_info(
+            {"failure": {"reason": reason, "type": type(root_cause(error)).__name__, "log_tail": tail}}
+        )
+
+
+def log_tail(path: Path, lines: int = 30) -> list[str]:
+    """The last ``lines`` lines of ``path`` (empty when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.rstrip("\n") for line in f.readlines()[-lines:]]
+    except OSError:
+        return []
 
 
 class RunSession:
@@ -114,6 +168,7 @@ class RunSession:
 
         cfg, data = self.cfg, self.cfg.to_dict()
         self.started_here = bool(connect(cfg, str(self.run_dir))["started_here"])
+        route_sigterm_to_interrupt()  # ray.init installed its own (sys.exit from any frame)
         use_gpus = ray.cluster_resources().get("GPU", 0) > 0
         self.pools = reserve_pools(cfg, num_servers(cfg), use_gpus)
         self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,

@@ -1,0 +1,89 @@
+"""Shared helpers of the driver tests: a small real run config, CLI launches, run-directory reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ports import free_port_block
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_meta(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "run.json").read_text()))
+
+
+def settings(run_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """1 FSDP rank, 1 transformers server, the built-in tiny model: the smallest real run."""
+    return {
+        "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
+        "environments": [{"name": "reverse_text"}], "inference_engine": "transformers",
+        "inference_num_workers": 1, "trainer_num_workers": 1, "ray_inference_cpus_per_worker": 0.5,
+        "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local", "inference_base_port": free_port_block(1),
+        "group_size": 4, "prompts_batch_size_for_trainer": 2, "max_async_rollout": 1, "max_tokens": 8,
+        "seq_len": 256, "pad_to_multiple_of": 8, "learning_rate": 1e-3, "discard_group_zero_advantage": False,
+        "use_wandb": False, "eval_before_training": False, "eval_after_training": False, "seed": 5,
+        "number_of_steps": 2, "run_dir": str(run_dir), **overrides,
+    }  # fmt: skip
+
+
+def launch(config: Path, log: Path, *extra: str, prelude: str = "") -> subprocess.Popen[bytes]:
+    """``telescope train CONFIG`` in a new session; ``prelude`` runs first (e.g. to inject a fault)."""
+    code = f"{prelude}\nfrom telescope.cli.app import main; main()"
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-c", code, "train", str(config), *extra], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def wait_for(condition: Any, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited early ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        if time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"timed out:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> int:
+    """Wait for the CLI; on time-out kill its whole session and fail with the log."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(
+            f"training did not end within {timeout_s}s:\n{log.read_text()[-3000:]}"
+        ) from None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def session_pids(sid: int) -> list[int]:
+    """Processes still in session ``sid`` (what the CLI started: Ray, workers, servers)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: session id
+            out.append(int(entry.name))
+    return out
