@@ -22,5 +22,5 @@ fi
 "$VENV/bin/pip" install --quiet \
   -e "./telescope-core[torch,inference,ray,math,wandb]" \
   -e ./telescope-fsdp -e ./telescope-megatron -e "./telescope-envs[datasets,math]" \
-  -e "./telescope-sandboxes[e2b,modal,prime]" -e ./telescope-cli -e ".[dev]"
+  -e "./telescope-sandboxes[e2b,modal,prime]" -e "./telescope-cli[ui]" -e ".[dev]"
 echo "$want" > "$stamp"
