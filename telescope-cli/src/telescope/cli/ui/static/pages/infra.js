@@ -17,9 +17,10 @@ function chartOf(key) {
 function draw(data) {
   const sources = Object.keys(data.series).sort();
   if (!sources.length) { ctx.root.replaceChildren(empty('No system samples yet (system.jsonl).')); return; }
+  // one time origin for every source, so a CPU spike lines up with the torch memory it caused
+  const t0 = Math.min(...sources.map(s => data.series[s].time[0] || Infinity));
   ctx.root.replaceChildren(...sources.map(source => {
     const { time, values } = data.series[source];
-    const t0 = time[0] || 0;
     const charts = new Map();
     for (const key of Object.keys(values).sort()) {
       const [chart, label] = chartOf(key);
@@ -31,7 +32,7 @@ function draw(data) {
         const el = h('div', { class: 'chart', 'data-key': name });
         drawWhenVisible(el, () => plot(el, lines.map(([label, ys], i) => ({ x: time.map(t => t - t0), y: ys, name: label, mode: 'lines',
           line: { color: COLORS[i % COLORS.length], width: 1.2 } })), { title: { text: name, font: { size: 12 }, x: 0.02 },
-          xaxis: { title: { text: 'seconds' } } }));
+          xaxis: { title: { text: 'seconds since the first sample' } } }));
         return el;
       })));
   }));

@@ -23,7 +23,7 @@ function drawControls(components) {
   const f = ctx.filters;
   if (!f.components.length) f.components = components.filter(c => c !== 'driver (detailed)');
   ctx.controls.replaceChildren(
-    h('span', {}, components.map(c => h('label', {}, h('input', { type: 'checkbox', checked: f.components.includes(c), 'data-component': c,
+    h('span', { class: 'controls' }, components.map(c => h('label', {}, h('input', { type: 'checkbox', checked: f.components.includes(c), 'data-component': c,
       onchange: e => { f.components = e.target.checked ? [...f.components, c] : f.components.filter(x => x !== c); load(); } }), c))),
     h('label', {}, 'level', h('select', { id: 'log-level', onchange: e => { f.level = e.target.value; load(); } },
       ['DEBUG', 'INFO', 'WARNING', 'ERROR'].map(l => h('option', { value: l, selected: l === (f.level || 'DEBUG') }, l)))),

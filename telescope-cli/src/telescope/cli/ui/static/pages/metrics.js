@@ -121,7 +121,7 @@ function controls() {
 
 function draw() {
   ctx.charts = [];
-  ctx.root.replaceChildren(controls(), ...[ctx.options.view === 'custom' ? customView() : sectionsView(ctx.options.filter)].flat());
+  ctx.root.replaceChildren(controls(), ...[ctx.options.view === "custom" ? customView() : sectionsView(ctx.options.filter)].flat(Infinity));
 }
 
 export async function render(main, { params, selected }) {
