@@ -22,16 +22,21 @@ from telescope.cli.ui.tail import FileTail, parse_json_line
 
 __all__ = ["StepIndex", "step_of"]
 
-_STEP_AT_START = re.compile(rb'^\{"step": (-?\d+)[,}]')
+_STEP_AT_START = re.compile(rb'\{"step": (-?\d+)[,}]')
 _STEP_ANYWHERE = re.compile(rb'"step": (-?\d+|null)[,}]')
+#: Every line of a chunk whose first bytes hold ``"step": N`` (the fast path: one C-level scan).
 
 
-def step_of(data: bytes, *, head: int = 400) -> int | None:
-    """The ``step`` of one JSONL line (None when it has none; ``-1`` when it is unreadable)."""
-    match = _STEP_AT_START.match(data) or _STEP_ANYWHERE.search(data, 0, head)
+def step_of(data: bytes, start: int = 0, end: int | None = None, *, head: int = 400) -> int | None:
+    """The ``step`` of the JSONL line ``data[start:end]`` (None when it has none; ``-1`` when
+    it is unreadable). Looks only at the line's first ``head`` bytes unless it must parse it."""
+    end = len(data) if end is None else end
+    match = _STEP_AT_START.match(data, start, end) or _STEP_ANYWHERE.search(
+        data, start, min(end, start + head)
+    )
     if match:
         return None if match.group(1) == b"null" else int(match.group(1))
-    record = parse_json_line(data)
+    record = parse_json_line(data[start:end])
     if record is None:
         return -1
     step = record.get("step")
@@ -94,34 +99,64 @@ class StepIndex:
         self._last_step = None
         self.bad_lines = 0
 
-    def _add(self, step: int, offset: int, length: int) -> None:
+    def _add_run(self, step: int, offsets: list[int], lengths: list[int]) -> None:
+        """Consecutive lines of one step."""
         epoch = self._epochs.see(step) if self._use_epochs and step != self.NO_STEP else 0
         i = len(self.offsets)
-        self.offsets.append(offset)
-        self.lengths.append(length)
+        self.offsets.extend(offsets)
+        self.lengths.extend(lengths)
         runs = self._ranges.setdefault(step, [])
         if runs and step == self._last_step and runs[-1][1] == i and runs[-1][2] == epoch:
-            runs[-1][1] = i + 1
+            runs[-1][1] = i + len(offsets)
         else:
-            runs.append([i, i + 1, epoch])
+            runs.append([i, i + len(offsets), epoch])
         self._last_step = step
 
-    def refresh(self) -> int:
-        """Index the lines appended since the last call; returns how many were added."""
+    def _index_chunk(self, data: bytes, base: int) -> int:
+        """Index the complete lines of ``data`` (which starts at file offset ``base``)."""
+        starts: list[int] = []
+        ends: list[int] = []
+        steps: list[int] = []
+        pos, size, find = 0, len(data), data.find
+        while pos < size:
+            nl = find(b"\n", pos)  # memchr: the long lines themselves are never copied
+            if nl > pos:
+                step = step_of(data, pos, nl)
+                if step == -1 and parse_json_line(data[pos:nl]) is None:
+                    self.bad_lines += 1
+                else:
+                    starts.append(pos)
+                    ends.append(nl)
+                    steps.append(self.NO_STEP if step is None else step)
+            pos = nl + 1
+        first = 0
+        for i in range(1, len(steps) + 1):
+            if i == len(steps) or steps[i] != steps[first]:
+                self._add_run(
+                    steps[first],
+                    [base + x for x in starts[first:i]],
+                    [e - x for x, e in zip(starts[first:i], ends[first:i], strict=True)],
+                )
+                first = i
+        return len(steps)
+
+    def refresh(self, max_chunks: int | None = None) -> int:
+        """Index the lines appended since the last call (at most ``max_chunks`` reads of
+        ``READ_CHUNK`` bytes; ``pending`` tells if more is left); returns how many were added."""
         added = 0
+        chunks = 0
         while True:
-            lines, reset = self._tail.read_lines()
+            chunks += 1
+            data, base, reset = self._tail.read_chunk()
             if reset:
                 self._clear()
-            for line in lines:
-                step = step_of(line.data)
-                if step == -1 and parse_json_line(line.data) is None:
-                    self.bad_lines += 1
-                    continue
-                self._add(self.NO_STEP if step is None else step, line.offset, len(line.data))
-            added += len(lines)
-            if not lines or not self._tail.pending():
+            added += self._index_chunk(data, base)
+            if not data or not self._tail.pending() or (max_chunks is not None and chunks >= max_chunks):
                 return added
+
+    def pending(self) -> bool:
+        """True when the file has bytes not indexed yet."""
+        return self._tail.pending()
 
     def step_numbers(self) -> list[int]:
         """Steps with lines, ascending."""

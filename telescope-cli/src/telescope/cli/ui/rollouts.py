@@ -174,12 +174,17 @@ class RolloutStore:
         wanted = {max(s, 0) // self.block_size for s in range(lo, hi + 1)}
         return [p for p in files if int(p.stem.split("_")[1]) in wanted]
 
-    def _index(self, path: Path) -> StepIndex:
+    def _index(self, path: Path, *, refresh: bool = True) -> StepIndex:
         index = self._indexes.get(path)
         if index is None:
             index = self._indexes[path] = StepIndex(path)
-        index.refresh()
+        if refresh:
+            index.refresh()
         return index
+
+    def all_indexes(self) -> list[StepIndex]:
+        """An index per rollout file (not refreshed: the server warms them in the background)."""
+        return [self._index(p, refresh=False) for p in self._files()]
 
     def rows(self, lo: int, hi: int) -> list[dict[str, Any]]:
         """Every rollout record of steps lo..hi (inclusive), in file order."""

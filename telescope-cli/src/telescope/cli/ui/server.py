@@ -28,6 +28,7 @@ __all__ = ["ServerThread", "build_app", "plotly_js_path"]
 STATIC_DIR = Path(__file__).parent / "static"
 WORKSPACE: web.AppKey[Workspace] = web.AppKey("workspace", Workspace)
 LOCK: web.AppKey[threading.Lock] = web.AppKey("lock", threading.Lock)
+WARM_STOP: web.AppKey[threading.Event] = web.AppKey("warm_stop", threading.Event)
 
 
 class BadRequest(ValueError):
@@ -237,10 +238,45 @@ async def plotly_js(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"Cache-Control": "max-age=86400"})
 
 
-def build_app(workspace: Workspace) -> web.Application:
+def warm_indexes(
+    workspace: Workspace, lock: threading.Lock, stop: threading.Event, delay_s: float = 0.5
+) -> None:
+    """Index every run's rollout and event files in the background, one chunk per lock hold, so
+    the first Rollouts or Timeline request of a big run finds its step already indexed while
+    requests keep being answered between chunks."""
+    if stop.wait(delay_s):
+        return
+    for run in workspace.runs():
+        with lock:
+            indexes = run.rollouts.all_indexes() + run.events.all_indexes()
+        for index in indexes:
+            more = True
+            while more and not stop.is_set():
+                with lock:
+                    index.refresh(max_chunks=1)
+                    more = index.pending()
+
+
+async def _start_warming(app: web.Application) -> None:
+    stop = threading.Event()
+    app[WARM_STOP] = stop
+    threading.Thread(
+        target=warm_indexes, args=(app[WORKSPACE], app[LOCK], stop), name="ui-warm", daemon=True
+    ).start()
+
+
+async def _stop_warming(app: web.Application) -> None:
+    app[WARM_STOP].set()
+
+
+def build_app(workspace: Workspace, *, warm: bool = True) -> web.Application:
+    """The dashboard's routes; ``warm`` indexes big runs' rollouts and events in the background."""
     app = web.Application()
     app[WORKSPACE] = workspace
     app[LOCK] = threading.Lock()
+    if warm:
+        app.on_startup.append(_start_warming)
+        app.on_cleanup.append(_stop_warming)
     app.router.add_get("/", index)
     app.router.add_get("/vendor/plotly.min.js", plotly_js)
     app.router.add_static("/static/", STATIC_DIR)

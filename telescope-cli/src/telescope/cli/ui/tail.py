@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["FileTail", "Line", "parse_json_line"]
 
 #: Upper bound of bytes read per ``read_lines`` call, so one request never reads a whole huge file.
-READ_CHUNK = 64 * 1024 * 1024
+READ_CHUNK = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,25 +51,31 @@ class FileTail:
             self.resets += 1
         return replaced
 
-    def read_lines(self, limit: int = READ_CHUNK) -> tuple[list[Line], bool]:
-        """``(new complete lines, reset)``; ``reset`` is True when reading restarted at byte 0."""
+    def read_chunk(self, limit: int = READ_CHUNK) -> tuple[bytes, int, bool]:
+        """``(bytes of complete new lines, their start offset, reset)``; at most ``limit`` bytes."""
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            return [], False
+            return b"", self.offset, False
         reset = self._check_replaced(st)
         if st.st_size == self.offset:
-            return [], reset
+            self.torn_tail = False
+            return b"", self.offset, reset
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read(min(st.st_size - self.offset, limit))
         end = data.rfind(b"\n")
         self.torn_tail = end < len(data) - 1 and self.offset + len(data) == st.st_size
+        base = self.offset
         if end < 0:
-            return [], reset
-        lines = list(_split(data[: end + 1], self.offset))
+            return b"", base, reset
         self.offset += end + 1
-        return lines, reset
+        return data[: end + 1] if end + 1 < len(data) else data, base, reset
+
+    def read_lines(self, limit: int = READ_CHUNK) -> tuple[list[Line], bool]:
+        """``(new complete lines, reset)``; ``reset`` is True when reading restarted at byte 0."""
+        data, base, reset = self.read_chunk(limit)
+        return list(_split(data, base)), reset
 
     def pending(self) -> bool:
         """True when the file holds bytes past the offset (more to read, or a torn line)."""

@@ -131,14 +131,20 @@ class EventStore:
         self.run_dir = Path(run_dir)
         self._indexes: dict[Path, StepIndex] = {}
 
-    def _refresh(self) -> list[StepIndex]:
+    def all_indexes(self) -> list[StepIndex]:
+        """An index per event file (not refreshed: the server warms them in the background)."""
         legacy = self.run_dir / EVENTS_FILE
         files = ([legacy] if legacy.exists() else []) + [p for _, p in block_files(self.run_dir / EVENTS_DIR)]
         for path in files:
             if path not in self._indexes:
                 self._indexes[path] = StepIndex(path, epochs=False)
-            self._indexes[path].refresh()
         return [self._indexes[p] for p in files]
+
+    def _refresh(self) -> list[StepIndex]:
+        indexes = self.all_indexes()
+        for index in indexes:
+            index.refresh()
+        return indexes
 
     def steps(self) -> list[int]:
         return sorted({s for index in self._refresh() for s in index.step_numbers()})

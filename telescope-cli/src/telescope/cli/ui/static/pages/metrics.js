@@ -16,9 +16,9 @@ async function fetchData(runs) {
   const catalog = new Map();
   const series = {};
   await Promise.all(runs.map(async run => {
-    const cat = await runApi(run, 'catalog');
+    const [cat, data] = await Promise.all([runApi(run, 'catalog'), runApi(run, 'metrics', { keys: '*' })]);
     for (const item of cat.keys) if (!catalog.has(item.key)) catalog.set(item.key, item);
-    series[run] = await runApi(run, 'metrics', { keys: '*' });
+    series[run] = data;
   }));
   return { catalog, series };
 }
