@@ -36,5 +36,5 @@ fi
 "$VENV/bin/pip" install --quiet \
   -e "./telescope-core[$core_extras]" \
   -e ./telescope-fsdp -e "$megatron_pkg" -e "./telescope-envs[datasets,math]" \
-  -e "./telescope-sandboxes[e2b,modal,prime]" -e ./telescope-cli -e ".[dev]"
+  -e "./telescope-sandboxes[e2b,modal,prime]" -e "./telescope-cli[ui]" -e ".[dev]"
 echo "$want" > "$stamp"

@@ -9,6 +9,7 @@ from telescope.cli.commands import config as config_cmd
 from telescope.cli.commands import eval as eval_cmd
 from telescope.cli.commands import plugins as plugins_cmd
 from telescope.cli.commands import train as train_cmd
+from telescope.cli.commands import ui as ui_cmd
 
 __all__ = ["app", "main"]
 
@@ -52,6 +53,7 @@ def _root(
 
 app.command("train", context_settings=train_cmd.CONTEXT)(train_cmd.train)
 app.command("eval", context_settings=eval_cmd.CONTEXT)(eval_cmd.eval_command)
+app.command("ui")(ui_cmd.ui)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(checkpoint_cmd.app, name="checkpoint")

@@ -1,0 +1,83 @@
+"""``telescope ui [RUN_DIR_OR_PARENT ...]``: the dashboard over run directories, live."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import webbrowser
+from pathlib import Path
+
+import typer
+
+from telescope.cli.errors import err_console
+
+__all__ = ["is_loopback", "ui"]
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (the only safe binds: the UI has no auth)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _default_paths() -> list[Path]:
+    runs = Path("runs")
+    return [runs if runs.is_dir() else Path(".")]
+
+
+def ui(
+    paths: list[Path] = typer.Argument(None, help="Run directories, or folders of runs (default: ./runs)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (no auth: keep it local)."),
+    port: int = typer.Option(8005, "--port", help="Port to listen on."),
+    no_browser: bool = typer.Option(False, "--no-browser", help="Do not open a browser tab."),
+    wandb: str = typer.Option(
+        "",
+        "--wandb",
+        help="ENTITY/PROJECT or ENTITY/PROJECT/RUN: pull W&B runs into a local cache and show them.",
+    ),
+) -> None:
+    """Serve the dashboard (Runs, Metrics, Rollouts, Timeline, Infra, Evals, Logs), updated live."""
+    try:
+        from aiohttp import web
+
+        from telescope.cli.ui.data import Workspace
+        from telescope.cli.ui.server import build_app, plotly_js_path
+    except ImportError as exc:
+        err_console.print(
+            f"[bold red]error:[/] telescope ui needs the ui extra ({exc}): pip install 'telescope-cli[ui]'"
+        )
+        raise typer.Exit(code=2) from None
+    from telescope.core.observe.reader import RunDirError
+
+    targets = list(paths or [])
+    if wandb:
+        from telescope.cli.ui.wandb_pull import pull_runs
+
+        targets.append(pull_runs(wandb))
+    try:
+        workspace = Workspace(targets or _default_paths())
+    except RunDirError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None
+    if not is_loopback(host):
+        err_console.print(
+            f"[bold yellow]warning:[/] binding {host}: the dashboard has no authentication, anyone who can "
+            "reach this address can read these runs"
+        )
+    if plotly_js_path() is None:
+        err_console.print(
+            "[yellow]warning:[/] plotly is not installed, charts will not draw: pip install 'telescope-cli[ui]'"
+        )
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
+    typer.echo(f"telescope ui: {len(workspace.runs())} run(s) at {url} (Ctrl-C to stop)")
+    if not no_browser:
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+    try:
+        web.run_app(build_app(workspace), host=host, port=port, print=None, access_log=None)
+    except OSError as exc:
+        err_console.print(f"[bold red]error:[/] cannot listen on {host}:{port} ({exc}): pick another --port")
+        raise typer.Exit(code=2) from None

@@ -1,0 +1,80 @@
+// The dashboard's shell: routes '#/<page>?...' to a page module, keeps the run picker, and
+// polls /api/poll every second so each page refreshes when its runs change (live runs).
+import { api, currentRoute, h, setParams } from './common.js';
+import * as runs from './pages/runs.js';
+import * as metrics from './pages/metrics.js';
+import * as rollouts from './pages/rollouts.js';
+import * as timeline from './pages/timeline.js';
+import * as infra from './pages/infra.js';
+import * as evals from './pages/evals.js';
+import * as logs from './pages/logs.js';
+
+const PAGES = { runs, metrics, rollouts, timeline, infra, evals, logs };
+const POLL_MS = 1000;
+const state = { runs: [], page: null, revisions: {}, rendering: false };
+
+export function selectedRuns() {
+  const { params } = currentRoute();
+  const keys = state.runs.map(r => r.key);
+  const chosen = (params.runs || '').split(',').filter(k => keys.includes(k));
+  return chosen.length ? chosen : keys.slice(0, 1);
+}
+
+function renderPicker(page) {
+  const box = document.getElementById('run-picker');
+  box.replaceChildren();
+  if (page === 'runs' || !state.runs.length) return;
+  const chosen = selectedRuns();
+  const multi = page === 'metrics';
+  const select = h('select', { id: 'run-select', multiple: multi, size: multi ? Math.min(state.runs.length, 3) : null,
+    onchange: () => {
+      const keys = [...select.selectedOptions].map(o => o.value);
+      setParams({ runs: keys.join(',') });
+      render();
+    } }, state.runs.map(r => h('option', { value: r.key, selected: chosen.includes(r.key) }, r.key)));
+  box.append(h('label', {}, multi ? 'runs ' : 'run ', select));
+}
+
+async function render() {
+  const { page, params } = currentRoute();
+  const module = PAGES[page] || runs;
+  for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.page === page);
+  state.page = module;
+  renderPicker(page);
+  const main = document.getElementById('page');
+  main.replaceChildren();
+  state.rendering = true;
+  try {
+    await module.render(main, { params, runs: state.runs, selected: selectedRuns() });
+  } catch (err) {
+    console.warn(err);
+    main.append(h('p', { class: 'error' }, String(err.message || err)));
+  } finally {
+    state.rendering = false;
+  }
+}
+
+async function poll() {
+  try {
+    const { runs: revs } = await api('/api/poll');
+    const changed = Object.keys(revs).some(k => JSON.stringify(revs[k]) !== JSON.stringify(state.revisions[k]));
+    const newRuns = Object.keys(revs).length !== Object.keys(state.revisions).length;
+    state.revisions = revs;
+    document.getElementById('live').classList.add('on');
+    if (newRuns) state.runs = (await api('/api/runs')).runs;
+    if (!state.rendering && state.page && state.page.refresh) await state.page.refresh({ changed, revisions: revs });
+  } catch (err) {
+    document.getElementById('live').classList.remove('on');
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+async function main() {
+  state.runs = (await api('/api/runs')).runs;
+  state.revisions = (await api('/api/poll')).runs;
+  window.addEventListener('hashchange', render);
+  await render();
+  setTimeout(poll, POLL_MS);
+}
+
+main();

@@ -1,0 +1,114 @@
+// Shared helpers of every page: the API client, a tiny element builder, the hash route,
+// and chart helpers over Plotly (served from the installed plotly package).
+
+export async function api(path, params = {}) {
+  const query = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== undefined && v !== null && v !== '') query.set(k, v);
+  }
+  const response = await fetch(path + (query.toString() ? '?' + query : ''));
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+export function runApi(run, name, params) {
+  return api(`/api/runs/${encodeURIComponent(run)}/${name}`, params);
+}
+
+// h('div', {class: 'x', onclick: fn}, child, 'text', [more children])
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'value') el.value = v;
+    else el.setAttribute(k, v === true ? '' : v);
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+// The route: '#/page?a=1&b=2' -> {page, params}
+export function currentRoute() {
+  const [path, query] = location.hash.replace(/^#\/?/, '').split('?');
+  return { page: path || 'runs', params: Object.fromEntries(new URLSearchParams(query || '')) };
+}
+
+// Keep the page's state in the URL (deep links) without re-rendering the page.
+export function setParams(patch) {
+  const { page, params } = currentRoute();
+  const next = { ...params, ...patch };
+  for (const k of Object.keys(next)) if (next[k] === '' || next[k] === null || next[k] === undefined) delete next[k];
+  const query = new URLSearchParams(next).toString();
+  history.replaceState(null, '', `#/${page}${query ? '?' + query : ''}`);
+}
+
+export function fmt(value, digits = 4) {
+  if (value === null || value === undefined) return '–';
+  if (typeof value === 'number') {
+    if (Number.isInteger(value)) return String(value);
+    return Math.abs(value) >= 1e5 || (Math.abs(value) < 1e-3 && value !== 0) ? value.toExponential(2) : value.toFixed(digits);
+  }
+  return String(value);
+}
+
+export function fmtTime(unix) {
+  return unix ? new Date(unix * 1000).toLocaleString() : '–';
+}
+
+export function debounce(fn, ms = 300) {
+  let timer;
+  return (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), ms); };
+}
+
+// Exponential moving average (the usual "smoothing" slider), nulls kept as gaps.
+export function smooth(values, weight) {
+  if (!weight) return values;
+  let last = null;
+  return values.map(v => {
+    if (v === null || v === undefined) return null;
+    last = last === null ? v : last * weight + (1 - weight) * v;
+    return last;
+  });
+}
+
+export const COLORS = ['#3856d6', '#e4572e', '#17a398', '#f3a712', '#8d5fd3', '#29335c', '#db3a34', '#4c956c'];
+
+export const LAYOUT = {
+  margin: { l: 48, r: 12, t: 28, b: 32 }, font: { size: 11 }, showlegend: false,
+  paper_bgcolor: '#fff', plot_bgcolor: '#fff', hovermode: 'x unified',
+  xaxis: { gridcolor: '#eee', zeroline: false }, yaxis: { gridcolor: '#eee', zeroline: false },
+};
+
+export const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ['select2d', 'lasso2d'] };
+
+export function plot(el, traces, layout = {}) {
+  if (!window.Plotly) { el.textContent = 'plotly is not installed: pip install "telescope-cli[ui]"'; return; }
+  const merged = { ...LAYOUT, ...layout, xaxis: { ...LAYOUT.xaxis, ...(layout.xaxis || {}) },
+                   yaxis: { ...LAYOUT.yaxis, ...(layout.yaxis || {}) } };
+  return Plotly.react(el, traces, merged, CONFIG);
+}
+
+// Draw a chart the first time it scrolls into view (pages with hundreds of metrics stay fast).
+const drawers = new WeakMap();
+const observer = new IntersectionObserver(entries => {
+  for (const entry of entries) {
+    if (!entry.isIntersecting) continue;
+    const draw = drawers.get(entry.target);
+    if (draw) { drawers.delete(entry.target); observer.unobserve(entry.target); draw(); }
+  }
+}, { rootMargin: '300px' });
+
+export function drawWhenVisible(el, draw) {
+  if (el.dataset.drawn) { draw(); return; }
+  drawers.set(el, () => { el.dataset.drawn = '1'; draw(); });
+  observer.observe(el);
+}
+
+export function empty(text) {
+  return h('p', { class: 'muted' }, text);
+}

@@ -1,0 +1,141 @@
+// Rollouts: one step's samples with filters (environment, outcome, reward, advantage, length,
+// text), the step's aggregates, one sample in full (conversation, tool calls, reward
+// components, timings, tokens) and its prompt group side by side.
+import { empty, fmt, h, runApi, setParams } from '../common.js';
+
+let ctx = null;
+const FILTERS = ['env', 'outcome', 'reward_min', 'reward_max', 'adv_min', 'adv_max', 'len_min', 'len_max', 'q'];
+
+function filterControls(data) {
+  const f = ctx.filters;
+  const input = (name, type = 'number', attrs = {}) => h('input', { id: `f-${name}`, type, value: f[name] || '', step: 'any', ...attrs,
+    onchange: e => { f[name] = e.target.value; load(); } });
+  const steps = data.steps || [];
+  const stepAt = d => { const i = steps.indexOf(data.step) + d; if (i >= 0 && i < steps.length) { ctx.step = steps[i]; load(); } };
+  return h('div', { class: 'controls' },
+    h('label', {}, 'step', h('button', { onclick: () => stepAt(-1), id: 'prev-step' }, '‹'),
+      h('select', { id: 'step', onchange: e => { ctx.step = Number(e.target.value); load(); } },
+        steps.map(s => h('option', { value: s, selected: s === data.step }, s))),
+      h('button', { onclick: () => stepAt(1), id: 'next-step' }, '›')),
+    h('label', {}, 'env', h('select', { id: 'f-env', onchange: e => { f.env = e.target.value; load(); } },
+      h('option', { value: '' }, 'any'), data.summary.envs.map(e => h('option', { value: e, selected: e === f.env }, e)))),
+    h('label', {}, 'outcome', h('select', { id: 'f-outcome', onchange: e => { f.outcome = e.target.value; load(); } },
+      ['', 'kept', 'discarded', 'cancelled', 'max_async', 'zero_advantage', 'off_policy', 'eval_drain']
+        .map(o => h('option', { value: o, selected: o === (f.outcome || '') }, o || 'any')))),
+    h('label', {}, 'reward', input('reward_min'), '…', input('reward_max')),
+    h('label', {}, 'advantage', input('adv_min'), '…', input('adv_max')),
+    h('label', {}, 'completion tokens', input('len_min'), '…', input('len_max')),
+    h('label', {}, 'text', input('q', 'search', { placeholder: 'in prompt or completion' })));
+}
+
+function summaryPanel(s) {
+  const row = (name, st) => h('tr', {}, h('td', {}, name), ['mean', 'std', 'min', 'max', 'gini_mean'].map(k => h('td', { class: 'num' }, fmt(st[k]))));
+  return h('div', { class: 'panel', id: 'step-summary' },
+    h('div', {}, Object.entries(s.outcomes).map(([k, v]) => h('span', { class: 'chip' }, `${k}: ${v}`))),
+    h('table', {}, h('tr', {}, ['kept samples', 'mean', 'std', 'min', 'max', 'gini (group mean)'].map(t => h('th', {}, t))),
+      row('reward', s.reward), row('advantage', s.advantage), row('completion tokens', s.completion_tokens),
+      Object.entries(s.sample_metrics).map(([k, st]) => row(k, st))));
+}
+
+function table(data) {
+  if (!data.rows.length) return empty('No rollouts match.');
+  const cols = ['group', 'sample', 'env', 'reward', 'advantage', 'outcome', 'stop', 'tokens', 'completion'];
+  return h('table', { id: 'rollout-table' }, h('tr', {}, cols.map(c => h('th', {}, c))),
+    data.rows.map(r => h('tr', { class: 'clickable', 'data-reward': r.reward, onclick: e => { select(r); markSelected(e.currentTarget); } },
+      h('td', { class: 'num' }, r.group_id), h('td', { class: 'num' }, r.sample_id), h('td', {}, r.env),
+      h('td', { class: 'num' }, fmt(r.reward)), h('td', { class: 'num' }, fmt(r.advantage)),
+      h('td', {}, r.outcome), h('td', {}, r.stop_reason), h('td', { class: 'num' }, r.completion_tokens),
+      h('td', {}, h('div', { class: 'preview' }, r.completion_preview)))));
+}
+
+function markSelected(tr) {
+  for (const el of document.querySelectorAll('#rollout-table tr.selected')) el.classList.remove('selected');
+  tr.classList.add('selected');
+}
+
+function conversationView(messages) {
+  return messages.map(m => h('div', { class: `msg ${m.role}` }, h('div', { class: 'role' }, m.role + (m.generated ? ' (generated)' : '')),
+    m.parts.map(p => h('div', { class: `part ${p.kind}` }, p.kind === 'text' ? null : h('div', { class: 'role' }, p.kind.replace('_', ' ')), p.text))));
+}
+
+// Per-token colouring when the record carries logprobs (``completion_logprobs``), and the
+// mismatch between inference and trainer logprobs when it carries both.
+function tokenView(record) {
+  const ids = record.completion_ids || [];
+  const lp = record.completion_logprobs || record.logprobs;
+  const trainer = record.trainer_logprobs;
+  if (!ids.length) return null;
+  const spans = ids.map((id, i) => {
+    let bg = '#eef1fd', title = `id ${id}`;
+    if (Array.isArray(lp) && typeof lp[i] === 'number') {
+      const p = Math.exp(lp[i]);
+      bg = `hsl(${Math.round(120 * p)}, 70%, 85%)`; title += ` logprob ${lp[i].toFixed(3)}`;
+      if (Array.isArray(trainer) && typeof trainer[i] === 'number') title += ` mismatch ${(lp[i] - trainer[i]).toFixed(3)}`;
+    }
+    return h('span', { style: `background:${bg}`, title }, id);
+  });
+  return h('div', {}, h('h3', {}, `completion tokens (${ids.length})` + (lp ? ', coloured by probability' : ': ids (the record holds no logprobs)')),
+    h('div', { class: 'tokens' }, spans));
+}
+
+function kv(obj) {
+  return h('div', { class: 'kv' }, Object.entries(obj || {}).map(([k, v]) => [h('span', { class: 'k' }, k), h('span', {}, fmt(v))]));
+}
+
+function recordPanel(record, messages) {
+  const facts = { reward: record.reward, raw_reward: record.raw_reward, advantage: record.advantage, outcome: record.discard_reason || 'kept',
+    zero_advantage_kind: record.zero_advantage_kind, stop_reason: record.stop_reason, model_version: record.model_version,
+    off_policy_steps: record.off_policy_steps, server: record.server, lane: record.lane, turns: record.num_turns,
+    prompt_tokens: record.prompt_tokens, completion_tokens: record.completion_tokens };
+  return h('div', {},
+    h('h3', {}, `step ${record.step} · group ${record.group_id} · sample ${record.sample_id} · ${record.env}`),
+    kv(facts), h('h3', {}, 'reward components (sample metrics)'), kv(record.sample_metrics),
+    h('h3', {}, 'timings'), kv(record.timings), h('h3', {}, 'conversation'), conversationView(messages), tokenView(record));
+}
+
+async function select(row) {
+  ctx.detail.replaceChildren(h('p', { class: 'muted' }, 'loading…'));
+  const data = await runApi(ctx.run, 'sample', { step: row.step, group: row.group_id, sample: row.sample_id });
+  setParams({ group: row.group_id, sample: row.sample_id });
+  ctx.detail.replaceChildren(
+    h('button', { id: 'show-group', onclick: () => showGroup(row) }, `Show group ${row.group_id} side by side`),
+    recordPanel(data.record, data.conversation));
+}
+
+async function showGroup(row) {
+  const data = await runApi(ctx.run, 'group', { step: row.step, group: row.group_id });
+  ctx.groupBox.replaceChildren(h('h2', {}, `Group ${row.group_id} of step ${row.step} (${data.rows.length} samples)`),
+    h('div', { class: 'group-cols', id: 'group-cols' }, data.rows.map(({ record, conversation }) => h('div', { class: 'panel' },
+      h('strong', {}, `#${record.sample_id} reward ${fmt(record.reward)} adv ${fmt(record.advantage)} ${record.discard_reason || ''}`),
+      conversationView(conversation.filter(m => m.generated))))));
+  ctx.groupBox.scrollIntoView();
+}
+
+async function load() {
+  const params = { step: ctx.step };
+  for (const k of FILTERS) params[k] = ctx.filters[k];
+  setParams({ ...params, group: '', sample: '' });
+  const data = await runApi(ctx.run, 'rollouts', params);
+  ctx.step = data.step;
+  ctx.lastCount = data.total;
+  if (!data.total && !(data.steps || []).length) { ctx.root.replaceChildren(empty('No rollouts logged yet.')); return; }
+  ctx.detail = h('div', { class: 'panel scroll', id: 'rollout-detail' }, h('p', { class: 'muted' }, 'Click a rollout to see it in full.'));
+  ctx.groupBox = h('div');
+  ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary),
+    h('p', { class: 'muted', id: 'rollout-count' }, `${data.matched} of ${data.total} rollouts of step ${data.step}`),
+    h('div', { class: 'split' }, h('div', { class: 'scroll' }, table(data)), ctx.detail), ctx.groupBox);
+}
+
+export async function render(main, { params, selected }) {
+  if (!selected.length) { main.append(empty('No runs found.')); return; }
+  ctx = { run: selected[0], step: params.step ? Number(params.step) : null, filters: {}, root: h('div', { id: 'rollouts' }) };
+  for (const k of FILTERS) ctx.filters[k] = params[k] || '';
+  main.append(ctx.root);
+  await load();
+  if (params.group && params.sample) await select({ step: ctx.step, group_id: Number(params.group), sample_id: Number(params.sample) });
+}
+
+export async function refresh({ changed }) {
+  // A live run's latest step may still be filling: reload the list when its count may have changed.
+  if (changed && ctx && ctx.lastCount === 0) await load();
+}

@@ -1,0 +1,183 @@
+"""The dashboard in a real browser: Playwright driving Debian's headless chromium (launched by
+path; no browser download). Skipped when playwright or chromium is missing.
+
+Screenshots of every page go to the test's tmp dir (``<tmp>/shots/<page>.png``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import log_step, start_hub, step_rows, write_run
+
+from telescope.cli.ui.data import Workspace
+from telescope.cli.ui.server import ServerThread, plotly_js_path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+PAGES = ("runs", "metrics", "rollouts", "timeline", "infra", "evals", "logs")
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+if not Path(CHROMIUM).exists():
+    pytest.skip("chromium is not installed (scripts/install-chromium.sh)", allow_module_level=True)
+if plotly_js_path() is None:
+    pytest.skip("plotly is not installed (pip install 'telescope-cli[ui]')", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser tab that records console errors and uncaught exceptions."""
+
+    def __init__(self, browser: Any, base: str) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.base = base
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open(self, route: str) -> Any:
+        self.page.goto(f"{self.base}/#/{route}")
+        self.page.wait_for_load_state("networkidle")
+        return self.page
+
+    def points(self, key: str, trace: int = 0) -> int:
+        return int(
+            self.page.evaluate(f"document.querySelector('.chart[data-key=\"{key}\"]').data[{trace}].x.length")
+        )
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
+    """A finished run and a live one (its hub still open) under one parent folder."""
+    write_run(tmp_path / "runs" / "done", steps=4)
+    hub = start_hub(tmp_path / "runs" / "live")
+    for step in (1, 2, 3):
+        log_step(hub, step)
+    logs = tmp_path / "runs" / "done" / "logs"
+    logs.mkdir(exist_ok=True)
+    (logs / "telescope.log").write_text("2026-01-01 10:00:00,001 INFO telescope.runtime started\n"
+                                        "2026-01-01 10:00:01,001 WARNING telescope.runtime slow\n")  # fmt: skip
+    srv = ServerThread(Workspace([tmp_path / "runs"])).start()
+    yield srv, hub
+    srv.stop()
+    hub.finish("finished")
+
+
+def test_every_page_loads_without_console_errors(
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
+) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    for page in PAGES:
+        p = tab.open(f"{page}?runs=done")
+        p.wait_for_timeout(400)
+        p.screenshot(path=str(shots / f"{page}.png"), full_page=False)
+        assert not p.query_selector("p.error"), f"{page}: {p.inner_text('main')}"
+        assert not tab.errors, f"{page}: {tab.errors}"
+    assert sorted(f.name for f in shots.iterdir()) == sorted(f"{page}.png" for page in PAGES)
+    p = tab.open("runs")
+    assert p.inner_text("#runs-table").count("finished") == 1 and "running" in p.inner_text("#runs-table")
+
+
+def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("metrics?runs=done")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    assert tab.points("entropy") == 4
+    assert p.evaluate("document.querySelector('.chart[data-key=\"entropy\"]').data[0].y[1]") == 0.5
+    # a declared range fixes the y axis: reward/mean is drawn on [0, 1] (+3% padding)
+    p.evaluate("document.querySelector('.chart[data-key=\"reward/mean\"]').scrollIntoView()")
+    p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
+    y_range = p.evaluate("document.querySelector('.chart[data-key=\"reward/mean\"]').layout.yaxis.range")
+    assert y_range == pytest.approx([-0.03, 1.03])
+    p = tab.open("metrics?runs=done,live")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
+    assert p.query_selector('details[data-section="debug"] .group-title').inner_text() == "grads"
+    assert not tab.errors
+
+
+def test_filtering_rollouts_by_reward(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("rollouts?runs=done&step=2")
+    p.wait_for_selector("#rollout-table")
+    assert len(p.query_selector_all("#rollout-table tr.clickable")) == len(step_rows(2))
+    p.fill("#f-reward_min", "0.5")
+    p.press("#f-reward_min", "Enter")
+    expected = sorted(r.reward for r in step_rows(2) if r.reward >= 0.5)
+    p.wait_for_function(
+        f"document.querySelectorAll('#rollout-table tr.clickable').length === {len(expected)}"
+    )
+    shown = [
+        float(tr.get_attribute("data-reward")) for tr in p.query_selector_all("#rollout-table tr.clickable")
+    ]
+    assert sorted(shown) == expected
+    assert "reward_min=0.5" in p.url  # deep link
+    p.query_selector("#rollout-table tr.clickable").click()
+    p.wait_for_selector("#rollout-detail .part.tool_call")
+    p.click("#show-group")
+    p.wait_for_selector("#group-cols .panel")
+    assert len(p.query_selector_all("#group-cols .panel")) == 4
+    assert not tab.errors
+
+
+def test_live_metrics_line_appears_within_3s(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, hub = live
+    tab = Page(browser, srv.url)
+    p = tab.open("metrics?runs=live")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    assert tab.points("entropy") == 3
+    log_step(hub, 4)
+    p.wait_for_function(
+        "document.querySelector('.chart[data-key=\"entropy\"]').data[0].x.length === 4", timeout=3000
+    )
+    assert not tab.errors
+
+
+def test_custom_view_persists(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("metrics?runs=done&view=custom")
+    p.fill("#new-section", "mine")
+    p.click("#add-section")
+    p.fill(".custom-section input[list]", "entropy")
+    p.dispatch_event(".custom-section input[list]", "change")
+    p.wait_for_selector('.custom-section .chart[data-key="entropy"]')
+    p.reload()
+    p.wait_for_selector('.custom-section .chart[data-key="entropy"] .main-svg')
+    assert p.evaluate("JSON.parse(localStorage.getItem('telescope.metrics.custom'))") == [
+        {"name": "mine", "keys": ["entropy"]}
+    ]
+    assert not tab.errors
+
+
+def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("timeline?runs=done&from=2&to=3")
+    p.wait_for_selector("#timeline-chart .main-svg")
+    names = p.evaluate("document.querySelector('#timeline-chart').data.map(t => t.name)")
+    assert {"generation", "reward", "trainer", "trainer_phase"} <= set(names)
+    p = tab.open("logs?runs=done&level=WARNING")
+    p.wait_for_selector("#log-lines div")
+    assert [line.inner_text() for line in p.query_selector_all("#log-lines div")][-1].endswith("slow")
+    assert len(p.query_selector_all("#log-lines div")) == 1
+    assert not tab.errors

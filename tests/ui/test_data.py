@@ -1,0 +1,267 @@
+"""The dashboard's data API on run directories the tests write: finished, live (appended to),
+crashed (torn lines), resumed (steps logged again) and schema 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
+
+from telescope.cli.ui.data import RunData, Workspace, declared_ranges
+from telescope.cli.ui.index import StepIndex
+from telescope.cli.ui.rollouts import RolloutFilter
+from telescope.core.observe.reader import RunDirError
+
+
+def _gini(xs: list[float]) -> float:
+    """The doc's formula, pairwise: sum_ij |xi - xj| / (2 n^2 mean)."""
+    n, mean = len(xs), sum(xs) / len(xs)
+    return sum(abs(a - b) for a in xs for b in xs) / (2 * n * n * mean) if mean else 0.0
+
+
+def test_metrics_catalog_sections_and_declared_ranges(finished_run: Path) -> None:
+    run = RunData(finished_run, "run")
+    catalog = {k["key"]: k for k in run.catalog()["keys"]}
+    assert (catalog["entropy"]["section"], catalog["entropy"]["group"]) == ("General", "")
+    assert (catalog["reward/mean"]["section"], catalog["reward/mean"]["group"]) == ("reward", "")
+    assert (catalog["debug/grads/layer_norm"]["section"], catalog["debug/grads/layer_norm"]["group"]) == (
+        "debug",
+        "grads",
+    )
+    assert catalog["reward/mean"]["range"] == [0.0, 1.0]
+    assert catalog["sample_metrics/correct/max"]["range"] == [0.0, 1.0]
+    assert catalog["reward/std"]["range"] is None and catalog["entropy"]["range"] is None
+    series = run.metric_series(["entropy", "reward/mean", "missing"])
+    assert series["step"] == [1, 2, 3, 4]
+    assert series["values"]["entropy"] == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
+    kept = [[r if r is not None else s / 10 for g in GROUP_REWARDS.values() for r in g] for s in range(1, 5)]
+    assert series["values"]["reward/mean"] == pytest.approx([sum(k) / len(k) for k in kept])
+    assert series["values"]["missing"] == [None] * 4
+    summary = run.summary()
+    assert (summary["status"], summary["step"], summary["steps_logged"]) == ("finished", 4, 4)
+    assert summary["reward"] == pytest.approx(sum(kept[-1]) / 8)
+    assert summary["highlights"]["number_of_steps"] == 4
+
+
+def test_declared_ranges_union_and_per_env() -> None:
+    info = {"environments": [{"name": "a", "reward_min": 0, "reward_max": 2, "metrics_ranges": {"m": {"min": 0, "max": 5}}},
+                             {"name": "b", "reward_min": -1, "reward_max": 1}]}  # fmt: skip
+    keys = [
+        "reward/mean",
+        "reward/a/max",
+        "reward/b/min",
+        "reward/std",
+        "sample_metrics/m/mean",
+        "sample_metrics/m/std",
+    ]
+    assert declared_ranges(info, keys) == {"reward/mean": [-1, 2], "reward/a/max": [0, 2], "reward/b/min": [-1, 1],
+                                           "sample_metrics/m/mean": [0, 5]}  # fmt: skip
+    # one environment without a declared range: the observed range is used for the overall reward
+    info["environments"][1]["reward_max"] = None
+    assert "reward/mean" not in declared_ranges(info, keys)
+
+
+def test_rollout_filters_and_step_summary(finished_run: Path) -> None:
+    run = RunData(finished_run, "run")
+    rows = [r.to_dict() for r in step_rows(3)]
+    everything = run.rollout_query(3, RolloutFilter())
+    assert (everything["total"], everything["matched"]) == (len(rows), len(rows))
+    flt = RolloutFilter(reward_min=0.2, reward_max=0.9)
+    expected = [(r["group_id"], r["sample_id"]) for r in rows if 0.2 <= r["reward"] <= 0.9]
+    got = run.rollout_query(3, flt)
+    assert [(r["group_id"], r["sample_id"]) for r in got["rows"]] == expected
+    assert run.rollout_query(3, RolloutFilter(outcome="discarded"))["matched"] == 2
+    assert run.rollout_query(3, RolloutFilter(outcome="cancelled"))["matched"] == 1
+    assert (
+        run.rollout_query(3, RolloutFilter(outcome="kept", length_min=6))["matched"] == 4
+    )  # samples 2, 3 of 2 groups
+    assert run.rollout_query(3, RolloutFilter(advantage_max=-0.01, outcome="kept"))["matched"] == sum(
+        1 for r in rows if r["discard_reason"] is None and r["advantage"] <= -0.01)  # fmt: skip
+    assert run.rollout_query(3, RolloutFilter(text="DROW1-2"))["matched"] == 1
+    summary = everything["summary"]
+    assert summary["outcomes"] == {"kept": 8, "max_async": 2, "off_policy": 1}
+    groups = [[r if r is not None else 0.3 for r in g] for g in GROUP_REWARDS.values()]
+    assert summary["reward"]["gini_mean"] == pytest.approx(sum(_gini(g) for g in groups) / 2)
+    assert summary["reward"]["max"] == 1.0 and summary["reward"]["min"] == 0.0
+    correct = [[float(r > 0.4) for r in g] for g in groups]
+    assert summary["sample_metrics"]["correct"]["mean"] == pytest.approx(sum(map(sum, correct)) / 8)
+    assert summary["sample_metrics"]["correct"]["gini_mean"] == pytest.approx(
+        sum(_gini(g) for g in correct) / 2
+    )
+    one = run.sample(3, 1, 2)
+    assert one is not None and one["completion_ids"] == [0, 1, 2, 3, 4, 5] and one["reward"] == 0.25
+    assert [r["sample_id"] for r in run.group(3, 0)] == [0, 1, 2, 3]
+
+
+def test_live_run_is_followed_as_it_is_appended(tmp_path: Path) -> None:
+    hub = start_hub(tmp_path / "live")
+    log_step(hub, 1)
+    run = RunData(tmp_path / "live", "live", refresh_s=0.0)
+    assert run.metric_series(["entropy"])["step"] == [1] and run.summary()["status"] == "running"
+    revision = run.metrics.revision
+    log_step(hub, 2)
+    assert run.metric_series(["entropy"])["step"] == [1, 2] and run.metrics.revision > revision
+    assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))
+    # a line being written (no newline yet) is not read until it is complete
+    metrics_file = tmp_path / "live" / "metrics.jsonl"
+    line = json.dumps({"step": 3, "time": 1.0, "metrics": {"entropy": 0.1}})
+    append_jsonl(metrics_file, torn=line[:20])
+    assert run.metric_series(["entropy"])["step"] == [1, 2] and run.metrics.torn_tail
+    append_jsonl(metrics_file, torn=line[20:] + "\n")
+    assert run.metric_series(["entropy"])["values"]["entropy"][-1] == 0.1 and not run.metrics.torn_tail
+    hub.finish("finished")
+    assert run.summary()["status"] == "finished"
+
+
+def test_crashed_run_skips_torn_and_bad_lines(tmp_path: Path) -> None:
+    write_run(tmp_path / "crashed", steps=2, finish=False)
+    root = tmp_path / "crashed"
+    append_jsonl(root / "metrics.jsonl", torn='{"step": 3, "metr')
+    block = root / "rollouts" / "block_000000.jsonl"
+    with open(block, "a") as f:
+        f.write("not json\n")
+    append_jsonl(block, torn='{"step": 3, "group_id": 0, "env": "x", "sa')
+    run = RunData(root, "crashed")
+    assert run.metric_series(["entropy"])["step"] == [1, 2]
+    assert run.summary()["read"]["metrics.jsonl"] == {"torn_tail": True, "bad_lines": 0}
+    assert run.summary()["status"] == "running"
+    assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))
+    assert run.rollout_query(3, RolloutFilter())["total"] == 0
+    assert run.rollouts._indexes[block].bad_lines == 1 and run.rollouts._indexes[block].torn_tail
+
+
+def test_resumed_run_later_records_win(tmp_path: Path) -> None:
+    write_run(tmp_path / "resumed", steps=4, finish=False)
+    root = tmp_path / "resumed"
+    # the run died after step 4; it resumes from a step-2 checkpoint and logs step 3 again
+    append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 9.0, "metrics": {"entropy": 42.0}})
+    rows = [{**r.to_dict(), "reward": 0.125} for r in step_rows(3)[:3]]
+    append_jsonl(root / "rollouts" / "block_000000.jsonl", *rows)
+    run = RunData(root, "resumed")
+    series = run.metric_series(["entropy"])
+    assert series["step"] == [1, 2, 3] and series["values"]["entropy"] == [1.0, 0.5, 42.0]
+    assert run.metrics.superseded == 2
+    got = run.rollout_query(3, RolloutFilter())
+    assert got["total"] == 3 and {r["reward"] for r in got["rows"]} == {0.125}
+    assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))  # untouched
+    append_jsonl(root / "metrics.jsonl", {"step": 4, "time": 10.0, "metrics": {"entropy": 43.0}})
+    assert run.metric_series(["entropy"])["values"]["entropy"] == [1.0, 0.5, 42.0]  # refresh is throttled
+    run.refresh(force=True)
+    assert run.metric_series(["entropy"])["values"]["entropy"] == [1.0, 0.5, 42.0, 43.0]
+
+
+def _v1_run(root: Path) -> None:
+    root.mkdir()
+    (root / "run.json").write_text(
+        json.dumps({"schema_version": 1, "run_id": "old", "name": "old", "status": "finished"})
+    )
+    append_jsonl(
+        root / "metrics.jsonl",
+        *({"step": s, "time": float(s), "metrics": {"entropy": s / 10}} for s in (1, 2)),
+    )
+    append_jsonl(root / "rollouts.jsonl", *(r.to_dict() for s in (1, 2) for r in step_rows(s)))
+    events = [
+        {"type": "generation", "phase": "start", "step": 1, "group_id": 0, "sample_id": 0, "server": 1, "lane": 2, "time": 10.0},
+        {"type": "generation", "phase": "end", "step": 2, "group_id": 0, "sample_id": 0, "server": 1, "lane": 2, "time": 12.0},
+        {"type": "reward", "phase": "start", "step": 2, "group_id": 0, "sample_id": 0, "time": 12.0},
+        {"type": "reward", "phase": "end", "step": 2, "group_id": 0, "sample_id": 0, "time": 12.5},
+        {"type": "trainer", "phase": "start", "name": "train_step", "step": 2, "time": 13.0},
+        {"type": "trainer", "phase": "end", "name": "train_step", "step": 2, "time": 15.0},
+        {"type": "checkpoint", "phase": "instant", "step": 2, "time": 15.5, "attrs": {"path": "x"}},
+    ]  # fmt: skip
+    append_jsonl(root / "events.jsonl", *events)
+    append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 3.0, "metrics": {"timing_forward_total": 0.5}})
+
+
+def test_schema_1_single_files_and_timeline(tmp_path: Path) -> None:
+    _v1_run(tmp_path / "old")
+    run = RunData(tmp_path / "old", "old")
+    assert run.metric_series(["entropy"])["values"]["entropy"] == [0.1, 0.2, None]
+    assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))
+    tl = run.timeline(2, 2)
+    by_type = {s["type"]: s for s in tl["spans"]}
+    # the generation started while step 1 was filling and ended in step 2: still one span
+    assert (by_type["generation"]["start"], by_type["generation"]["end"]) == (10.0, 12.0)
+    assert by_type["generation"]["row"] == "server 1 / lane 2" == by_type["reward"]["row"]
+    assert (by_type["trainer"]["start"], by_type["trainer"]["end"]) == (13.0, 15.0)
+    assert [(i["type"], i["row"]) for i in tl["instants"]] == [("checkpoint", "checkpoints")]
+
+
+def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path) -> None:
+    tl = RunData(finished_run, "run").timeline(2, 3)
+    steps = [s for s in tl["spans"] if s["type"] == "trainer"]
+    assert [s["step"] for s in steps] == [2, 3]
+    phases = [s for s in tl["spans"] if s["type"] == "trainer_phase" and s["step"] == 2]
+    assert [p["name"] for p in phases] == ["forward", "backward"]
+    assert phases[0]["start"] == steps[0]["start"] and phases[0]["end"] - phases[0]["start"] == pytest.approx(
+        0.5
+    )
+    assert phases[1]["start"] == pytest.approx(phases[0]["end"]) and all(p["derived"] for p in phases)
+    with pytest.raises(ValueError, match="too wide"):
+        RunData(finished_run, "run").timeline(0, 500)
+
+
+def test_logs_filter_by_component_level_text_and_follow(finished_run: Path) -> None:
+    logs = finished_run / "logs"
+    (logs / "inference").mkdir(parents=True, exist_ok=True)
+    (logs / "telescope.log").write_text(
+        "2026-01-01 10:00:00,001 INFO telescope.runtime starting\n"
+        "2026-01-01 10:00:01,000 ERROR telescope.runtime boom\nTraceback (most recent call last):\n  ValueError: x\n"
+    )
+    (logs / "telescope.stdout.log").write_text(
+        "\x1b[36m(TrainerWorker pid=12)\x1b[0m 2026-01-01 10:00:00,500 WARNING fsdp slow step\n"
+    )
+    (logs / "inference" / "server_0.log").write_text(
+        "2026-01-01 10:00:00,700 telescope.inference INFO serving\n"
+    )
+    store = RunData(finished_run, "run").logs
+    got = store.query()
+    assert [(e["component"], e["level"]) for e in got["entries"]] == [
+        ("driver", "INFO"), ("TrainerWorker", "WARNING"), ("server 0", "INFO"), ("driver", "ERROR"), ("driver", "ERROR"),
+        ("driver", "ERROR"),
+    ]  # fmt: skip
+    assert [e["text"] for e in store.query(level="ERROR")["entries"]][1:] == [
+        "Traceback (most recent call last):",
+        "  ValueError: x",
+    ]
+    assert [e["component"] for e in store.query(components=["server 0"])["entries"]] == ["server 0"]
+    assert [e["text"][-9:] for e in store.query(text="SLOW")["entries"]] == ["slow step"]
+    seq = got["seq"]
+    with open(logs / "telescope.log", "a") as f:
+        f.write("2026-01-01 10:00:02,000 INFO telescope.runtime step 1\n")
+    assert [e["text"][-6:] for e in store.query(after=seq)["entries"]] == ["step 1"]
+
+
+def test_workspace_finds_runs_under_a_parent(tmp_path: Path) -> None:
+    write_run(tmp_path / "runs" / "a", steps=1)
+    write_run(tmp_path / "runs" / "nested" / "a", steps=1)
+    (tmp_path / "runs" / "notes").mkdir()
+    (tmp_path / "runs" / "broken").mkdir()
+    (tmp_path / "runs" / "broken" / "run.json").write_text(json.dumps({"schema_version": 99}))
+    ws = Workspace([tmp_path / "runs"])
+    assert sorted(r.key for r in ws.runs()) == ["a", "nested-a"]
+    assert "upgrade telescope-core" in ws.errors[str(tmp_path / "runs" / "broken")]
+    write_run(tmp_path / "runs" / "b", steps=1)
+    ws.scan(force=True)
+    assert sorted(r.key for r in ws.runs()) == ["a", "b", "nested-a"]
+    with pytest.raises(KeyError, match="known runs are a, b, nested-a"):
+        ws.get("zzz")
+    with pytest.raises(RunDirError, match="no such folder"):
+        Workspace([tmp_path / "nope"])
+
+
+def test_step_index_reads_only_the_asked_step(tmp_path: Path) -> None:
+    path = tmp_path / "block.jsonl"
+    append_jsonl(path, *({"step": s, "pad": "x" * 1000, "i": i} for s in (1, 2, 3) for i in range(5)))
+    index = StepIndex(path)
+    assert index.refresh() == 15 and index.step_numbers() == [1, 2, 3]
+    spans = index.spans(2, 2)
+    assert len(spans) == 5 and sum(length for _, length in spans) < path.stat().st_size / 2
+    with open(path, "rb") as f:
+        f.seek(spans[0][0])
+        assert json.loads(f.read(spans[0][1]))["step"] == 2
+    # other key order: the step is still found
+    append_jsonl(path, {"i": 9, "pad": "y", "step": 4})
+    assert index.refresh() == 1 and index.count(4) == 1

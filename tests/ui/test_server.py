@@ -1,0 +1,71 @@
+"""The ``telescope ui`` server's JSON endpoints and static files, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import step_rows, write_run
+
+from telescope.cli.commands.ui import is_loopback
+from telescope.cli.ui.data import Workspace
+from telescope.cli.ui.server import ServerThread, plotly_js_path
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerThread]:
+    write_run(tmp_path / "runs" / "one", steps=3)
+    srv = ServerThread(Workspace([tmp_path / "runs"])).start()
+    yield srv
+    srv.stop()
+
+
+def _get(srv: ServerThread, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(srv.url + path, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_endpoints(server: ServerThread) -> None:
+    status, body = _get(server, "/api/runs")
+    runs = json.loads(body)["runs"]
+    assert status == 200 and [r["key"] for r in runs] == ["one"] and runs[0]["step"] == 3
+    series = json.loads(_get(server, "/api/runs/one/metrics?keys=*")[1])
+    assert series["step"] == [1, 2, 3] and series["values"]["entropy"] == pytest.approx([1, 0.5, 1 / 3])
+    got = json.loads(_get(server, "/api/runs/one/rollouts?step=2&reward_min=0.5")[1])
+    assert got["matched"] == sum(1 for r in step_rows(2) if r.reward >= 0.5) and got["steps"] == [1, 2, 3]
+    one = json.loads(_get(server, "/api/runs/one/sample?step=2&group=0&sample=1")[1])
+    assert one["record"]["sample_id"] == 1
+    assert [m["role"] for m in one["conversation"]] == ["user", "assistant"]
+    assert [p["kind"] for p in one["conversation"][1]["parts"]] == ["text", "tool_call"]
+    assert json.loads(_get(server, "/api/poll")[1])["runs"]["one"]["step"] == 3
+    assert len(json.loads(_get(server, "/api/runs/one/timeline?from=1&to=3")[1])["spans"]) > 0
+
+
+def test_errors_name_the_problem(server: ServerThread) -> None:
+    status, body = _get(server, "/api/runs/one/rollouts?step=abc")
+    assert status == 400 and "step='abc' is not an integer" in json.loads(body)["error"]
+    status, body = _get(server, "/api/runs/nope/metrics")
+    assert status == 404 and "no run 'nope'" in json.loads(body)["error"]
+    status, body = _get(server, "/api/runs/one/sample?step=2")
+    assert status == 400 and "needs step, group and sample" in json.loads(body)["error"]
+
+
+def test_static_page_and_local_plotly(server: ServerThread) -> None:
+    status, body = _get(server, "/")
+    assert status == 200 and b'src="/vendor/plotly.min.js"' in body and b"http" not in body
+    assert _get(server, "/static/app.js")[0] == 200
+    if plotly_js_path() is not None:
+        status, body = _get(server, "/vendor/plotly.min.js")
+        assert status == 200 and len(body) > 1_000_000
+
+
+def test_loopback_hosts() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
