@@ -131,13 +131,13 @@ def test_port_beyond_65535_is_a_clear_error() -> None:
 
 def test_transformers_threads_and_ignored_fields() -> None:
     from telescope.core.inference.settings import TransformersEngineKwargs
-    from telescope.core.inference.transformers_engine.server import _notes, _threads
+    from telescope.core.inference.transformers_engine.server import _notes, server_threads
+    from telescope.core.runtime.threads import choose_torch_threads
 
     cfg = make_cfg(ray_inference_cpus_per_worker=3.5)
-    assert _threads(cfg, TransformersEngineKwargs(), available=16) == 3  # rounded down
-    assert _threads(cfg, TransformersEngineKwargs(), available=2) == 2  # at most the cores torch sees
-    assert _threads(make_cfg(ray_inference_cpus_per_worker=0.5), TransformersEngineKwargs(), 16) == 1
-    assert _threads(cfg, TransformersEngineKwargs(num_threads=5), available=2) == 5
+    # the engine kwarg wins over the run-wide rule; otherwise the rule decides
+    assert server_threads(cfg, TransformersEngineKwargs(num_threads=5)).threads == 5
+    assert server_threads(cfg, TransformersEngineKwargs()) == choose_torch_threads(cfg, "inference")
     notes = " ".join(_notes(make_cfg(enable_vllm_tracing=True), "cpu"))
     assert "gpu_memory_utilization" in notes and "enable_vllm_tracing" in notes
     assert _notes(make_cfg(enable_vllm_tracing=False), "cuda") == []
