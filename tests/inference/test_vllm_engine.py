@@ -27,7 +27,7 @@ def test_launch_args_come_from_the_resolved_config() -> None:
     cfg = make_cfg(
         model="org/some-model", inference_num_workers=4, inference_tensor_parallel_size=2, gpu_memory_utilization=0.55,
         max_model_len=2048, vllm_scheduling_policy="fcfs", enable_vllm_tracing=True, otlp_receiver_port=4999,
-        model_dtype="bfloat16", seed=11,
+        model_dtype="bfloat16", seed=11, inference_dtype=None,
     )  # fmt: skip
     kwargs = VllmEngineKwargs(max_num_seqs=128, extra_args=["--enforce-eager"])
     args = build_vllm_args(cfg, kwargs, model_path="/models/m", index=3, host="0.0.0.0", port=8103,

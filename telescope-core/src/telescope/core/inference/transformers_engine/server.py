@@ -21,6 +21,7 @@ from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.app import build_app
 from telescope.core.inference.transformers_engine.core import EngineOptions, GenerationEngine
 from telescope.core.inference.transformers_engine.weights import ServerWeightSync
+from telescope.core.weights.settings import serving_dtype
 
 __all__ = ["InProcessServer", "ServerState", "check_config", "load_server_state", "main", "start_in_thread"]
 
@@ -79,7 +80,8 @@ def load_server_state(cfg: Any, kwargs: TransformersEngineKwargs, index: int = 0
         log.info(note)
     path = resolve_model_path(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model_dtype)).to(device)  # type: ignore[arg-type]
+    dtype = getattr(torch, serving_dtype(cfg))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)  # type: ignore[arg-type]
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None and cfg.max_model_len > positions:
         raise ValueError(
