@@ -289,7 +289,7 @@ def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -
         finally:
             await runner.cleanup()
 
-    with pytest.raises(WeightSyncError, match="weight_api='vllm_collective_rpc'"):
+    with pytest.raises(WeightSyncError, match=r"engine.client\(url\) \(a VllmClient\)"):
         asyncio.run(go())
 
 
@@ -304,3 +304,16 @@ def test_worker_extension_reads_weight_sync_verify_from_the_resolved_config(
     engine = VllmEngine(make_cfg(), VllmEngineKwargs())
     monkeypatch.setenv("TELESCOPE_RESOLVED_CONFIG", engine.write_config(tmp_path / "on"))
     assert _verify_enabled() is True
+
+
+def test_each_engine_returns_its_own_client() -> None:
+    from telescope.core.inference.client import InferenceClient
+    from telescope.core.inference.settings import TransformersEngineKwargs
+    from telescope.core.inference.transformers_engine.engine import TransformersEngine
+    from telescope.core.inference.vllm_engine.client import VllmClient
+
+    assert type(VllmEngine(make_cfg(), VllmEngineKwargs()).client("http://h:1")) is VllmClient
+    assert (
+        type(TransformersEngine(make_cfg(), TransformersEngineKwargs()).client("http://h:1"))
+        is InferenceClient
+    )
