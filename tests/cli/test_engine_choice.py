@@ -115,4 +115,4 @@ def test_tracing_is_dropped_with_a_warning_without_its_packages(
         assert otlp_endpoint(cfg, "10.1.2.3") is None
     assert "tracing disabled" in caplog.text and INSTALL in caplog.text
     assert any("enable_vllm_tracing: tracing disabled" in n for n in auto.startup_notes(cfg, "vllm"))
-    assert auto.startup_notes(cfg, "transformers") == []
+    assert not any("tracing" in n for n in auto.startup_notes(cfg, "transformers"))

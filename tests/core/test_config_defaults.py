@@ -24,6 +24,7 @@ ADDED_FIELDS = {
     "stall_timeout_s": 1800.0,
     "overwrite": False,
     "checkpoint_failure": "stop",
+    "inference_dtype": None,
 }
 
 

@@ -27,7 +27,7 @@ def test_launch_args_come_from_the_resolved_config() -> None:
     cfg = make_cfg(
         model="org/some-model", inference_num_workers=4, inference_tensor_parallel_size=2, gpu_memory_utilization=0.55,
         max_model_len=2048, vllm_scheduling_policy="fcfs", enable_vllm_tracing=True, otlp_receiver_port=4999,
-        model_dtype="bfloat16", seed=11,
+        model_dtype="bfloat16", seed=11, inference_dtype=None,
     )  # fmt: skip
     kwargs = VllmEngineKwargs(max_num_seqs=128, extra_args=["--enforce-eager"])
     args = build_vllm_args(cfg, kwargs, model_path="/models/m", index=3, host="0.0.0.0", port=8103,
@@ -289,7 +289,7 @@ def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -
         finally:
             await runner.cleanup()
 
-    with pytest.raises(WeightSyncError, match="weight_api='vllm_collective_rpc'"):
+    with pytest.raises(WeightSyncError, match=r"engine.client\(url\) \(a VllmClient\)"):
         asyncio.run(go())
 
 
@@ -304,3 +304,16 @@ def test_worker_extension_reads_weight_sync_verify_from_the_resolved_config(
     engine = VllmEngine(make_cfg(), VllmEngineKwargs())
     monkeypatch.setenv("TELESCOPE_RESOLVED_CONFIG", engine.write_config(tmp_path / "on"))
     assert _verify_enabled() is True
+
+
+def test_each_engine_returns_its_own_client() -> None:
+    from telescope.core.inference.client import InferenceClient
+    from telescope.core.inference.settings import TransformersEngineKwargs
+    from telescope.core.inference.transformers_engine.engine import TransformersEngine
+    from telescope.core.inference.vllm_engine.client import VllmClient
+
+    assert type(VllmEngine(make_cfg(), VllmEngineKwargs()).client("http://h:1")) is VllmClient
+    assert (
+        type(TransformersEngine(make_cfg(), TransformersEngineKwargs()).client("http://h:1"))
+        is InferenceClient
+    )

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from telescope.core.inference.client import InferenceClient
+from telescope.core.inference.vllm_engine.client import VllmClient
 from telescope.core.inference.vllm_engine.worker import TelescopeWeightSyncExtension
 from telescope.core.weights.group import free_port
 from telescope.core.weights.receiver import ReceivedSync
@@ -84,9 +84,7 @@ def test_vllm_update_without_applying_keeps_the_served_version() -> None:
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
-            async with InferenceClient(
-                f"http://127.0.0.1:{port}", weight_api="vllm_collective_rpc"
-            ) as client:
+            async with VllmClient(f"http://127.0.0.1:{port}") as client:
                 first = await client.update_weights(1)
                 held = await client.update_weights(2, apply=False)
                 served = await client.weight_version()

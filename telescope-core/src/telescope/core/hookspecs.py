@@ -44,6 +44,9 @@ def telescope_register_trainer_backends(register: Register) -> None:
             with ``init``, ``train_step``, ``iter_weights_for_inference``,
             ``save_checkpoint`` and ``load_checkpoint``. Pass ``unavailable="reason"`` when a
             required dependency is missing: the backend is listed but cannot be selected.
+            Pass ``checkpoint_converter="module:function"`` so ``telescope checkpoint convert``
+            can turn its checkpoints into HF folders: ``function(src, out, max_shard_bytes)``
+            writes the weight files of checkpoint ``src`` into ``out`` (core does the rest).
     """
 
 

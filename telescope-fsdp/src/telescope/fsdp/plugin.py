@@ -17,6 +17,7 @@ def telescope_register_trainer_backends(register: Any) -> None:
     register.add(
         "fsdp",
         "telescope.fsdp.backend:create_fsdp_backend",
+        checkpoint_converter="telescope.fsdp.convert:write_hf_weights",
         kwargs_model=FSDPBackendKwargs,
         description="PyTorch FSDP2 (fully_shard) on CUDA/NCCL or CPU/gloo, with sequence packing",
     )

@@ -19,6 +19,7 @@ def telescope_register_trainer_backends(register: Any) -> None:
     register.add(
         "megatron",
         "telescope.megatron.backend:create_megatron_backend",
+        checkpoint_converter="telescope.megatron.convert:write_hf_weights",
         kwargs_model=MegatronBackendKwargs,
         description="Megatron-Core (TP/PP/EP, distributed optimizer, CPU offload, FP8); CUDA only",
         unavailable=unavailable_reason(),

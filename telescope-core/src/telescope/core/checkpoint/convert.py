@@ -10,13 +10,9 @@ in float32 would otherwise make ``from_pretrained`` (which follows the config's 
 load a rounded model whose logits differ from the trainer's. A config that already names
 the stored dtype is copied byte for byte.
 
-- FSDP checkpoints: only the ``model.*`` tensors of the DCP files are read, one output shard
-  at a time (memory stays near one shard), without a process group (``no_dist``). Names
-  are already HF names; dtypes are kept. When the config ties the input and output
-  embeddings ``lm_head.weight`` is dropped (safetensors refuses shared storage and
-  ``from_pretrained`` re-ties it).
-- Megatron checkpoints: the HF weights saved beside them (``hf/``, option
-  ``checkpoint_hf_weights``) are copied; without them conversion is not implemented.
+- The weights are written by the trainer backend's own converter, registered with the backend
+  (``checkpoint_converter``): ``telescope.fsdp.convert`` reads the DCP files,
+  ``telescope.megatron.convert`` copies the HF weights saved beside the checkpoint.
 - An HF folder given as input is an error that says so.
 The output is written to a temporary folder beside ``out`` and renamed into place; an
 existing ``out`` is only replaced with ``overwrite=True``. ``convert_all(root, out_root)``
@@ -32,7 +28,6 @@ import re
 import shutil
 import struct
 import uuid
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +43,8 @@ from telescope.core.checkpoint.layout import (
 )
 
 __all__ = [
-    "ConversionError", "ConvertResult", "convert_all", "convert_checkpoint", "match_config_dtype", "parse_size",
-    "stored_float_dtype",
+    "ConversionError", "ConvertResult", "backend_converter", "convert_all", "convert_checkpoint", "match_config_dtype",
+    "parse_size", "stored_float_dtype",
 ]  # fmt: skip
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -87,9 +82,18 @@ def parse_size(size: int | str) -> int:
 
 
 def convert_checkpoint(
-    src: str | Path, out: str | Path, *, max_shard_size: int | str = "5GB", overwrite: bool = False
+    src: str | Path,
+    out: str | Path,
+    *,
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    registry: Any = None,
 ) -> Path:
-    """Write the HF form of native checkpoint ``src`` to ``out`` (atomically); returns ``out``."""
+    """Write the HF form of native checkpoint ``src`` to ``out`` (atomically); returns ``out``.
+
+    The weights are written by the converter the checkpoint's trainer backend registered
+    (``checkpoint_converter``, see ``backend_converter``); ``registry`` defaults to the installed plugins.
+    """  # fmt: skip
     src, out = Path(src), Path(out)
     limit = parse_size(max_shard_size)
     backend = _check_source(src)
@@ -99,12 +103,7 @@ def convert_checkpoint(
     tmp = out.parent / f".{out.name}.converting-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
-        if backend == "fsdp":
-            _write_fsdp_weights(src, tmp, limit)
-        elif backend == "megatron":
-            _copy_megatron_weights(src, tmp)
-        else:
-            raise NotImplementedError(f"converting checkpoints of trainer backend {backend!r} to HF format")
+        backend_converter(backend, registry)(src, tmp, limit)
         if (src / HF_META_DIR).is_dir():
             copy_hf_meta(src / HF_META_DIR, tmp)
         if not (tmp / "config.json").is_file():
@@ -167,6 +166,34 @@ def _set_dtype(config: dict[str, Any], dtype: str, *, add: bool) -> bool:
     return changed
 
 
+#: ``converter(src, out, max_shard_bytes)``: writes the HF weight files of checkpoint ``src`` into ``out``.
+Converter = Callable[[Path, Path, int], None]
+
+
+def backend_converter(backend: str, registry: Any = None) -> Converter:
+    """The weight converter trainer backend ``backend`` registered (``checkpoint_converter="module:function"``).
+
+    Each backend's package owns its checkpoint format: core only drives the conversion.
+    """
+    import importlib
+
+    if registry is None:
+        from telescope.core.plugins import load_plugins
+
+        _, registry = load_plugins()
+    target = None
+    if registry.has("trainer_backend", backend):
+        target = registry.get("trainer_backend", backend).meta.get("checkpoint_converter")
+    if not target:
+        raise NotImplementedError(
+            f"converting checkpoints of trainer backend {backend!r} to HF format: its package registers no "
+            "checkpoint_converter (is it installed?)"
+        )
+    module, _, name = str(target).partition(":")
+    converter: Converter = getattr(importlib.import_module(module), name)
+    return converter
+
+
 def _check_source(src: Path) -> str:
     if not src.exists():
         raise ConversionError(f"{src} does not exist; give a step_<N> checkpoint folder or a folder of them")
@@ -195,36 +222,6 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _ties_embeddings(hf_meta: Path) -> bool:
-    """Whether the model config ties input and output embeddings (transformers' own default)."""
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(str(hf_meta))
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        return bool(getattr(text, "tie_word_embeddings", False))
-    except (OSError, ValueError, KeyError):
-        raw = json.loads((hf_meta / "config.json").read_text()) if (hf_meta / "config.json").is_file() else {}
-        return bool(raw.get("tie_word_embeddings", False))
-
-
-def model_tensor_specs(src: Path) -> list[tuple[str, str, Any]]:
-    """``(hf_name, dcp_key, TensorStorageMetadata)`` for each model tensor in the DCP files."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = FileSystemReader(str(src)).read_metadata()
-    specs = []
-    for key, md in metadata.state_dict_metadata.items():
-        if key.startswith("model.") and isinstance(md, TensorStorageMetadata):
-            specs.append((key[len("model.") :], key, md))
-    if not specs:
-        raise ConversionError(
-            f"{src} holds no model tensors in its DCP files; is it a complete FSDP checkpoint?"
-        )
-    return specs
-
-
 def plan_shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
     """Greedy, order-keeping split into shards of at most ``limit`` bytes (a larger tensor alone)."""
     shards: list[list[str]] = [[]]
@@ -236,54 +233,6 @@ def plan_shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
         shards[-1].append(name)
         used += size
     return shards
-
-
-def _write_fsdp_weights(src: Path, out: Path, limit: int) -> None:
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint import FileSystemReader
-
-    specs = model_tensor_specs(src)
-    if _ties_embeddings(src / HF_META_DIR) and any(name != "lm_head.weight" for name, _, _ in specs):
-        specs = [s for s in specs if s[0] != "lm_head.weight"]
-    by_name = {name: (key, md) for name, key, md in specs}
-    nbytes = {name: md.size.numel() * _itemsize(md.properties.dtype) for name, (_, md) in by_name.items()}
-    shards = plan_shards(list(nbytes.items()), limit)
-    files = ["model.safetensors"] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
-    ]  # fmt: skip
-    weight_map = {}
-    for names, file in zip(shards, files, strict=True):
-        flat = {by_name[n][0]: torch.empty(tuple(by_name[n][1].size), dtype=by_name[n][1].properties.dtype)
-                for n in names}  # fmt: skip
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            dcp.load(flat, storage_reader=FileSystemReader(str(src)), no_dist=True)
-        save_file({n: flat[by_name[n][0]] for n in names}, str(out / file), metadata={"format": "pt"})
-        weight_map.update({n: file for n in names})
-        del flat
-    if len(files) > 1:
-        index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-def _itemsize(dtype: Any) -> int:
-    import torch
-
-    return int(torch.empty((), dtype=dtype).element_size())
-
-
-def _copy_megatron_weights(src: Path, out: Path) -> None:
-    hf = src / "hf"
-    if not (hf / "model.safetensors.index.json").is_file() and not (hf / "model.safetensors").is_file():
-        raise NotImplementedError(
-            f"converting a Megatron dist_checkpointing checkpoint ({src}) without its hf/ weights; "
-            "train with the megatron option checkpoint_hf_weights: true so each checkpoint carries HF weights"
-        )
-    for file in hf.iterdir():
-        if file.is_file():
-            shutil.copy2(file, out / file.name)
 
 
 def convert_all(

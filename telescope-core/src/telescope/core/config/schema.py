@@ -45,6 +45,8 @@ class TelescopeConfig(BaseModel):
     """Model weight precision."""
     mixed_precision_dtype: Dtype | None = "bfloat16"
     """FSDP mixed precision compute dtype. null to disable."""
+    inference_dtype: Dtype | None = None
+    """Dtype the inference servers run in and weights are broadcast in (cast on the trainer, bucket by bucket). null = the trainer's compute dtype (mixed_precision_dtype, else model_dtype)."""
 
     # --- Environments and evals ----------------------------------------------------
     environments: list[EnvironmentEntry] = Field(min_length=1)

@@ -119,7 +119,8 @@ def training_config(run: EvalRunConfig, model: str, engine: str) -> TelescopeCon
         "max_concurrent_prompts_per_server")}  # fmt: skip
     # `environments` needs one entry; nothing trains, so the first eval's name stands in.
     return TelescopeConfig.model_validate({
-        **fields, "model": model, "inference_engine": engine, "run_dir": str(run.resolved_run_dir),
+        **fields, "inference_dtype": run.model_dtype,  # servers load the checkpoint in model_dtype
+        "model": model, "inference_engine": engine, "run_dir": str(run.resolved_run_dir),
         "use_wandb": False, "evals": [e.model_dump() for e in run.evals],
         "environments": [{"name": run.evals[0].name}],
     })  # fmt: skip

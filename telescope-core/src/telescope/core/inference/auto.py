@@ -94,9 +94,28 @@ def resolve_inference_engine(
 
 def startup_notes(cfg: object, engine: str) -> list[str]:
     """Lines for the startup summary about what this machine's install changes in the run."""
-    notes = []
+    notes = dtype_notes(cfg)
     if engine == "vllm" and getattr(cfg, "enable_vllm_tracing", False):
         reason = tracing_unavailable_reason()
         if reason is not None:
             notes.append(f"enable_vllm_tracing: tracing disabled: {reason}")
+    return notes
+
+
+def dtype_notes(cfg: object) -> list[str]:
+    """Where each dtype applies, and a warning for low-precision master weights."""
+    from telescope.core.weights.settings import serving_dtype
+
+    master = str(getattr(cfg, "model_dtype", "float32"))
+    compute = getattr(cfg, "mixed_precision_dtype", None) or master
+    notes = [
+        f"dtypes: master weights {master} (model_dtype), compute {compute} (mixed_precision_dtype), "
+        f"servers and weight sync {serving_dtype(cfg)} (inference_dtype; cast on the trainer)"
+    ]
+    if master in ("bfloat16", "float16"):
+        notes.append(
+            f"model_dtype: {master} keeps the master weights and optimizer updates in {master}: updates "
+            "below its resolution (about 1e-3 relative; e.g. learning_rate 1e-6) are lost; set model_dtype: "
+            "float32 (compute stays mixed_precision_dtype, servers run in inference_dtype)"
+        )
     return notes

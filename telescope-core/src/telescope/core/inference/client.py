@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
@@ -16,7 +16,6 @@ from telescope.core.inference.protocol import (
     WeightUpdateResponse,
 )
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
-from telescope.core.weights.verify import compare_fingerprints
 
 __all__ = ["Completion", "InferenceClient", "InferenceServerError", "parse_prometheus"]
 
@@ -73,10 +72,8 @@ class InferenceClient:
         *,
         timeout_s: float = 3600.0,
         session: aiohttp.ClientSession | None = None,
-        weight_api: Literal["telescope", "vllm_collective_rpc"] = "telescope",
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.weight_api = weight_api
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session = session
         self._own_session = session is None
@@ -163,9 +160,6 @@ class InferenceClient:
 
     async def init_weight_sync(self, request: WeightSyncInitRequest) -> None:
         """Make the server join the weight-sync group (returns once the whole group formed)."""
-        if self.weight_api == "vllm_collective_rpc":
-            await self._rpc("telescope_init_weight_sync", request.model_dump_json())
-            return
         try:
             await self._request("POST", ENDPOINTS["weights_init"], json=request.model_dump())
         except InferenceServerError as exc:
@@ -174,84 +168,24 @@ class InferenceClient:
             raise WeightSyncError(
                 f"inference server {self.base_url} has no {ENDPOINTS['weights_init']} (HTTP 404): it is not a "
                 "transformers-engine server. A vllm-engine server takes weight syncs through its worker "
-                "extension: create its client with engine.client(url) or "
-                "InferenceClient(url, weight_api='vllm_collective_rpc')"
+                "extension: create its client with engine.client(url) (a VllmClient)"
             ) from exc
 
     async def update_weights(self, version: int, apply: bool = True) -> WeightUpdateResponse:
         """Make the server receive and load the next sync (run concurrently with the trainer's send).
 
-        On vLLM the server is paused (``keep``: in-flight requests freeze, then continue with the
-        new weights) around the worker-extension call; the transformers engine swaps between
-        decode steps by itself. With ``apply=False`` the server takes part in the broadcast and
-        verifies it but keeps its weights and weight version (``applied`` is false in the answer).
+        The transformers engine swaps between decode steps by itself (``VllmClient`` pauses vLLM
+        around the swap). With ``apply=False`` the server takes part in the broadcast and verifies
+        it but keeps its weights and weight version (``applied`` is false in the answer).
         """
-        if self.weight_api == "vllm_collective_rpc":
-            return await self._update_weights_vllm(version, apply)
         raw = await self._request(
             "POST", ENDPOINTS["weights_update"], json={"version": version, "apply": apply}
         )
         return WeightUpdateResponse.model_validate(raw)
 
-    async def _update_weights_vllm(self, version: int, apply: bool) -> WeightUpdateResponse:
-        start = asyncio.get_running_loop().time()
-        if not apply:  # nothing changes for in-flight requests: no pause
-            results = await self._rpc("telescope_update_weights", str(version), apply=False)
-        else:
-            await self.pause("keep")
-            try:
-                results = await self._rpc("telescope_update_weights", str(version), apply=True)
-            finally:
-                await self.resume()
-        first = results[0]
-        _check_workers_agree(self.base_url, version, results)
-        return WeightUpdateResponse(
-            version=first["version"],
-            received_version=first.get("received_version", first["version"]),
-            applied=bool(first.get("applied", True)),
-            num_tensors=first["num_tensors"],
-            seconds=asyncio.get_running_loop().time() - start,
-            fingerprints=first.get("fingerprints"),
-        )
-
     async def weight_version(self) -> int:
         """The weight version the server serves."""
-        if self.weight_api == "vllm_collective_rpc":
-            return int((await self._rpc("telescope_weight_version"))[0])
         return int((await self._request("GET", ENDPOINTS["weights_version"]))["weight_version"])
-
-    async def _rpc(self, method: str, *args: str, **kwargs: Any) -> list[Any]:
-        """vLLM dev-mode ``POST /collective_rpc``: one result per worker (``kwargs`` must be JSON values)."""
-        body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs, "timeout": None}
-        raw = await self._request("POST", "/collective_rpc", json=body)
-        results = raw.get("results") if isinstance(raw, dict) else None
-        if not results:
-            raise InferenceServerError(200, f"/collective_rpc {method} returned no worker results: {raw!r}")
-        return list(results)
-
-
-def _check_workers_agree(url: str, version: int, results: list[Any]) -> None:
-    """Every TP worker of a vLLM server received the same sync: same versions, same fingerprints.
-
-    The orchestrator compares the first worker's fingerprints with the sender's (``check_sync``);
-    this check extends that to the other workers, so a transfer gone wrong on any worker stops the run.
-    """
-    first = results[0]
-    for i, other in enumerate(results[1:], start=1):
-        where = f"version {version}, {url} TP worker {i} vs worker 0"
-        for key in ("version", "received_version", "applied"):
-            if other.get(key) != first.get(key):
-                raise WeightSyncError(
-                    f"weight sync {where}: {key} is {other.get(key)!r} on worker {i} but "
-                    f"{first.get(key)!r} on worker 0; every TP worker must receive and load the same sync"
-                )
-        mine, theirs = first.get("fingerprints"), other.get("fingerprints")
-        if (mine is None) != (theirs is None):
-            raise WeightSyncMismatchError(
-                where, sorted(mine or theirs or {}), "one worker returned no fingerprints"
-            )
-        if mine is not None:
-            compare_fingerprints(mine, theirs, where=where)
 
 
 def _completion(choice: Any, response_id: str | None = None) -> Completion:

@@ -17,7 +17,8 @@ max_model_len                  ``--max-model-len``                       prompt 
 vllm_scheduling_policy         ``--scheduling-policy``                   waiting-queue order (priority / fcfs)
 enable_vllm_tracing,           ``--otlp-traces-endpoint                  no tracing: ignored (logged once)
 otlp_receiver_port             http://127.0.0.1:<port>/v1/traces``
-model, model_dtype             ``--model``, ``--dtype``                  ``from_pretrained(model, dtype=...)``
+model, inference_dtype         ``--model``, ``--dtype``                  ``from_pretrained(model, dtype=...)``
+(null: the compute dtype)      (``weights.settings.serving_dtype``)
 seed                           ``--seed`` (+ server index)               sampling generator (+ server index)
 temperature/top_p (sampling)   logprobs: ``--logprobs-mode               logprobs of temperature-scaled logits,
                                processed_logprobs``                      no top-p renormalisation

@@ -68,6 +68,7 @@ class WeightSender:
         self.settings = settings
         self._meta_cache: MetaCache = group.meta_cache  # the receivers hold the same entries, see group
         self._pin = settings.pin_memory and torch.cuda.is_available()
+        self._dtype = getattr(torch, settings.dtype) if settings.dtype else None
         self._in_flight: list[Any] = []  # work handles of the previous message (kept alive until done)
         self._pool: dict[tuple[str, int], torch.Tensor] = {}  # staging buffers by (role, message index)
         # (name, dtype, shape) of a message's tensors -> (meta, encoded meta, meta id): a fixed model
@@ -110,6 +111,8 @@ class WeightSender:
         copy is asynchronous. A CPU tensor broadcast over gloo never touches a device: not pinned.
         """
         tensor = tensor.detach()
+        if self._dtype is not None and tensor.is_floating_point() and tensor.dtype != self._dtype:
+            tensor = tensor.to(self._dtype)  # on the trainer's device: a bf16 copy halves the transfer
         if self.settings.cpu_staging or self.group.device.type == "cpu":
             if tensor.device.type != "cpu":
                 if self._pin:

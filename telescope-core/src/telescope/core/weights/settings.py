@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_broadcast_host"]
+__all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_broadcast_host", "serving_dtype"]
 
 #: In flattened_bucket mode a tensor at least this large (or larger than the bucket) is
 #: broadcast directly. Measured on gloo (2 cores, 1 sender -> 2 receivers, 21 rounds side by
@@ -16,6 +16,13 @@ __all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_bro
 #: while the fixed cost of its own broadcast overlaps with the payloads already in flight; small
 #: tensors are the opposite (latency-bound).
 DIRECT_TENSOR_BYTES = 4 << 20
+
+
+def serving_dtype(cfg: Any) -> str:
+    """The dtype servers run in and weights travel in: ``inference_dtype``, else the trainer's
+    compute dtype (``mixed_precision_dtype``, else ``model_dtype``). Master weights stay in
+    ``model_dtype`` on the trainer."""
+    return str(getattr(cfg, "inference_dtype", None) or cfg.mixed_precision_dtype or cfg.model_dtype)
 
 
 class WeightSyncSettings(BaseModel):
@@ -34,6 +41,9 @@ class WeightSyncSettings(BaseModel):
     """weight_broadcast_pin_memory: pinned CPU staging buffers (only with CUDA; ignored on CPU-only hosts)."""
     verify: bool = True
     """weight_sync_verify: fingerprint both sides of every sync; a mismatch raises naming the tensors."""
+    dtype: str | None = None
+    """inference_dtype (resolved, see ``serving_dtype``): floating-point tensors are cast to it on the
+    sender as they are staged, bucket by bucket (None: sent as the trainer holds them)."""
     direct_tensor_mb: float | None = Field(default=None, ge=0)
     """flattened_bucket: tensors of at least this many MiB travel directly instead of in a bucket
     (None: ``DIRECT_TENSOR_BYTES``, 4 MiB, chosen from measurements; mostly for benchmarks)."""
@@ -59,6 +69,7 @@ class WeightSyncSettings(BaseModel):
             cpu_staging=cfg.weight_broadcast_cpu_staging,
             pin_memory=cfg.weight_broadcast_pin_memory,
             verify=cfg.weight_sync_verify,
+            dtype=serving_dtype(cfg),
         )
 
 

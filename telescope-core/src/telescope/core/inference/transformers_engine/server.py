@@ -22,6 +22,7 @@ from telescope.core.inference.transformers_engine.app import build_app
 from telescope.core.inference.transformers_engine.core import EngineOptions, GenerationEngine
 from telescope.core.inference.transformers_engine.weights import ServerWeightSync
 from telescope.core.runtime.threads import ThreadChoice, choose_torch_threads
+from telescope.core.weights.settings import serving_dtype
 
 __all__ = [
     "InProcessServer",
@@ -91,7 +92,8 @@ def load_server_state(cfg: Any, kwargs: TransformersEngineKwargs, index: int = 0
         log.info(note)
     path = resolve_model_path(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model_dtype)).to(device)  # type: ignore[arg-type]
+    dtype = getattr(torch, serving_dtype(cfg))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)  # type: ignore[arg-type]
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None and cfg.max_model_len > positions:
         raise ValueError(

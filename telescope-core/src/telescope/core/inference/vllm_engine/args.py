@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.weights.settings import serving_dtype
 
 __all__ = [
     "MANAGED_FLAGS", "WORKER_EXTENSION", "build_vllm_args", "build_vllm_env", "check_vllm_config", "otlp_endpoint",
@@ -65,7 +66,7 @@ def build_vllm_args(
         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
         "--max-model-len", str(cfg.max_model_len),
         "--scheduling-policy", cfg.vllm_scheduling_policy,
-        "--dtype", cfg.model_dtype,
+        "--dtype", serving_dtype(cfg),
         "--seed", str(cfg.seed + index),
         # Sampled-token logprobs after temperature: the trainer's definition (top_p is checked above).
         "--logprobs-mode", "processed_logprobs",

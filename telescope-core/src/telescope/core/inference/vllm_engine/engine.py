@@ -88,10 +88,10 @@ class VllmEngine(InferenceEngine):
         return otlp_endpoint(self.cfg, driver_host_from(_node_ip()))
 
     def client(self, url: str, **options: Any) -> Any:
-        """A client whose weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
-        from telescope.core.inference.client import InferenceClient
+        """A ``VllmClient``: weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
+        from telescope.core.inference.vllm_engine.client import VllmClient
 
-        return InferenceClient(url, weight_api="vllm_collective_rpc", **options)
+        return VllmClient(url, **options)
 
 
 def create_vllm_engine(*, kwargs: VllmEngineKwargs, cfg: Any) -> VllmEngine:

@@ -1,0 +1,50 @@
+# Telescope for GPU machines: CUDA 12.8 (devel: flash-attn compiles here), Python 3.12, vLLM,
+# flash-attn and every Telescope package with every extra. See docs/gpu.md.
+# Status: written by hand, NOT built in this repository (no GPU or image registry in CI).
+#
+#   docker build -t telescope:latest .
+#   docker run --rm --gpus all --ipc=host --shm-size=16g \
+#     --ulimit memlock=-1 --ulimit stack=67108864 --ulimit nofile=65536:65536 \
+#     -it telescope:latest /bin/bash
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
+FROM ${CUDA_IMAGE}
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH}
+
+# Ubuntu 24.04's python3 is 3.12 (Megatron-Core needs >= 3.12); bubblewrap: the local code sandbox.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev git build-essential \
+      bubblewrap ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv \
+ && pip install --upgrade pip setuptools wheel packaging ninja
+
+WORKDIR /opt/telescope
+COPY . .
+
+# vLLM first: it pins the torch build that everything else then uses.
+ARG VLLM_SPEC=vllm
+RUN pip install "${VLLM_SPEC}"
+
+# Every package, every extra (the vllm extra adds the OpenTelemetry exporter and NVML).
+RUN pip install \
+      -e "./telescope-core[torch,inference,ray,math,wandb,system,gpu,vllm]" \
+      -e ./telescope-fsdp \
+      -e "./telescope-megatron[megatron]" \
+      -e "./telescope-envs[datasets,math,code]" \
+      -e "./telescope-sandboxes[all]" \
+      -e ./telescope-cli -e .
+
+# flash-attn is an sdist that imports torch while building: no build isolation. MAX_JOBS bounds
+# the compiler's memory; TransformerEngine (telescope-megatron[te]) compiles the same way.
+ARG MAX_JOBS=8
+ARG WITH_TRANSFORMER_ENGINE=0
+RUN MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation "flash-attn>=2.6" \
+ && if [ "${WITH_TRANSFORMER_ENGINE}" = "1" ]; then \
+      MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation -e "./telescope-megatron[te]"; fi
+
+CMD ["/bin/bash"]
