@@ -19,6 +19,7 @@ ADDED_FIELDS = {
     "weight_sync_verify": True,
     "train_backend_kwargs": {},
     "inference_engine_kwargs": {},
+    "plugins": [],
 }
 
 

@@ -17,13 +17,16 @@ CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 def train(
     ctx: typer.Context,
     run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
+    plugins: list[str] = typer.Option(
+        [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Train: resolve the config, start the runtime and run the RL loop.
 
     Any config field can be overridden: --learning_rate 5e-7 --environments '[{name: countdown}]'.
     """
-    run = load_run(run_yaml, list(ctx.args))
+    run = load_run(run_yaml, list(ctx.args), plugins)
     cfg = run.cfg
     debug = debug or cfg.debug  # the config's debug: tracebacks and DEBUG logs in every process
     if debug:
