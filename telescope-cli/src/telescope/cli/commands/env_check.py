@@ -13,7 +13,15 @@ from rich.markup import escape
 from telescope.cli.context import load_run
 from telescope.cli.errors import err_console, user_errors
 
-__all__ = ["check"]
+__all__ = ["check", "print_check_lines"]
+
+
+def print_check_lines(lines: list[Any], width: int) -> int:
+    """``ok``/``FAIL``, the step and its message, one line each; returns how many failed."""
+    for line in lines:
+        mark = "[green]ok  [/]" if line.ok else "[bold red]FAIL[/]"
+        err_console.print(f"{mark} {line.step:<{width}} {escape(line.message)}", markup=True, highlight=False)
+    return sum(not line.ok for line in lines)
 
 
 def _kwargs(text: str | None, cfg: Any, name: str, as_eval: bool) -> dict[str, Any]:
@@ -76,11 +84,8 @@ def check(
     chat = ChatOptions.from_config(cfg) if cfg is not None else None
     lines = asyncio.run(check_environment(registry, name, _kwargs(kwargs, cfg, name, as_eval), tokenizer=tokenizer,
                                           chat=chat, num_samples=samples, as_eval=as_eval))  # fmt: skip
-    for line in lines:
-        mark = "[green]ok  [/]" if line.ok else "[bold red]FAIL[/]"
-        err_console.print(f"{mark} {line.step:<9} {escape(line.message)}", markup=True, highlight=False)
-    failed = [line for line in lines if not line.ok]
+    failed = print_check_lines(lines, width=9)
     if failed:
-        err_console.print(f"[bold red]{name}: {len(failed)} check(s) failed[/]")
+        err_console.print(f"[bold red]{name}: {failed} check(s) failed[/]")
         raise typer.Exit(code=1)
     err_console.print(f"[green]{name}: every check passed[/]")

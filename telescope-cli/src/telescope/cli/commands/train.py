@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,6 +20,11 @@ def train(
     run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
     plugins: list[str] = typer.Option(
         [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Check everything the run needs (env check, resources, ports, model); train nothing.",
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
@@ -38,6 +44,8 @@ def train(
         f"{cfg.train_backend}, engine {cfg.inference_engine}, {cfg.inference_num_workers} inference + "
         f"{cfg.trainer_num_workers} trainer workers, {cfg.number_of_steps} steps, run dir {cfg.resolved_run_dir}"
     )
+    if dry_run:
+        _dry_run(run)
     try:
         runtime = importlib.import_module("telescope.core.runtime")
     except ModuleNotFoundError:
@@ -51,3 +59,17 @@ def train(
         interrupted="every server and trainer process was stopped", logs=f"{cfg.resolved_run_dir}/logs", debug=debug,
     )  # fmt: skip
     raise typer.Exit(code=code)
+
+
+def _dry_run(run: Any) -> None:
+    """Print one line per check of ``telescope.core.runtime.dryrun``; exit 0 when all pass, else 1."""
+    import asyncio
+
+    from telescope.cli.commands.env_check import print_check_lines
+    from telescope.core.runtime.dryrun import dry_run
+
+    failed = print_check_lines(asyncio.run(dry_run(run.cfg, run.registry)), width=22)
+    err_console.print(
+        f"dry run: {failed} problem(s); nothing was started" if failed else "dry run: ready to train"
+    )
+    raise typer.Exit(code=1 if failed else 0)
