@@ -66,6 +66,7 @@ def _dry_run(run: Any) -> None:
     import asyncio
 
     from telescope.cli.commands.env_check import print_check_lines
+    from telescope.cli.errors import err_console
     from telescope.core.runtime.dryrun import dry_run
 
     failed = print_check_lines(asyncio.run(dry_run(run.cfg, run.registry)), width=22)
