@@ -13,6 +13,7 @@ from telescope.core.config.loader import load_defaults
 
 TABLE = Path(__file__).parent.parent / "data" / "seed_config_table.txt"
 ADDED_FIELDS = {
+    "plugins": [],
     "seed": 0,
     "inference_engine": "auto",
     "run_dir": None,

@@ -30,7 +30,7 @@ class ToyPlugin:
 
     @hookimpl
     def telescope_register_environments(self, register):  # type: ignore[no-untyped-def]
-        register.add("toy", "x:y", kwargs_model=ToyKwargs)
+        register.add("toy", dict, kwargs_model=ToyKwargs)  # callable: nothing to import
         register.add("bare", "x:y")
 
     @hookimpl

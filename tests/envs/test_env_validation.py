@@ -93,3 +93,20 @@ def test_kwargs_model_not_deriving_from_environment_kwargs_is_refused(
     assert "must subclass telescope.core.env.EnvironmentKwargs" in message and "SingleTurnKwargs" in message
     with pytest.raises(ValueError, match="must subclass"):
         create_environment(registry, "acme_puzzle", {"size": 5})
+
+
+def test_misspelled_factory_and_kwargs_get_a_did_you_mean(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = _readme_plugin_source().replace(
+        "acme_envs.env:PuzzleEnvironment", "acme_envs.env:PuzzelEnvironment"
+    )
+    registry = registry_with(_plugin(source, monkeypatch))
+    with pytest.raises(ConfigError) as err:
+        _config(registry, size=5)
+    assert (
+        "factory 'acme_envs.env:PuzzelEnvironment': module 'acme_envs.env' has no 'PuzzelEnvironment'. "
+        "Did you mean 'PuzzleEnvironment'?" in str(err.value)
+    )
+    registry = registry_with(_plugin(_readme_plugin_source(), monkeypatch))
+    with pytest.raises(ConfigError) as err:
+        _config(registry, szie=5)
+    assert "environments[0].kwargs.szie: unknown field. Did you mean 'size'?" in str(err.value)

@@ -40,3 +40,21 @@ def test_metrics_log_raw_and_normalised_rewards_apart() -> None:
     assert mixed["reward/countdown/mean"] == pytest.approx(5.0 / 4)
     assert mixed["reward_normalized/countdown/mean"] == pytest.approx(5.0 / 8)
     assert mixed["reward_normalized/math/mean"] == mixed["reward/math/mean"] == 0.75
+
+
+def test_evals_record_their_declared_ranges(registry: Any, tmp_path: Any) -> None:
+    from telescope.core.env import create_eval
+    from telescope.core.observe import LoggerHub, RunDirReader, eval_info
+    from telescope.core.observe.local import LocalLogger
+
+    math500 = create_eval(registry, "math500", {"sample_data": True})
+    (entry,) = eval_info({"math500": math500})
+    assert entry["metrics_ranges"] == {"correct": {"min": 0.0, "max": 1.0, "invert": False},
+                                       "level": {"min": 1.0, "max": 5.0, "invert": False}}  # fmt: skip
+    assert (entry["reward_min"], entry["reward_max"], entry["multi_turn"]) == (0.0, 1.0, False)
+    assert entry["dataset_size"] == len(math500.samples()) and entry["tags_options"] == {}
+    hub = LoggerHub([LocalLogger()])
+    hub.start(make_config(use_wandb=False), tmp_path, system_metrics=False, ticker=False)
+    hub.log_info({"evals": [entry]})
+    hub.finish("finished")
+    assert RunDirReader(tmp_path).meta["info"]["evals"] == [entry]

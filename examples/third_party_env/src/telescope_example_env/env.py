@@ -36,5 +36,8 @@ class ShoutReverseEnvironment(SingleTurnEnvironment):
         self._samples = [Sample(w, w[::-1].upper()) for w in words]
         return self._samples
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        return sample.answer
+
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         return await self.rubric.score(completion=completion, sample=sample)

@@ -68,6 +68,7 @@ def _add_optional_commands() -> None:
     sub = getattr(envs_cmd, "app", None)
     if sub is not None:
         app.add_typer(sub, name="envs")
+        app.add_typer(sub, name="env", hidden=True)  # `telescope env check NAME` reads naturally
     from telescope.cli.commands import runs as runs_cmd
 
     app.add_typer(runs_cmd.app, name="runs")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from telescope.core.config import Layers, TelescopeConfig, load_config_with_sources
-from telescope.core.plugins import PluginSet, load_plugins
+from telescope.core.config import Layers, TelescopeConfig, field_names, load_config_with_sources
+from telescope.core.config.loader import resolve_layers
+from telescope.core.plugins import PluginSet, load_plugins, local_plugin_name
 from telescope.core.registry import Registry
 
 __all__ = ["RunContext", "load_run"]
@@ -26,8 +27,22 @@ def strip_cli_flags(args: list[str], flags: tuple[str, ...] = ("--debug",)) -> l
     return [a for a in args if a not in flags]
 
 
-def load_run(path: Path, overrides: list[str]) -> RunContext:
-    """Load plugins, then merge and validate the run config against them."""
-    pset, registry = load_plugins()
-    cfg, layers = load_config_with_sources(path, strip_cli_flags(overrides), registry)
+def plugin_specs(path: Path | None, overrides: list[str], files: list[str]) -> list[str]:
+    """The run's local plugins as absolute names: the config's ``plugins`` (paths relative to the
+    config file) then ``files`` from the command line (relative to the working directory)."""
+    raw = resolve_layers(path, overrides, field_names()).merged.get("plugins") or []
+    base = path.resolve().parent if path is not None else None
+    listed = [local_plugin_name(str(p), base) for p in raw] if isinstance(raw, list) else []
+    return list(dict.fromkeys([*listed, *(local_plugin_name(f) for f in files)]))
+
+
+def load_run(path: Path, overrides: list[str], plugin_files: list[str] | None = None) -> RunContext:
+    """Load plugins (installed ones and the run's local ones), then merge and validate the run
+    config against them; ``cfg.plugins`` holds the local plugins' absolute names."""
+    overrides = strip_cli_flags(overrides)
+    specs = plugin_specs(path, overrides, list(plugin_files or []))
+    pset, registry = load_plugins(files=specs)
+    cfg, layers = load_config_with_sources(path, overrides, registry)
+    if specs:
+        cfg = cfg.model_copy(update={"plugins": specs})
     return RunContext(pset, registry, cfg, layers)

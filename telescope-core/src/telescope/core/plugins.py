@@ -1,16 +1,25 @@
 """Plugin manager factory and registry construction.
 
 Order is fixed and never depends on installation order: core built-ins first (in
-``BUILTIN_PLUGINS`` order), then entry points of the ``telescope`` group sorted by name.
+``BUILTIN_PLUGINS`` order), then entry points of the ``telescope`` group sorted by name, then
+local plugins (the config's ``plugins:`` and ``telescope train -p``) in the order given.
+
+A local plugin is a Python file (``my_env.py``, imported under its stem with its directory put
+first on ``sys.path``, like pytest's conftest files, so ``"my_env:MyEnv"`` factories resolve) or
+an importable module name. It is named ``file:/absolute/path.py`` or ``module:name``; that name is
+in ``PluginSet.names``, so Ray workers (``load_plugins(only=names)``) load the same files.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 import pluggy
 
@@ -25,6 +34,7 @@ __all__ = [
     "build_registry",
     "get_plugin_manager",
     "load_plugins",
+    "local_plugin_name",
 ]
 
 ENTRY_POINT_GROUP = "telescope"
@@ -103,11 +113,55 @@ def _dist_version(ep: metadata.EntryPoint) -> str:
     return dist.version if dist is not None else "0+unknown"
 
 
+_LOCAL_KINDS = ("file:", "module:")
+
+
+def local_plugin_name(spec: str, base: str | Path | None = None) -> str:
+    """``file:/abs/path.py`` for a Python file (relative to ``base``, else the working directory),
+    ``module:name`` for a module name; an already-named spec is returned unchanged."""
+    if spec.startswith(_LOCAL_KINDS):
+        return spec
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        path = (Path(base or ".") / spec).resolve()
+        if not path.is_file():
+            raise PluginLoadError(f"plugin file {spec!r} does not exist (looked for {path})")
+        return f"file:{path}"
+    return f"module:{spec}"
+
+
+def _import_local(info: PluginInfo) -> object:
+    if info.name.startswith("module:"):
+        return importlib.import_module(info.module)
+    path = Path(info.module)
+    directory, stem = str(path.parent), path.stem
+    if directory not in sys.path:
+        sys.path.insert(0, directory)  # siblings import, and "stem:Class" factories resolve
+    loaded = sys.modules.get(stem)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return loaded
+        raise ImportError(
+            f"a module named '{stem}' is already imported from {loaded.__file__}; rename the file"
+        )
+    spec = importlib.util.spec_from_file_location(stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[stem]
+        raise
+    return module
+
+
 def get_plugin_manager(
     *,
     load_entrypoints: bool = True,
     only: Iterable[str] | None = None,
     block: Iterable[str] = (),
+    files: Iterable[str] = (),
 ) -> PluginSet:
     """Build a fresh plugin manager (there is no global one).
 
@@ -116,6 +170,7 @@ def get_plugin_manager(
         only: load exactly these plugin names (what a Ray worker gets from the driver); a name
             that is not installed is an error.
         block: plugin names never to load, added to ``TELESCOPE_DISABLE_PLUGINS``.
+        files: local plugins: Python files or module names (see the module docstring).
     """
     pm = pluggy.PluginManager("telescope")
     pm.add_hookspecs(hookspecs)
@@ -127,6 +182,10 @@ def get_plugin_manager(
     ]
     if load_entrypoints or wanted is not None:
         candidates += [(ep.name, ep.value, _dist_name(ep), _dist_version(ep)) for ep in _entry_points()]
+    local = [local_plugin_name(f) for f in files] + [n for n in wanted or [] if n.startswith(_LOCAL_KINDS)]
+    candidates += [
+        (n, n.partition(":")[2], f"local {n.partition(':')[0]}", "0") for n in dict.fromkeys(local)
+    ]
     available = {c[0] for c in candidates}
     if wanted is not None:
         missing = [n for n in wanted if n not in available]
@@ -147,7 +206,8 @@ def get_plugin_manager(
 
 def _register_module(pset: PluginSet, info: PluginInfo) -> None:
     try:
-        module = importlib.import_module(info.module)
+        local = info.name.startswith(_LOCAL_KINDS)
+        module = _import_local(info) if local else importlib.import_module(info.module)
         pset.pm.register(module, name=info.name)
     except Exception as exc:
         raise PluginLoadError(
@@ -172,8 +232,8 @@ def build_registry(pset: PluginSet) -> Registry:
 
 
 def load_plugins(
-    *, only: Iterable[str] | None = None, block: Iterable[str] = ()
+    *, only: Iterable[str] | None = None, block: Iterable[str] = (), files: Iterable[str] = ()
 ) -> tuple[PluginSet, Registry]:
     """Convenience: ``get_plugin_manager`` then ``build_registry``."""
-    pset = get_plugin_manager(only=only, block=block)
+    pset = get_plugin_manager(only=only, block=block, files=files)
     return pset, build_registry(pset)

@@ -104,6 +104,9 @@ class CalculatorEnvironment(ToolEnvironment):
             self._samples.append(Sample(f"What is {expr}?", str(value), {"expression": expr}))
         return self._samples
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        return f"<answer>{sample.answer}</answer>"
+
     def _correct(self, state: RolloutState, answer: str) -> tuple[float, str]:
         final = state.assistant_texts()[-1] if state.trajectory else ""
         got, want = _number(extract_answer_tags(strip_think_tags(final))), float(answer)

@@ -135,5 +135,8 @@ class GpqaDiamondEval(_MathEval):
         lines += [f"{'ABCD'[i]}) {str(choices[j]).strip()}" for i, j in enumerate(order)]
         return Sample("\n".join(lines), letter, {})
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        return f"Answer: {sample.answer}"
+
     def _correct(self, completion: str, answer: str) -> tuple[float, str]:
         return (1.0 if extract_choice(strip_think_tags(completion)) == answer else 0.0), answer

@@ -78,6 +78,9 @@ class MathEnvironment(SingleTurnEnvironment):
             use_sample=kw.sample_data,
         )  # fmt: skip
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        return f"The answer is \\boxed{{{sample.answer}}}."
+
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
         """One dataset row as a Sample (None skips the row)."""
         raise NotImplementedError(f"{type(self).__name__}.row_to_sample")

@@ -52,6 +52,9 @@ class ReverseTextEnvironment(SingleTurnEnvironment):
             self._samples.append(Sample(text, text[::-1], {"text": text}))
         return self._samples
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        return sample.answer
+
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         """LCS similarity of the answer to the reversed text."""
         return await self.rubric.score(completion=completion, sample=sample)

@@ -39,10 +39,13 @@ def show(
 def validate(
     ctx: typer.Context,
     run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
+    plugins: list[str] = typer.Option(
+        [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Validate a run config against the schema and the installed plugins."""
-    run = load_run(run_yaml, list(ctx.args))
+    run = load_run(run_yaml, list(ctx.args), plugins)
     envs = ", ".join(e.name for e in run.cfg.environments)
     typer.echo(
         f"{run_yaml}: valid (algorithm {run.cfg.algorithm}, backend {run.cfg.train_backend}, environments {envs})"

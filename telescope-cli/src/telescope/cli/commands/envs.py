@@ -11,6 +11,7 @@ from pydantic_core import PydanticUndefined
 from rich.console import Console
 from rich.markup import escape
 
+from telescope.cli.commands.env_check import check
 from telescope.cli.errors import user_errors
 from telescope.core.plugins import load_plugins
 from telescope.core.registry import Component
@@ -115,3 +116,6 @@ def list_envs(
         console.print(f"[bold underline]{title}[/] ({len(entries)})")
         for e in entries:
             _print_entry(console, e, show_kwargs=not brief)
+
+
+app.command("check")(check)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -17,6 +18,14 @@ CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 def train(
     ctx: typer.Context,
     run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
+    plugins: list[str] = typer.Option(
+        [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Check everything the run needs (env check, resources, ports, model); train nothing.",
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Train: resolve the config, start the runtime and run the RL loop.
@@ -25,7 +34,7 @@ def train(
     """
     from telescope.core.inference.auto import resolve_inference_engine, startup_notes
 
-    run = load_run(run_yaml, list(ctx.args))
+    run = load_run(run_yaml, list(ctx.args), plugins)
     cfg = run.cfg
     debug = debug or cfg.debug  # the config's debug: tracebacks and DEBUG logs in every process
     if debug:
@@ -39,6 +48,8 @@ def train(
         style="bold")  # fmt: skip
     for line in startup_notes(cfg, engine):
         say("note:", line, style="bold yellow")
+    if dry_run:
+        _dry_run(run)
     try:
         runtime = importlib.import_module("telescope.core.runtime")
     except ModuleNotFoundError:
@@ -50,3 +61,18 @@ def train(
         interrupted="every server and trainer process was stopped", logs=f"{cfg.resolved_run_dir}/logs", debug=debug,
     )  # fmt: skip
     raise typer.Exit(code=code)
+
+
+def _dry_run(run: Any) -> None:
+    """Print one line per check of ``telescope.core.runtime.dryrun``; exit 0 when all pass, else 1."""
+    import asyncio
+
+    from telescope.cli.commands.env_check import print_check_lines
+    from telescope.cli.errors import err_console
+    from telescope.core.runtime.dryrun import dry_run
+
+    failed = print_check_lines(asyncio.run(dry_run(run.cfg, run.registry)), width=22)
+    err_console.print(
+        f"dry run: {failed} problem(s); nothing was started" if failed else "dry run: ready to train"
+    )
+    raise typer.Exit(code=1 if failed else 0)

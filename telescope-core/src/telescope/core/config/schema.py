@@ -31,6 +31,9 @@ class TelescopeConfig(BaseModel):
     debug: bool = False
     """Enable debug mode: full tracebacks and DEBUG logs of every telescope.* logger, on the driver and in
     every Ray worker (same as ``telescope train --debug``)."""
+    plugins: list[str] = Field(default_factory=list)
+    """Local plugins to load besides the installed ones: Python files (relative to the config file)
+    or module names, e.g. [my_env.py]; Ray workers load the same (also: telescope train -p FILE)."""
     seed: int = 0
     """Seed for every random choice (sampling of prompts, environments, model init)."""
     run_dir: str | None = None

@@ -69,13 +69,26 @@ def component_problems(
     problems = _selectable(registry, kind, name, field)
     if problems:
         return problems
+    component = registry.get(kind, name)
     try:
-        registry.get(kind, name).validate_kwargs(kwargs)
+        component.validate_kwargs(kwargs)
     except ValidationError as exc:
-        return problems_from_validation_error(exc, prefix=f"{field}_kwargs.")
+        return kwargs_problems(component, exc, f"{field}_kwargs.")
     except TypeError as exc:
         return [f"{field}_kwargs: {exc}"]
     return []
+
+
+def kwargs_problems(component: Any, exc: ValidationError, prefix: str) -> list[str]:
+    """``problems_from_validation_error`` with a did-you-mean for unknown top-level kwargs."""
+    problems = problems_from_validation_error(exc, prefix=prefix)
+    fields = list(getattr(component.kwargs_model, "model_fields", {}))
+    for e in exc.errors():
+        if e["type"] == "extra_forbidden" and len(e["loc"]) == 1:
+            line = f"{prefix}{e['loc'][0]}: unknown field."
+            hint = did_you_mean(str(e["loc"][0]), fields)
+            problems = [p + hint if p == line else p for p in problems]
+    return problems
 
 
 def _algorithm_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
@@ -121,7 +134,7 @@ def _entry_problems(
     try:
         component.validate_kwargs(kwargs)
     except ValidationError as exc:
-        return problems_from_validation_error(exc, prefix=f"{where}.kwargs.")
+        return kwargs_problems(component, exc, f"{where}.kwargs.")
     except TypeError as exc:
         return [f"{where}.kwargs: {exc}"]
     from telescope.core.env.resolve import environment_component_problems

@@ -124,6 +124,11 @@ class Environment(ABC):
     def __len__(self) -> int:
         return len(self.samples())
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        """A reply that should earn a high reward on ``sample`` (``telescope env check`` scores it
+        against a junk reply); multi-turn: the reply sent at every turn. None: the environment has none."""
+        return None
+
     async def prepare_resources(self) -> None:  # noqa: B027 - optional hook
         """Start anything the reward needs (sandbox pools, ...) before rollouts begin."""
 

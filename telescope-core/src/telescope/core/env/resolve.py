@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from telescope.core.env.base import Environment, EnvironmentKwargs
-from telescope.core.registry import Component, Registry
+from telescope.core.registry import Component, Registry, did_you_mean
 
 __all__ = ["create_environment", "create_eval", "environment_component_problems"]
 
@@ -30,8 +30,33 @@ def environment_component_problems(
             "SingleTurnKwargs / MultiTurnKwargs), which carries system_prompt and reward_timeout_s: "
             f"write `class {model.__name__}(SingleTurnKwargs): ...`"
         ]
+    factory = _factory_problem(component)
+    if factory is not None:
+        return [factory]
     validated = model.model_validate(dict(kwargs))
     return list(validated.registry_problems(registry))
+
+
+def _factory_problem(component: Component) -> str | None:
+    """Why the registered ``module:attribute`` factory does not import (with a did-you-mean)."""
+    if callable(component.factory):
+        return None
+    module_name, _, attr = component.factory.partition(":")
+    try:
+        component.load_factory()
+    except ModuleNotFoundError as exc:
+        return (f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): factory "
+                f"'{component.factory}' cannot be imported: {exc}")  # fmt: skip
+    except AttributeError:
+        import importlib
+
+        names = [n for n in dir(importlib.import_module(module_name)) if not n.startswith("_")]
+        return (f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): factory "
+                f"'{component.factory}': module '{module_name}' has no '{attr}'.{did_you_mean(attr, names)}")  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the plugin's module itself is broken
+        return (f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): importing factory "
+                f"'{component.factory}' failed: {type(exc).__name__}: {exc}")  # fmt: skip
+    return None
 
 
 def create_environment(registry: Registry, name: str, kwargs: dict[str, Any] | None = None) -> Environment:
