@@ -64,7 +64,7 @@ WORKLOADS = {
     "tiny": Workload(TinyModelSpec(128, 2, 4, 2, 256), max_tokens=16, steps=16, warmup=3, seq_len=2048),
     "24m": Workload(TinyModelSpec(512, 8, 8, 4, 1408), max_tokens=64, steps=5, warmup=2, seq_len=2048),
     "long": Workload(TinyModelSpec(256, 4, 4, 2, 512, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
-                     seq_len=8192),
+                     seq_len=4096),
 }  # fmt: skip
 
 
