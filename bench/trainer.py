@@ -20,7 +20,9 @@ Both use fp32, sdpa attention, no activation checkpointing, the same GRPO token-
 Length distributions (``--dists``; completion lengths, prompts uniform in 32-256 tokens):
 - ``rl``: log-normal, median seq_len/6, sigma 0.8, capped at seq_len - prompt: right-skewed
   with a long tail, as reasoning rollouts are (many short answers, a few long ones);
-- ``uniform``: uniform in [16, seq_len - prompt].
+- ``uniform``: uniform in [16, seq_len - prompt];
+- ``short``: uniform in [1, 64] after prompts of 32-64 tokens (short RL answers, as in
+  bench/vs_trl.py's 24M workload: many samples per packed row).
 A summary of the drawn lengths is printed with the results.
 
 Timing: every runner does one warm-up step, then each batch is stepped ``--repeats`` times by
@@ -59,6 +61,7 @@ from telescope.core.trainer import RankBatch, TrainSample
 SHAPES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
     "2m": (192, 4, 4, 2, 512, 2048, True),
     "20m": (512, 6, 8, 4, 1408, 4096, True),
+    "24m": (512, 8, 8, 4, 1408, 384, True),  # bench/vs_trl.py's 24M workload
     "qwen2.5-0.5b": (896, 24, 14, 2, 4864, 151936, True),
 }
 
@@ -86,6 +89,8 @@ def completion_length(rng: random.Random, dist: str, prompt: int, seq_len: int) 
         return int(min(room, max(16, rng.lognormvariate(math.log(seq_len / 6), 0.8))))
     if dist == "uniform":
         return rng.randint(16, room)
+    if dist == "short":
+        return rng.randint(1, min(64, room))
     raise ValueError(f"unknown length distribution {dist!r}; use 'rl' or 'uniform'")
 
 
@@ -305,7 +310,9 @@ def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
         vocab = SHAPES[shape][5]
         for dist in args.dists.split(","):
             batches = [
-                make_samples(args.samples, args.seq_len, vocab, seed, (32, 256), dist)
+                make_samples(
+                    args.samples, args.seq_len, vocab, seed, (32, 64) if dist == "short" else (32, 256), dist
+                )
                 for seed in range(args.steps + 1)
             ]
             packed = PackedRunner(bench_config(model_dir, args.seq_len, None), False, args.packed_attn)
@@ -357,7 +364,9 @@ def main() -> None:
     parser.add_argument("--models", default="2m,20m", help=f"comma-separated of {', '.join(SHAPES)}")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--samples", type=int, default=16, help="samples per RL step")
-    parser.add_argument("--dists", default="rl,uniform", help="completion length distributions: rl, uniform")
+    parser.add_argument(
+        "--dists", default="rl,uniform", help="completion length distributions: rl, uniform, short"
+    )
     parser.add_argument("--steps", type=int, default=2, help="timed batches (after one warm-up step)")
     parser.add_argument("--repeats", type=int, default=2, help="steps per batch; the fastest is kept")
     parser.add_argument(
@@ -371,6 +380,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--padded-layout", default="trl", choices=["trl", "right"], help="padded rows (see module docstring)"
+    )
+    parser.add_argument(
+        "--group-max-len",
+        type=int,
+        default=None,
+        help="packed_sdpa: longest sample batched with others (0: one SDPA call per sample, the old path)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: every core we may use)")
     parser.add_argument(
@@ -386,6 +401,10 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    if args.group_max_len is not None:
+        from telescope.fsdp import attention
+
+        attention.GROUP_MAX_LEN = args.group_max_len
     with tempfile.TemporaryDirectory() as tmp:
         if args.gpu:
             if not torch.cuda.is_available():

@@ -22,8 +22,10 @@ Workloads (``--workloads``):
 
 Timing: the machine may be shared, so the runs are interleaved: each round runs TRL, then
 Telescope sync, then Telescope async, for every workload; each run's first ``warmup`` steps are
-left out and its median step time kept; the table shows the median over rounds (and the load
-average, ``os.getloadavg()``, when each run started). Telescope's s/step is its
+left out and its median step time kept. The tables show the median over rounds and the best
+round (other load only ever slows a run down, and two-thread runs suffer most from it), with
+the load average (``os.getloadavg()``) when each run started; every step time is also written
+to ``results.json`` in the printed folder. Telescope's s/step is its
 ``timing_step_total`` (wall time from one step's end to the next, generation included); TRL's is
 the wall time between ``on_step_end`` callbacks. The ratio is TRL s/step / Telescope s/step
 (> 1: Telescope faster). Figures are wall-clock and machine-dependent.
@@ -32,6 +34,7 @@ the wall time between ``on_step_end`` callbacks. The ratio is TRL s/step / Teles
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -64,7 +67,7 @@ WORKLOADS = {
     "tiny": Workload(TinyModelSpec(128, 2, 4, 2, 256), max_tokens=16, steps=16, warmup=3, seq_len=2048),
     "24m": Workload(TinyModelSpec(512, 8, 8, 4, 1408), max_tokens=64, steps=5, warmup=2, seq_len=2048),
     "long": Workload(TinyModelSpec(256, 4, 4, 2, 512, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
-                     seq_len=8192),
+                     seq_len=4096),
 }  # fmt: skip
 
 
@@ -209,21 +212,33 @@ def median_of(runs: list[RunResult]) -> float:
     return statistics.median(r.median for r in runs)
 
 
-def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]) -> None:
-    print("\n| workload | params | TRL s/step | Telescope sync s/step | Telescope async s/step | TRL compl/s | "
-          "Telescope best compl/s | Telescope vs TRL (best) | load (1 min) |")  # fmt: skip
+def best_of(runs: list[RunResult]) -> float:
+    return min(r.median for r in runs)
+
+
+def print_table(
+    title: str, pick: Any, params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]
+) -> None:
+    print(f"\n{title}\n")
+    print("| workload | params | TRL s/step | Telescope sync s/step | Telescope async s/step | TRL compl/s | "
+          "Telescope best compl/s | Telescope vs TRL (best mode) | load (1 min) at each run |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     n = PROMPTS_PER_STEP * GROUP_SIZE
     for name, by in results.items():
-        trl = median_of(by["trl"])
-        tele = {m: median_of(by[m]) for m in ("sync", "async") if by.get(m)}
+        trl = pick(by["trl"])
+        tele = {m: pick(by[m]) for m in ("sync", "async") if by.get(m)}
         best = min(tele.values())
-        loads = "/".join(f"{r.load:.1f}" for runs in by.values() for r in runs)
+        loads = " ".join(f"{k}:" + "/".join(f"{r.load:.1f}" for r in runs) for k, runs in by.items() if runs)
         cells = [f"{tele[m]:.3f}" if m in tele else "-" for m in ("sync", "async")]
         print(f"| {name} | {params[name] / 1e6:.2f}M | {trl:.3f} | {cells[0]} | {cells[1]} | {n / trl:.1f} | "
               f"{n / best:.1f} | {trl / best:.2f}x | {loads} |")  # fmt: skip
+
+
+def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]) -> None:
+    print_table("Median over rounds (of each run's median step):", median_of, params, results)
+    print_table("Best round (each run's median step; the least disturbed run):", best_of, params, results)
     print(
-        "\nmean completion tokens (TRL / Telescope), TRL generate s/step, Telescope phases (median s/step):"
+        "\nmean completion tokens, TRL generate s/step, Telescope phases (median over runs of median s/step):"
     )
     for name, by in results.items():
         trl_len = statistics.mean(r.completion_tokens for r in by["trl"])
@@ -237,6 +252,13 @@ def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunRe
             keys = sorted({k for r in runs for k in r.phases})
             ph = ", ".join(f"{k} {statistics.median(r.phases.get(k, 0.0) for r in runs):.3f}" for k in keys)
             print(f"  Telescope {mode}: {tl:.1f} tokens; {ph}")
+
+
+def save(results: dict[str, dict[str, list[RunResult]]], path: Path) -> None:
+    raw = {
+        n: {k: [dataclasses.asdict(r) for r in runs] for k, runs in by.items()} for n, by in results.items()
+    }
+    path.write_text(json.dumps(raw, indent=1))
 
 
 def main() -> None:
@@ -269,7 +291,10 @@ def main() -> None:
             for mode in chosen:
                 res[mode].append(run_telescope(path, wl, modes[mode], root))
                 print(f"[round {r}] {name} Telescope {mode} {res[mode][-1].median:.3f} s/step", flush=True)
-    print(f"\n{os.cpu_count()} cores; {args.rounds} interleaved rounds; medians of per-run medians")
+            save(results, root / "results.json")
+    print(
+        f"\n{os.cpu_count()} cores; {args.rounds} interleaved rounds; raw step times in {root / 'results.json'}"
+    )
     print_tables(params, results)
 
 

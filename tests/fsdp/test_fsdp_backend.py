@@ -226,3 +226,23 @@ def test_step_timer_means_are_per_micro_batch_when_a_phase_has_several_intervals
     assert (
         metrics["timing_loss_computation_microbatch_mean"] == 2.0
     )  # 4 s over 2 micro-batches, not 4 intervals
+
+
+@pytest.mark.parametrize(("option", "forwards"), [(None, 1), (True, 2), (False, 1)])
+def test_gradient_checkpointing_auto_is_off_on_cpu(
+    tiny_model_dir: str, option: bool | None, forwards: int
+) -> None:
+    """Each decoder layer runs forward once per micro-batch, twice when its activations are
+    recomputed in backward; ``None`` (auto) recomputes only on CUDA."""
+    from fsdp_helpers import make_samples
+
+    from telescope.fsdp.model import decoder_layers
+
+    cfg = tiny_config(tiny_model_dir)
+    backend = backend_for(cfg, device="cpu", gradient_checkpointing=option)
+    calls: list[int] = []
+    # a submodule pre-hook: the recompute calls the layer's forward directly (no layer hooks) and
+    # stops once the saved tensors are back, before the mlp's forward returns
+    decoder_layers(backend.state.model)[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+    metrics = step(backend, make_samples(4, seed=1), cfg)
+    assert len(calls) == forwards * int(metrics["packing/micro_batches_per_rank"])

@@ -159,7 +159,10 @@ class _PlanCache:
     def get(self, position_ids: torch.Tensor) -> AttentionPlan:
         key = (position_ids, position_ids._version, position_ids.data_ptr())
         if self._plan is None or self._key is None or self._key[0] is not key[0] or self._key[1:] != key[1:]:
-            self._plan = plan_attention(segment_lengths(position_ids.reshape(-1)), position_ids.device)
+            lengths = segment_lengths(position_ids.reshape(-1))
+            self._plan = plan_attention(
+                lengths, position_ids.device, GROUP_MAX_LEN
+            )  # read per call (benches set it)
             self._key = key
         return self._plan
 

@@ -56,13 +56,17 @@ def build_model(cfg: Any, kwargs: FSDPBackendKwargs, device: torch.device, mesh:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     # Packed rows rely on restarting position_ids; a KV cache silently disables that detection.
     model.config.use_cache = False
-    if kwargs.gradient_checkpointing:
+    checkpointing = kwargs.gradient_checkpointing
+    if checkpointing is None:
+        checkpointing = device.type == "cuda"
+    if checkpointing:
         enable_activation_checkpointing(model)
     model.train()
     shard_model(model, cfg.mixed_precision_dtype, kwargs.reshard_after_forward, mesh)
     if world_size > 1:
         broadcast_weights_from_rank0(model, full_state, device, rank)
-    logger.info("loaded %s (%s, attention=%s) on %s", cfg.model, cfg.model_dtype, attn, device)
+    logger.info("loaded %s (%s, attention=%s, checkpointing=%s) on %s", cfg.model, cfg.model_dtype, attn,
+                checkpointing, device)  # fmt: skip
     return model
 
 

@@ -26,8 +26,10 @@ class FSDPBackendKwargs(BaseModel):
     ones alone: about sum(n_i^2) work, runs on CPU; see ``telescope.fsdp.attention``). ``sdpa`` and
     ``eager`` are transformers' own, with a dense block-diagonal [L, L] mask (L^2 work). All of
     them keep packed samples apart (position_ids restart, attention_mask=None, no KV cache)."""
-    gradient_checkpointing: bool = True
-    """Recompute decoder-layer activations in the backward pass (less memory, ~30% more compute)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute decoder-layer activations in the backward pass (less memory, ~30% more compute).
+    None = on when training on CUDA (GPU memory is the limit), off on CPU (the small models
+    trained there fit in host memory, and recomputing costs a third of the backward time)."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     """``adamw`` (betas 0.9/0.999, eps 1e-8, the run's weight_decay) or plain ``sgd`` (no momentum;
     used by equality tests, where AdamW's first step amplifies reduction-order noise)."""
