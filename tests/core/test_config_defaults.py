@@ -20,6 +20,7 @@ ADDED_FIELDS = {
     "train_backend_kwargs": {},
     "inference_engine_kwargs": {},
     "stall_timeout_s": 1800.0,
+    "inference_max_restarts": 3,
 }
 
 

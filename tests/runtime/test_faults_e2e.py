@@ -124,3 +124,25 @@ def test_a_run_where_one_request_in_ten_fails_finishes_and_counts_them(
     failed = [r for r in rows if r["stop_reason"] == "error"]
     assert failed and all(r["discard_reason"] == "rollout_error" for r in failed)
     assert metrics[-1]["totals/rollout_errors"] >= len([r for r in failed if r["step"] <= 6])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TELESCOPE_FAULTS", "server_kill@5")  # SIGKILL of the whole server process group
+    run_dir = tmp_path / "run"
+    train(run_dir, number_of_steps=8, max_async_rollout=1)
+    metrics = steps(run_dir)
+    assert [int(m["step"]) for m in metrics] == list(range(1, 9)) and status(run_dir) == "finished"
+    assert metrics[-1]["faults/inference_restarts"] == 1.0
+    kept = [(r["step"], r["group_id"], r["sample_id"]) for r in RunDirReader(run_dir).rollouts() if r["kept"]]
+    groups_by_step: dict[int, set[int]] = {}
+    for step, gid, _ in kept:
+        groups_by_step.setdefault(step, set()).add(gid)
+    trained = [gid for gids in groups_by_step.values() for gid in gids]
+    assert len(trained) == len(set(trained)) == 8 * 2, "a group was trained twice, or a step lacks one"
+    assert len(kept) == len(set(kept))
+    log = (run_dir / "logs" / "telescope.log").read_text()
+    assert "inference server 0 died: restarting it (1 of 3)" in log
