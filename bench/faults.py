@@ -6,8 +6,11 @@ one fault injected, and the no-fault baseline first. Per fault:
 
 - outcome: ``finished``, or the first words of the error that ended the run;
 - detect: seconds from the fault (the first time it fired, or the start of the failing
-  trainer step, or the start of the stall) to the end of the run; ``-`` when the run heals;
-- recover: seconds a healed run took beyond the baseline; ``-`` when it stopped instead;
+  trainer step, or the start of the stall) to the end of the run; for a killed server, to the
+  start of its restart; ``-`` when nothing needs detecting (each failure is handled at once);
+- recover: for a killed server, seconds from the kill to the first verified weight sync after
+  its restart (it serves again); for other healed runs the time beyond the baseline; ``-`` when
+  the run stopped instead;
 - steps lost: steps of the run that were not trained (0 for a healed run);
 - duplicated: (group, sample) pairs trained more than once (must be 0).
 
@@ -54,6 +57,7 @@ SCENARIOS = [
     Scenario("reward always raises in 1 of 2 envs", "reward_raise=countdown", {"environments": TWO_ENVS},
              "reward_raise"),
     Scenario("server 0.2 s slower per request", "server_slow=0.2", {}, ""),
+    Scenario("server SIGKILLed after step 5", "server_kill@5", {}, "server_kill"),
     Scenario("server never answers (stall 10 s)", "server_slow=3600", {"stall_timeout_s": 10}, "first_generation"),
 ]  # fmt: skip
 
@@ -64,6 +68,7 @@ class Row:
     outcome: str
     detect_s: float | None
     wall_s: float
+    recover_s: float | None
     steps_done: int
     steps_lost: int
     duplicated: int
@@ -96,8 +101,28 @@ def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
     reader = RunDirReader(run_dir)
     done = len({int(s["step"]) for s in reader.steps()})
     kept = Counter((r["group_id"], r["sample_id"]) for r in reader.rollouts() if r["kept"])
-    return Row(scenario.name, outcome, _detect(scenario, reader, end) if outcome != "finished" else None,
-               end - start, done, steps - done, sum(n - 1 for n in kept.values() if n > 1))  # fmt: skip
+    detect, recover = _heal_times(reader) if scenario.fault_time == "server_kill" else (None, None)
+    if outcome != "finished":
+        detect = _detect(scenario, reader, end)
+    return Row(scenario.name, outcome, detect, end - start, recover, done, steps - done,
+               sum(n - 1 for n in kept.values() if n > 1))  # fmt: skip
+
+
+def _heal_times(reader: Any) -> tuple[float | None, float | None]:
+    """(kill -> restart begins, kill -> first verified weight sync after the restart)."""
+    from telescope.core.runtime import faults
+
+    killed = faults.fired.get("server_kill")
+    events = reader.events()
+    restarts = [e["time"] for e in events if e["type"] == "run" and e["name"] == "inference_restart"]
+    if killed is None or not restarts:
+        return None, None
+    synced = [
+        e["time"]
+        for e in events
+        if e["type"] == "weight_sync" and e["phase"] == "end" and e["time"] > restarts[0]
+    ]
+    return restarts[0] - killed, (min(synced) - killed) if synced else None
 
 
 def _detect(scenario: Scenario, reader: Any, end: float) -> float | None:
@@ -141,7 +166,10 @@ def main() -> None:
     for r in rows:
         detect = f"{r.detect_s:.1f}" if r.detect_s is not None else "-"
         healed = r.outcome == "finished" and baseline is not None and not r.name.startswith("none")
-        recover = f"{max(0.0, r.wall_s - baseline):.1f}" if healed and baseline is not None else "-"
+        extra = (
+            r.recover_s if r.recover_s is not None else (r.wall_s - baseline if healed and baseline else None)
+        )
+        recover = f"{max(0.0, extra):.1f}" if extra is not None else "-"
         print(
             f"{r.name:38} {r.outcome[:46]:46} {detect:>8} {recover:>9} {r.steps_lost:>10} {r.duplicated:>10}"
         )

@@ -18,10 +18,14 @@ broadcast fails (or times out after ``ray_broadcast_init_timeout_s``) and ends t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = ["RayServerHealer", "ServerRestartsExhaustedError"]
+
+HEALTH_TIMEOUT_S = 10.0
+"""A ``/health`` that takes longer than this counts as not answering (the client's own timeout is an hour)."""
 
 
 class ServerRestartsExhaustedError(RuntimeError):
@@ -39,7 +43,16 @@ class RayServerHealer:
         self.reform_sync_group = reform_sync_group
 
     async def healthy(self, server: int) -> bool:
-        return bool(await self.clients[server].health())
+        """``/health`` answers (asked twice, a second apart: one slow answer is no reason to restart)."""
+        for attempt in range(2):
+            try:
+                if await asyncio.wait_for(self.clients[server].health(), timeout=HEALTH_TIMEOUT_S):
+                    return True
+            except TimeoutError:
+                pass  # a server that stopped answering counts as dead
+            if attempt == 0:
+                await asyncio.sleep(1.0)
+        return False
 
     async def log_tail(self, server: int) -> str:
         try:

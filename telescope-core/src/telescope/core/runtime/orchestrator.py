@@ -194,10 +194,11 @@ class Orchestrator:
     # --- main loop ---------------------------------------------------------------------
     async def run(self) -> Counts:
         """Run until ``number_of_steps`` training steps are done; any failure ends the run at once."""
+        self._step_started = time.time()  # evals before training do not count as a stalled step
         trainer_task = self._spawn(self._trainer_loop(), "trainer loop")
         watchdog = self._spawn(self._watchdog(), "watchdog")
         try:
-            await self.prompts.start(on_failure=self._fail)
+            await self.prompts.start(on_failure=lambda exc: self._fail(stage_error("prompt prefetch", exc)))
             while not trainer_task.done():
                 self._raise_if_failed()
                 await self._start_groups()
@@ -393,7 +394,8 @@ class Orchestrator:
     def _discard(self, group: RolloutGroup) -> None:
         assert group.discard_reason is not None
         self.counts.discarded[group.discard_reason] += 1
-        self._discards.add(group.discard_reason, group.env_name)
+        kind = f"/{group.zero_advantage_kind}" if group.zero_advantage_kind else ""
+        self._discards.add(group.discard_reason + kind, group.env_name)
         self.prompts.resolve([group.group_id])
         self.observer.on_group(group, self.counts.inference_step)
 
