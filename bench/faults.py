@@ -54,8 +54,8 @@ SCENARIOS = [
     Scenario("trainer raises at step 3", "train_step_raise@3", {}, "trainer:3"),
     Scenario("prompt 40 fails to prepare", "prompt_raise@40", {}, "prompt_raise"),
     Scenario("10% of requests fail", "request_fail=0.1", {}, ""),
-    Scenario("reward always raises in 1 of 2 envs", "reward_raise=countdown", {"environments": TWO_ENVS},
-             "reward_raise"),
+    Scenario("reward raises in 1 of 2 envs, 100 steps", "reward_raise=countdown",
+             {"environments": TWO_ENVS, "number_of_steps": 100}, "reward_raise"),
     Scenario("server 0.2 s slower per request", "server_slow=0.2", {}, ""),
     Scenario("server SIGKILLed after step 5", "server_kill@5", {}, "server_kill"),
     Scenario("server never answers (stall 10 s)", "server_slow=3600", {"stall_timeout_s": 10}, "first_generation"),
@@ -81,7 +81,7 @@ def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
     from telescope.core.runtime import faults, run_training
     from telescope.core.weights.group import free_port
 
-    run_dir = workdir / scenario.name.split()[0]
+    run_dir = workdir / f"run_{len(list(workdir.iterdir()))}"  # a fresh folder per run
     os.environ.pop(faults.ENV_VAR, None)
     if scenario.spec:
         os.environ[faults.ENV_VAR] = scenario.spec
@@ -100,6 +100,7 @@ def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
     os.environ.pop(faults.ENV_VAR, None)
     reader = RunDirReader(run_dir)
     done = len({int(s["step"]) for s in reader.steps()})
+    steps = int(settings["number_of_steps"])
     kept = Counter((r["group_id"], r["sample_id"]) for r in reader.rollouts() if r["kept"])
     detect, recover = _heal_times(reader) if scenario.fault_time == "server_kill" else (None, None)
     if outcome != "finished":
@@ -156,7 +157,7 @@ def main() -> None:
             print(f"  ran: {scenario.name} ({rows[-1].wall_s:.1f}s)", flush=True)
     baseline = next((r.wall_s for r in rows if r.name.startswith("none")), None)
     print(
-        f"\n{args.steps} steps per run; detect = fault -> end of run; recover = extra time of a healed run\n"
+        f"\n{args.steps} steps per run unless the name says otherwise; the columns are described in the module docstring\n"
     )
     header = (
         f"{'fault':38} {'outcome':46} {'detect s':>8} {'recover s':>9} {'steps lost':>10} {'duplicated':>10}"
