@@ -26,6 +26,7 @@ ADDED_FIELDS = {
     "overwrite": False,
     "checkpoint_failure": "stop",
     "inference_dtype": None,
+    "inference_max_restarts": 3,
 }
 
 

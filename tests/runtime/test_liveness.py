@@ -167,7 +167,7 @@ def test_a_run_that_discards_everything_says_so_every_few_seconds(
     assert 0 < counted[-1] <= orch.counts.discarded["zero_advantage"]
 
 
-COUNTS = re.compile(r"discarded since the last step: zero_advantage (\d+) \(toy (\d+)\)$")
+COUNTS = re.compile(r"discarded since the last step: zero_advantage/all_zero (\d+) \(toy (\d+)\)$")
 
 
 def test_a_reward_that_always_raises_stops_the_run_naming_its_environment(

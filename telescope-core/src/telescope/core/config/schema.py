@@ -92,6 +92,8 @@ class TelescopeConfig(BaseModel):
     """Cancel in-flight rollouts after this many weight updates (-1 disables cancellation)."""
     stall_timeout_s: float = Field(default=1800.0, ge=0)
     """Fail the run, with a dump of what every server, lane and group is doing, when no training step completes for this many seconds (0 = never)."""
+    inference_max_restarts: int = Field(default=3, ge=0)
+    """How many times each inference server that dies is restarted (re-synced to the current weights, its groups re-queued) before the run fails."""
 
     # --- Trainer -------------------------------------------------------------------
     learning_rate: float = Field(default=1.0e-6, gt=0)

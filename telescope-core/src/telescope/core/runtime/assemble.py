@@ -10,6 +10,7 @@ from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
 from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.runtime.healing import RayServerHealer
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.prompts import PromptSource
 from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
@@ -175,6 +176,11 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer)
     orchestrator.tokenizer = tokenizer
+    orchestrator.healer = RayServerHealer(
+        session.servers.actors,
+        clients,
+        lambda: init_weight_sync(session, clients, engine.sync_ranks_per_server),
+    )
     return orchestrator, clients
 
 

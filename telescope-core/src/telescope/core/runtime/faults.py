@@ -10,6 +10,8 @@ it to every Ray worker (the run's ``runtime_env``). Entries are ``name@N`` or ``
 - ``reward_raise=ENV``: every reward of environment ENV raises (``*``: every environment).
 - ``reward_hang=ENV``: every reward of ENV hangs until the environment's ``reward_timeout_s``.
 - ``server_slow=S``: every inference request waits S seconds before it is sent.
+- ``server_kill@N``: inference server 0 is SIGKILLed once training step N ended (the run
+  restarts it, up to ``inference_max_restarts`` times).
 
 Example: ``TELESCOPE_FAULTS=train_step_raise@3,request_fail=0.1``. Unset, every hook is one
 environment lookup and a comparison: nothing is slowed down.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import zlib
 from typing import Any
 
@@ -54,6 +57,8 @@ class FaultSpec(BaseModel):
     """Environment whose every reward hangs until its timeout (``*``: all of them)."""
     server_slow: float = Field(default=0.0, ge=0.0)
     """Seconds every inference request waits before it is sent."""
+    server_kill: int | None = Field(default=None, ge=1)
+    """Training step (1-based) after which inference server 0 is SIGKILLed."""
 
 
 def parse(spec: str) -> FaultSpec:
@@ -79,6 +84,13 @@ def parse(spec: str) -> FaultSpec:
 
 
 _cache: tuple[str, FaultSpec] | None = None
+fired: dict[str, float] = {}
+"""When each fault first fired in this process (unix time; ``bench/faults.py`` measures from it)."""
+
+
+def _fire(name: str, message: str) -> InjectedFault:
+    fired.setdefault(name, time.time())
+    return InjectedFault(f"{ENV_VAR}: {message}")
 
 
 def current() -> FaultSpec | None:
@@ -97,14 +109,23 @@ def on_train_step(step: int) -> None:
     """Trainer ranks, before training step ``step`` (1-based)."""
     faults = current()
     if faults is not None and faults.train_step_raise == step:
-        raise InjectedFault(f"{ENV_VAR}: train_step_raise@{step}")
+        raise _fire("train_step_raise", f"train_step_raise@{step}")
 
 
 def on_prepare_prompt(count: int) -> None:
     """The driver, before preparing the ``count``-th prompt of the run (1-based)."""
     faults = current()
     if faults is not None and faults.prompt_raise == count:
-        raise InjectedFault(f"{ENV_VAR}: prompt_raise@{count}")
+        raise _fire("prompt_raise", f"prompt_raise@{count}")
+
+
+def kill_server_after(step: int) -> int | None:
+    """The driver, after training step ``step``: the index of the server to SIGKILL now, if any."""
+    faults = current()
+    if faults is None or faults.server_kill != step:
+        return None
+    fired.setdefault("server_kill", time.time())
+    return 0
 
 
 async def on_request(request_id: str) -> None:
@@ -115,7 +136,7 @@ async def on_request(request_id: str) -> None:
     if faults.server_slow:
         await asyncio.sleep(faults.server_slow)
     if faults.request_fail and zlib.crc32(request_id.encode()) / 2**32 < faults.request_fail:
-        raise InjectedFault(f"{ENV_VAR}: request_fail={faults.request_fail} failed request {request_id}")
+        raise _fire("request_fail", f"request_fail={faults.request_fail} failed request {request_id}")
 
 
 async def on_reward(env_name: str) -> None:
@@ -124,9 +145,10 @@ async def on_reward(env_name: str) -> None:
     if faults is None:
         return
     if faults.reward_hang in (env_name, "*"):
+        fired.setdefault("reward_hang", time.time())
         await asyncio.Event().wait()  # until the reward timeout cancels it
     if faults.reward_raise in (env_name, "*"):
-        raise InjectedFault(f"{ENV_VAR}: reward_raise={faults.reward_raise}")
+        raise _fire("reward_raise", f"reward_raise={faults.reward_raise}")
 
 
 def propagate(env_vars: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from telescope.core.runtime import faults
 from telescope.core.runtime.batching import BatchBuilder
 from telescope.core.runtime.groups import (
     GroupFailure,
@@ -35,6 +36,7 @@ from telescope.core.runtime.groups import (
     reward_failed,
     zero_advantage_kind,
 )
+from telescope.core.runtime.healing import ServerRestartsExhaustedError
 from telescope.core.runtime.lanes import Lanes, QueuedSample
 from telescope.core.runtime.liveness import DiscardTally, StallError, stage_error
 from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
@@ -109,13 +111,15 @@ class Counts:
     rollout_errors: int = 0
     reward_errors: Counter[str] = field(default_factory=Counter)
     """Samples whose reward raised or timed out, per environment."""
+    inference_restarts: int = 0
+    """Inference servers restarted after they died."""
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready counters (a checkpoint's ``orchestrator_state.json``)."""
         return {"model_version": self.model_version, "completed_steps": self.completed_steps,
                 "discarded": dict(self.discarded), "zero_advantage": dict(self.zero_advantage),
                 "cancelled_samples": self.cancelled_samples, "rollout_errors": self.rollout_errors,
-                "reward_errors": dict(self.reward_errors)}  # fmt: skip
+                "reward_errors": dict(self.reward_errors), "inference_restarts": self.inference_restarts}  # fmt: skip
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Counts:
@@ -124,7 +128,8 @@ class Counts:
         return cls(inference_step=step, model_version=int(state["model_version"]), completed_steps=step,
                    discarded=Counter(state["discarded"]), zero_advantage=Counter(state["zero_advantage"]),
                    cancelled_samples=int(state["cancelled_samples"]), rollout_errors=int(state["rollout_errors"]),
-                   reward_errors=Counter(state.get("reward_errors", {})))  # fmt: skip
+                   reward_errors=Counter(state.get("reward_errors", {})),
+                   inference_restarts=int(state.get("inference_restarts", 0)))  # fmt: skip
 
 
 class Orchestrator:
@@ -169,6 +174,13 @@ class Orchestrator:
         """Servers kept at older weights (eval servers): later syncs reach them without applying."""
         self.last_sync_hold: frozenset[int] = frozenset()
         """The servers the latest sync did not apply to."""
+        self.healer: Any = None
+        """Restarts dead inference servers (``healing.RayServerHealer``); None: a dead server fails the run."""
+        self._sync_lock = asyncio.Lock()  # a weight sync and a server restart never overlap
+        self._healing: set[int] = set()
+        """Servers found dead: drained, being restarted or waiting for their first sync."""
+        self._restarts: Counter[int] = Counter()
+        self._trained_version = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and prompt ledger, taken between two awaits (so they agree with each other)."""
@@ -182,10 +194,11 @@ class Orchestrator:
     # --- main loop ---------------------------------------------------------------------
     async def run(self) -> Counts:
         """Run until ``number_of_steps`` training steps are done; any failure ends the run at once."""
+        self._step_started = time.time()  # evals before training do not count as a stalled step
         trainer_task = self._spawn(self._trainer_loop(), "trainer loop")
         watchdog = self._spawn(self._watchdog(), "watchdog")
         try:
-            await self.prompts.start(on_failure=self._fail)
+            await self.prompts.start(on_failure=lambda exc: self._fail(stage_error("prompt prefetch", exc)))
             while not trainer_task.done():
                 self._raise_if_failed()
                 await self._start_groups()
@@ -331,6 +344,8 @@ class Orchestrator:
             group.failure = group.failure or GroupFailure("prompt_too_long", str(exc))
             group.results[index] = _failed_sample(p, server, slot, version, str(exc))
         except Exception as exc:  # noqa: BLE001 - a failed request discards its group, the run goes on
+            if await self._server_lost(server):
+                return  # not the sample's fault: its group is re-queued when the server is drained
             self.counts.rollout_errors += 1
             message = f"{type(exc).__name__}: {exc}"
             group.failure = group.failure or GroupFailure("rollout_error", message)
@@ -379,7 +394,8 @@ class Orchestrator:
     def _discard(self, group: RolloutGroup) -> None:
         assert group.discard_reason is not None
         self.counts.discarded[group.discard_reason] += 1
-        self._discards.add(group.discard_reason, group.env_name)
+        kind = f"/{group.zero_advantage_kind}" if group.zero_advantage_kind else ""
+        self._discards.add(group.discard_reason + kind, group.env_name)
         self.prompts.resolve([group.group_id])
         self.observer.on_group(group, self.counts.inference_step)
 
@@ -481,6 +497,7 @@ class Orchestrator:
         self._enter("train_step")
         self._event("trainer", "start", step=step + 1, name="train_step")
         metrics = await self.trainer.train_step(step, batch)
+        self._trained_version = step + 1
         self.prompts.resolve([g.group_id for g in batch.groups])
         self._event("trainer", "end", step=step + 1, name="train_step")
         self._enter("weight sync")
@@ -498,17 +515,81 @@ class Orchestrator:
         self._enter("the observer's on_step")
         self.observer.on_step(step + 1, step_metrics(self.counts, batch, metrics, sync, timing))
         self._poke()
+        kill = faults.kill_server_after(step + 1)
+        if kill is not None and self.healer is not None:
+            await self.healer.kill(kill)
         for hook in self.hooks:
             self._enter(f"step hook {type(hook).__name__}")
             await hook.after_step(self, step + 1)
 
     async def sync_weights(self, version: int) -> dict[str, Any]:
-        """Broadcast the trainer's weights as ``version``; held servers receive without applying."""
+        """Broadcast the trainer's weights as ``version``; held servers receive without applying.
+
+        With a healer, every server is checked first and a dead one restarted (a broadcast to a
+        dead member would fail every receiver); restarted servers get work again after it.
+        """
+        async with self._sync_lock:
+            if self.healer is not None:
+                for server in range(len(self.clients)):
+                    if server not in self._healing and not await self.healer.healthy(server):
+                        self._healing.add(server)
+                        await self._restart_server(server)
+            sync = await self._broadcast(version)
+            self.restore_servers(set(self._healing))
+            self._healing.clear()
+            return sync
+
+    async def _broadcast(self, version: int) -> dict[str, Any]:
         self._event("weight_sync", "start", step=version)
         self.last_sync_hold = frozenset(self.held_servers)
         sync = dict(await self.trainer.sync_weights(version, self.last_sync_hold))
         self._event("weight_sync", "end", step=version, version=version, digest=str(sync.pop("digest", "")))
         return sync
+
+    # --- self-healing inference (healing.py) ---------------------------------------------------
+    async def _server_lost(self, server: int) -> bool:
+        """After a failed request: is the server dead? If so, it is being (or will be) restarted."""
+        if self.healer is None:
+            return False
+        if server in self._healing:
+            return True
+        if await self.healer.healthy(server):
+            return False
+        if server not in self._healing:  # another failed request may have started it meanwhile
+            self._healing.add(server)
+            self.lanes.set_enabled({server}, False)
+            self._spawn(self._heal(server), f"restarting inference server {server}")
+        return True
+
+    async def _heal(self, server: int) -> None:
+        async with self._sync_lock:
+            if server not in self._healing:
+                return  # a sync found it dead first and restarted it
+            await self._restart_server(server)
+            if self._trained_version == self.counts.model_version:
+                await self._broadcast(self.counts.model_version)  # verified: the server serves this version
+                self.restore_servers({server})
+                self._healing.discard(server)
+            # else: the trainer is ahead; the sync waiting for this lock loads and releases it
+
+    async def _restart_server(self, server: int) -> None:
+        """Drain ``server``, restart its process and re-form the sync group (sync lock held)."""
+        await self.drain_servers({server})
+        self._restarts[server] += 1
+        tail = await self.healer.log_tail(server)
+        limit = self.cfg.inference_max_restarts
+        if self._restarts[server] > limit:
+            log.error("inference server %d died again; its last log lines:\n%s", server, tail)
+            last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(empty)")
+            raise ServerRestartsExhaustedError(
+                f"inference server {server} died {self._restarts[server]} times (inference_max_restarts={limit}); "
+                f"its last log line: {last} (the log is under <run_dir>/logs/inference)"
+            )  # fmt: skip
+        log.warning("inference server %d died: restarting it (%d of %d), its groups were re-queued; its last log "
+                    "lines:\n%s", server, self._restarts[server], limit, tail)  # fmt: skip
+        self._event("run", "instant", name="inference_restart", server=server)
+        await self.healer.restart(server)
+        self.counts.inference_restarts += 1
 
 
 def _failed_sample(p: PreparedPrompt, server: int, lane: int, version: int, message: str) -> RolloutSample:

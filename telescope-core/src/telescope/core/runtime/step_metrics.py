@@ -23,6 +23,9 @@ def step_metrics(
     out["async_level"] = float(counts.inference_step - counts.model_version)
     out["totals/cancelled_samples"] = float(counts.cancelled_samples)
     out["totals/rollout_errors"] = float(counts.rollout_errors)
+    out["faults/inference_restarts"] = float(counts.inference_restarts)
+    for env, n in counts.reward_errors.items():
+        out[f"totals/reward_errors/{env}"] = float(n)
     for reason, n in counts.discarded.items():
         out[f"totals/discarded_groups/{reason}"] = float(n)
     return out

@@ -161,6 +161,20 @@ class InferenceServerWorker:
     def log_tail(self) -> str:
         return self.server.log_tail() if self.server is not None else ""
 
+    def restart(self) -> dict[str, str]:
+        """Start the server again after it died (same port); returns ``start()``'s answer."""
+        if self.server is not None:
+            self.server.stop(grace_s=2.0)  # reaps what is left of the dead process group
+            self.server = None
+        return self.start()
+
+    def kill_server(self) -> None:
+        """SIGKILL the server's process group (fault injection: ``TELESCOPE_FAULTS=server_kill@N``)."""
+        import signal
+
+        if self.server is not None:
+            os.killpg(self.server.process.pid, signal.SIGKILL)
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop(grace_s=5.0)

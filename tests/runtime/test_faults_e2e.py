@@ -1,0 +1,148 @@
+"""Faults on the real runtime (Ray, transformers server, FSDP on gloo, the real run directory).
+
+The trainer failure runs by default; the others are marked slow (each also has a fast test
+with fakes in test_liveness.py). Each run is injected a fault through ``TELESCOPE_FAULTS`` (``telescope.core.runtime.faults``),
+which reaches the Ray workers through the run's runtime_env. A hang shows as a pytest timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_resume_e2e import read_jsonl, settings
+
+from telescope.core.config import load_config
+from telescope.core.observe import RunDirReader
+from telescope.core.plugins import load_plugins
+
+pytest.importorskip("ray")
+
+
+def train(run_dir: Path, **overrides: Any) -> float:
+    """Run to the end (or the failure); returns the seconds the run took."""
+    from telescope.core.runtime import run_training
+
+    pset, registry = load_plugins()
+    cfg = load_config(None, settings(run_dir, **overrides), registry)
+    start = time.time()
+    try:
+        run_training(cfg, pset, registry)
+    finally:
+        elapsed = time.time() - start
+    return elapsed
+
+
+def steps(run_dir: Path) -> list[dict[str, float]]:
+    return [row.get("metrics", row) | {"step": row["step"]} for row in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def status(run_dir: Path) -> str:
+    return str(json.loads((run_dir / "run.json").read_text())["status"])
+
+
+@pytest.mark.timeout(240)
+def test_a_trainer_that_raises_at_step_3_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telescope.core.runtime.liveness import RunStageError
+
+    monkeypatch.setenv("TELESCOPE_FAULTS", "train_step_raise@3")  # raised in the Ray trainer actor
+    with pytest.raises(RunStageError) as info:
+        train(tmp_path / "run", number_of_steps=8, max_async_rollout=0)
+    message = str(info.value)
+    assert message.startswith(
+        "step 3: train_step failed: InjectedFault: TELESCOPE_FAULTS: train_step_raise@3"
+    )
+    assert [int(s["step"]) for s in steps(tmp_path / "run")] == [1, 2]
+    assert status(tmp_path / "run") == "failed"
+
+
+@pytest.mark.slow  # the same code path is covered without Ray in test_liveness.py
+@pytest.mark.timeout(240)
+def test_a_prompt_failing_to_prepare_in_the_prefetch_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telescope.core.runtime.liveness import RunStageError
+
+    monkeypatch.setenv("TELESCOPE_FAULTS", "prompt_raise@40")  # long after the 24-prompt buffer first filled
+    with pytest.raises(RunStageError) as info:
+        train(tmp_path / "run", number_of_steps=40, enable_prompt_prefetch=True)
+    assert str(info.value).startswith("prompt preparation (environment 'reverse_text', sample ")
+    assert "InjectedFault: TELESCOPE_FAULTS: prompt_raise@40" in str(info.value)
+    assert 0 < len(steps(tmp_path / "run")) < 40 and status(tmp_path / "run") == "failed"
+
+
+@pytest.mark.slow  # ~50 s: 200 failed groups in a row end the run; test_liveness.py has the fast version
+@pytest.mark.timeout(300)
+def test_failed_requests_are_counted_and_a_reward_that_always_raises_stops_the_run_naming_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telescope.core.runtime.stall import RolloutsFailingError
+
+    monkeypatch.setenv("TELESCOPE_FAULTS", "request_fail=0.1,reward_raise=countdown")
+    run_dir = tmp_path / "run"
+    envs = [{"name": "reverse_text", "weight": 1.0}, {"name": "countdown", "weight": 4.0}]
+    with pytest.raises(RolloutsFailingError) as info:
+        train(
+            run_dir, environments=envs, number_of_steps=500, group_size=2, max_tokens=4, max_async_rollout=2
+        )
+    message = str(info.value)
+    assert "prompt groups of environment 'countdown' produced a usable rollout" in message
+    assert "reward_error" in message and "TELESCOPE_FAULTS: reward_raise=countdown" in message
+    rows = RunDirReader(run_dir).rollouts()
+    trained = [r for r in rows if r["kept"]]
+    assert trained and {r["env"] for r in trained} == {"reverse_text"}  # the healthy environment trained
+    failed = [r for r in rows if r["discard_reason"] == "rollout_error"]
+    assert failed and any(r["stop_reason"] == "error" for r in failed)
+    metrics = steps(run_dir)
+    assert sum(m["discarded/rollout_error/count"] for m in metrics) == len(failed)
+    assert sum(m["discarded/reward_error/count"] for m in metrics) == sum(
+        r["discard_reason"] == "reward_error" for r in rows if r["step"] <= len(metrics)
+    )
+    assert sum(m.get("reward/countdown/errors", 0) for m in metrics) > 0
+    assert status(run_dir) == "failed"
+    log = (run_dir / "logs" / "telescope.log").read_text()
+    assert log.count("environment 'countdown': reward function 'compute_reward' failed") == 1
+    assert "Traceback" in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_where_one_request_in_ten_fails_finishes_and_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TELESCOPE_FAULTS", "request_fail=0.1")
+    run_dir = tmp_path / "run"
+    train(run_dir, number_of_steps=6, max_async_rollout=1)
+    metrics = steps(run_dir)
+    assert [int(m["step"]) for m in metrics] == list(range(1, 7)) and status(run_dir) == "finished"
+    rows = RunDirReader(run_dir).rollouts()
+    failed = [r for r in rows if r["stop_reason"] == "error"]
+    assert failed and all(r["discard_reason"] == "rollout_error" for r in failed)
+    assert metrics[-1]["totals/rollout_errors"] >= len([r for r in failed if r["step"] <= 6])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TELESCOPE_FAULTS", "server_kill@5")  # SIGKILL of the whole server process group
+    run_dir = tmp_path / "run"
+    train(run_dir, number_of_steps=8, max_async_rollout=1)
+    metrics = steps(run_dir)
+    assert [int(m["step"]) for m in metrics] == list(range(1, 9)) and status(run_dir) == "finished"
+    assert metrics[-1]["faults/inference_restarts"] == 1.0
+    kept = [(r["step"], r["group_id"], r["sample_id"]) for r in RunDirReader(run_dir).rollouts() if r["kept"]]
+    groups_by_step: dict[int, set[int]] = {}
+    for step, gid, _ in kept:
+        groups_by_step.setdefault(step, set()).add(gid)
+    trained = [gid for gids in groups_by_step.values() for gid in gids]
+    assert len(trained) == len(set(trained)) == 8 * 2, "a group was trained twice, or a step lacks one"
+    assert len(kept) == len(set(kept))
+    log = (run_dir / "logs" / "telescope.log").read_text()
+    assert "inference server 0 died: restarting it (1 of 3)" in log

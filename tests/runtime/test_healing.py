@@ -1,0 +1,140 @@
+"""Self-healing inference with fakes of the server client and the healer (no Ray).
+
+A server that dies mid-run is restarted, its in-flight groups re-queued under the same group
+ids, the weights re-synced to it before it gets work again; nothing is lost or trained twice.
+The same on the real runtime (SIGKILL of a transformers server) is in test_faults_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fakes import FakeClient, FakeTrainer, ToyEnv
+from test_orchestrator import build, varied_reply, varied_reward
+
+from telescope.core.inference.client import Completion
+from telescope.core.runtime.liveness import RunStageError
+
+
+@dataclass
+class MortalClient(FakeClient):
+    """A scripted server that can die: then every request (and those in flight) fails."""
+
+    alive: bool = True
+    life: int = 0
+    """Incremented at each death: a request started in an earlier life fails."""
+    synced: bool = True
+    """False from a restart until the next weight sync reached the server."""
+    unsynced_requests: list[str] = field(default_factory=list)
+
+    async def complete(self, prompt: list[int], **params: Any) -> list[Completion]:
+        life = self.life
+        if self.alive and not self.synced:
+            self.unsynced_requests.append(params["request_id"])
+        if not self.alive:
+            raise ConnectionError("connection refused")
+        result = await super().complete(prompt, **params)
+        if not self.alive or self.life != life:
+            raise ConnectionError("server disconnected")
+        return result
+
+    async def health(self) -> bool:
+        return self.alive
+
+
+@dataclass
+class FakeHealer:
+    clients: list[MortalClient]
+    trainer: FakeTrainer
+    restarted: list[tuple[int, int]] = field(default_factory=list)
+    """(server, trainer versions synced so far) at each restart."""
+
+    async def healthy(self, server: int) -> bool:
+        return self.clients[server].alive
+
+    async def log_tail(self, server: int) -> str:
+        return "CUDA error: an illegal memory access was encountered"
+
+    async def restart(self, server: int) -> None:
+        await asyncio.sleep(0.05)
+        self.restarted.append((server, len(self.trainer.versions)))
+        self.clients[server].alive, self.clients[server].synced = True, False
+
+    async def kill(self, server: int) -> None:
+        self.clients[server].alive = False
+        self.clients[server].life += 1
+
+
+def build_servers(tokenizer: Any, servers: int = 2, **overrides: Any) -> tuple[Any, Any, Any, FakeHealer]:
+    clients = [MortalClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(servers)]
+    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), clients, discard_group_zero_advantage=False,
+                                    **overrides)  # fmt: skip
+    orch.healer = FakeHealer(clients, trainer)
+    sync = trainer.sync_weights
+
+    async def sync_and_mark(version: int, hold: frozenset[int] = frozenset()) -> dict[str, float]:
+        result = await sync(version, hold)
+        for client in clients:
+            client.synced = client.synced or client.alive
+        return result
+
+    trainer.sync_weights = sync_and_mark  # type: ignore[method-assign]
+    return orch, trainer, observer, orch.healer
+
+
+@pytest.mark.parametrize(("servers", "max_async"), [(1, 0), (2, 0), (2, 2)])
+def test_a_killed_server_is_restarted_and_nothing_is_lost_or_trained_twice(
+    tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    servers: int,
+    max_async: int,
+) -> None:
+    monkeypatch.setenv("TELESCOPE_FAULTS", "server_kill@3")
+    orch, trainer, observer, healer = build_servers(
+        tokenizer, servers, number_of_steps=8, max_async_rollout=max_async
+    )
+    counts = asyncio.run(asyncio.wait_for(orch.run(), timeout=30))
+    assert counts.completed_steps == 8 and counts.inference_restarts == 1
+    assert [server for server, _ in healer.restarted] == [0]
+    trained = [g.group_id for b in trainer.batches for g in b.groups]
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    # every prompt drawn was trained, discarded or is still outstanding: none lost
+    discarded = {g.group_id for _, g in observer.groups if g.discard_reason is not None}
+    pending = {i.group_id for i in orch.prompts.outstanding()}
+    drawn = set(trained) | discarded | pending
+    assert drawn == set(range(max(drawn) + 1))
+    assert counts.rollout_errors == 0 and not discarded  # the dead server's failures were not the samples'
+    # after the restart, server 0 generated again, and only once it held the synced weights
+    versions_after = {s.model_version_start for b in trainer.batches[4:] for g in b.groups for s in g.samples
+                      if s.server == 0}  # fmt: skip
+    assert versions_after and min(versions_after) >= 3
+    warning = [r.getMessage() for r in caplog.records if "inference server 0 died" in r.getMessage()]
+    assert warning and "illegal memory access" in warning[0]
+    # a restarted server got no request before a sync had loaded the current weights into it
+    assert healer.clients[0].unsynced_requests == []
+
+
+def test_a_server_that_keeps_dying_fails_the_run_with_its_last_log_lines(tokenizer: Any) -> None:
+    orch, trainer, _, healer = build_servers(tokenizer, number_of_steps=30, inference_max_restarts=2)
+
+    async def kill_forever() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            await healer.kill(1)
+
+    async def main() -> None:
+        killer = asyncio.create_task(kill_forever())
+        try:
+            await orch.run()
+        finally:
+            killer.cancel()
+
+    with pytest.raises(RunStageError) as info:
+        asyncio.run(asyncio.wait_for(main(), timeout=30))
+    message = str(info.value)
+    assert "inference server 1 died 3 times (inference_max_restarts=2)" in message
+    assert "illegal memory access" in message
