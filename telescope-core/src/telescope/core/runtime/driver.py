@@ -65,6 +65,7 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
         from telescope.core.runtime.observer import HubObserver
 
         hub = build_logger_hub(wcfg, registry)
+        hub.on_fatal = session.fail  # a run directory that cannot be written ends the run
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
         if resume is not None:
             hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
@@ -155,6 +156,9 @@ class RunSession:
         self.started_here = True
         self.resume: Any = None
         """The ``ResumePoint`` this run continues from, or None."""
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._abort: asyncio.Event | None = None
 
     def start(self) -> None:
         """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
@@ -176,8 +180,35 @@ class RunSession:
                                      cfg.ray_inference_cpus_per_worker, str(self.run_dir / "logs" / "inference"))  # fmt: skip
         self.trainer_info = ray.get(init_refs)
 
+    def fail(self, error: BaseException) -> None:
+        """End the run with ``error`` now, from any thread (a run directory that cannot be written).
+
+        ``train`` stops waiting for the orchestrator, cancels it (it shuts its groups down) and
+        raises ``error``; the first error wins.
+        """
+        if self._failure is None:
+            self._failure = error
+        loop, abort = self._loop, self._abort
+        if loop is not None and abort is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(abort.set)
+
     async def train(self, observer: Any, pset: Any) -> None:
-        """Build the orchestrator around the started processes and run it."""
+        """Build the orchestrator around the started processes and run it (until done or ``fail``)."""
+        self._loop, self._abort = asyncio.get_running_loop(), asyncio.Event()
+        if self._failure is not None:
+            raise self._failure
+        work = asyncio.ensure_future(self._train(observer, pset))
+        abort = asyncio.ensure_future(self._abort.wait())
+        await asyncio.wait({work, abort}, return_when=asyncio.FIRST_COMPLETED)
+        abort.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+        if self._failure is not None:
+            raise self._failure
+        work.result()
+
+    async def _train(self, observer: Any, pset: Any) -> None:
         from telescope.core.runtime.assemble import add_checkpoints_and_evals, build_orchestrator
 
         orchestrator, clients = await build_orchestrator(self, observer, pset)
