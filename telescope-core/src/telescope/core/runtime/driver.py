@@ -67,6 +67,7 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
         hub = build_logger_hub(wcfg, registry)
         hub.on_fatal = session.fail  # a run directory that cannot be written ends the run
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
+        session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
         if resume is not None:
             hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
                                      "superseded": [str(p) for p in superseded]}})  # fmt: skip
@@ -157,6 +158,9 @@ class RunSession:
         self.resume: Any = None
         """The ``ResumePoint`` this run continues from, or None."""
         self._failure: BaseException | None = None
+        self.run_id = ""
+        """Names this run's placement groups (the run directory's run id; empty = a random one)."""
+        self._claims: list[Any] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._abort: asyncio.Event | None = None
 
@@ -168,17 +172,39 @@ class RunSession:
         from telescope.core.runtime.cluster import connect, reserve_pools
         from telescope.core.runtime.ray_group import start_servers, start_trainers
 
-        cfg, data = self.cfg, self.cfg.to_dict()
-        self.started_here = bool(connect(cfg, str(self.run_dir))["started_here"])
+        joined = connect(self.cfg, str(self.run_dir))
+        self.started_here = bool(joined["started_here"])
+        self._claims += [joined["private_claim"]] if joined.get("private_claim") else []
         route_sigterm_to_interrupt()  # ray.init installed its own (sys.exit from any frame)
         use_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self.pools = reserve_pools(cfg, num_servers(cfg), use_gpus)
+        self.pools = reserve_pools(self.cfg, num_servers(self.cfg), use_gpus, self.run_id)
+        self._move_ports_if_taken(num_servers(self.cfg))
+        cfg, data = self.cfg, self.cfg.to_dict()
         self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,
                                        cfg.ray_trainer_cpus_per_worker)  # fmt: skip
         init_refs = [t.init.remote() for t in self.trainers]
         self.servers = start_servers(data, self.plugins, self.pools, cfg.inference_engine, num_servers(cfg),
                                      cfg.ray_inference_cpus_per_worker, str(self.run_dir / "logs" / "inference"))  # fmt: skip
         self.trainer_info = ray.get(init_refs)
+
+    def _move_ports_if_taken(self, count: int) -> None:
+        """Servers on this node: claim a free block of ports (``inference_base_port`` or the next free
+        one), so that two runs on one machine, or another program on 8100, never collide."""
+        import ray
+
+        from telescope.core.runtime.claims import port_block
+        from telescope.core.runtime.ray_group import bundle_ip
+
+        here = ray.util.get_node_ip_address()
+        if not any(bundle_ip(self.pools.inference, i) == here for i in range(count)):
+            return  # servers on other nodes: their launch refuses a taken port (check_port_free)
+        host, base = self.cfg.inference_host, self.cfg.inference_base_port
+        first, claims = port_block(host or "0.0.0.0", base, count, {"run_dir": str(self.run_dir)})
+        self._claims += claims
+        if first != base:
+            log.warning("inference ports %d-%d are in use or held by another Telescope run: the servers listen "
+                        "on %d-%d instead", base, base + count - 1, first, first + count - 1)  # fmt: skip
+            self.cfg = self.cfg.model_copy(update={"inference_base_port": first})
 
     def fail(self, error: BaseException) -> None:
         """End the run with ``error`` now, from any thread (a run directory that cannot be written).
@@ -230,10 +256,19 @@ class RunSession:
         """Stop servers first (their processes), then kill every actor and release the pools."""
         import ray
 
+        try:
+            if ray.is_initialized():
+                self._stop_processes()
+        finally:
+            for held in self._claims:  # ports and the private-cluster mark, once everything stopped
+                held.release()
+            self._claims.clear()
+
+    def _stop_processes(self) -> None:
+        import ray
+
         from telescope.core.runtime.cluster import shutdown
 
-        if not ray.is_initialized():
-            return
         if self.servers is not None:
             try:
                 ray.get([a.stop.remote() for a in self.servers.actors], timeout=30)
