@@ -113,8 +113,32 @@ def test_each_checkpoint_holds_the_driver_state_and_resume_reads_it_back(tmp_pat
         find_resume_point(cfg.model_copy(update={"resume_from_checkpoint": 2}))  # removed by retention
 
 
-def test_a_save_failing_twice_is_a_warning_and_the_previous_checkpoint_stays(tmp_path: Path) -> None:
-    cfg = config(tmp_path / "run", checkpoint_keep_last=1)
+def test_a_save_failing_twice_stops_the_run_naming_the_folder_and_the_cause(tmp_path: Path) -> None:
+    from telescope.core.observe.storage import StorageError
+
+    cfg = config(tmp_path / "run")  # checkpoint_failure: stop (the default)
+    orch, trainer, failed = Orchestrator(), FileTrainer(fail=((4, 1), (4, 2))), []
+    hook = RunCheckpointer(cfg, trainer, lambda: IDS, lambda msg: None, failed.append)
+    run_steps(hook, orch, trainer, range(1, 4))
+    orch.step = trainer.step = 4
+    with pytest.raises(StorageError) as info:
+        asyncio.run(hook.after_step(orch, 4))
+    root = tmp_path / "run" / "checkpoints"
+    message = str(info.value)
+    assert message.startswith(
+        f"checkpoint at step 4 could not be written to {root / 'step_4'}: disk full (ENOSPC)"
+    )
+    assert (
+        f"the previous checkpoint {root / 'step_2'} is intact" in message
+        and "checkpoint_failure: warn" in message
+    )
+    assert failed == [info.value]  # the run is told at once, not only through the raise
+    assert sorted(p.name for p in root.iterdir()) == ["step_2"]
+    assert (root / "step_2" / "weights.bin").read_text() == "weights after step 2"
+
+
+def test_a_save_failing_twice_is_a_warning_with_checkpoint_failure_warn(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "run", checkpoint_keep_last=1, checkpoint_failure="warn")
     orch, trainer, warnings = Orchestrator(), FileTrainer(fail=((4, 1), (4, 2), (2, 1))), []
     hook = RunCheckpointer(cfg, trainer, lambda: IDS, warnings.append)
     run_steps(hook, orch, trainer, range(1, 5))
@@ -123,7 +147,7 @@ def test_a_save_failing_twice_is_a_warning_and_the_previous_checkpoint_stays(tmp
     assert sorted(p.name for p in root.iterdir()) == ["step_2"]  # no partial folder left behind
     assert (root / "step_2" / "weights.bin").read_text() == "weights after step 2"
     assert hook.failures == 1 and len(warnings) == 1
-    assert "step 4" in warnings[0] and "No space left" in warnings[0] and "intact" in warnings[0]
+    assert "step 4" in warnings[0] and "disk full (ENOSPC)" in warnings[0] and "intact" in warnings[0]
     ends = [(e["step"], e["ok"], e["path"]) for e in orch.observer.events if e["phase"] == "end"]
     assert ends == [(2, True, str(root / "step_2")), (4, False, "")]
     resume = find_resume_point(cfg.model_copy(update={"resume_from_checkpoint": True}))

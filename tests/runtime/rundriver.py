@@ -87,3 +87,35 @@ def session_pids(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: session id
             out.append(int(entry.name))
     return out
+
+
+def enospc_prelude(path_part: str, good_writes: int = 0) -> str:
+    """Code that makes the CLI's own writes to files whose path contains ``path_part`` fail as on a
+    full disk (``OSError(ENOSPC)``, what ``write`` raises then) after ``good_writes`` writes.
+
+    Injected at ``open`` of the driver process: the trainer and server processes write normally.
+    """
+    return f"""
+import builtins, errno, io, os
+_real_open = io.open
+class _FullDisk:
+    writes = 0
+    def __init__(self, f):
+        self._f = f
+    def write(self, data):
+        _FullDisk.writes += 1
+        if _FullDisk.writes > {good_writes}:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._f.write(data)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self._f.close()
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+def _open(file, mode="r", *args, **kwargs):
+    f = _real_open(file, mode, *args, **kwargs)
+    writing = any(m in mode for m in "wax+")
+    return _FullDisk(f) if writing and {path_part!r} in str(file) else f
+builtins.open = io.open = _open
+"""

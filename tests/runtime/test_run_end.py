@@ -6,13 +6,14 @@ injected at a driver-side boundary (loading the environments, after every proces
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from rundriver import finish, launch, read_jsonl, run_meta, session_pids, settings, wait_for
+from rundriver import enospc_prelude, finish, launch, read_jsonl, run_meta, session_pids, settings, wait_for
 
 pytest.importorskip("ray")
 
@@ -75,3 +76,40 @@ def test_sigterm_interrupts_cleanly_and_the_run_resumes(tmp_path: Path) -> None:
     meta = run_meta(run_dir)
     assert meta["status"] == "finished" and meta["starts"] == 2
     assert {int(r["step"]) for r in read_jsonl(run_dir / "metrics.jsonl")} == set(range(1, 7))
+
+
+def test_a_full_disk_at_a_checkpoint_stops_the_run_and_keeps_the_previous_one(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=4, checkpoint_every=2)))
+    proc = launch(config, log, prelude=enospc_prelude("step_4.partial"))  # injected ENOSPC (see helper)
+    assert finish(proc, log, 240) == 1, log.read_text()[-3000:]
+    root = (run_dir / "checkpoints").resolve()
+    reason = (
+        f"StorageError: checkpoint at step 4 could not be written to {root / 'step_4'}: disk full (ENOSPC)"
+    )
+    assert f"training failed: {reason}" in log.read_text()
+    meta = run_meta(run_dir)
+    assert meta["status"] == "failed" and meta["info"]["failure"]["reason"].startswith(reason)
+    assert f"the previous checkpoint {root / 'step_2'} is intact" in meta["info"]["failure"]["reason"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_2"]  # no step_4, no partial folder
+    assert (
+        json.loads((root / "step_2" / "orchestrator_state.json").read_text())["counts"]["completed_steps"]
+        == 2
+    )
+    assert no_processes_left(proc.pid) == []
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_metrics_stops_the_run_naming_the_file(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=8)))
+    proc = launch(config, log, prelude=enospc_prelude("metrics.jsonl", good_writes=2))
+    assert finish(proc, log, 240) == 1, log.read_text()[-3000:]
+    reason = f"StorageError: {(run_dir / 'metrics.jsonl').resolve()} could not be written: disk full (ENOSPC)"
+    assert f"training failed: {reason}" in log.read_text()
+    meta = run_meta(run_dir)
+    assert meta["status"] == "failed" and meta["info"]["failure"]["reason"] == reason
+    assert [int(r["step"]) for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert no_processes_left(proc.pid) == []

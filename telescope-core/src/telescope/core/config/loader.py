@@ -51,13 +51,41 @@ def parse_yaml_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+def read_utf8(path: Path) -> str:
+    """The text of a config file: UTF-8 (a BOM is allowed), else a ConfigError saying what it is."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"config file '{path}' cannot be read: {exc.strerror or exc}", source=str(path)
+        ) from None
+    try:
+        text = raw.decode("utf-8-sig")
+        bad = raw.find(0)  # NUL decodes as UTF-8 but is no text (UTF-16 without a BOM, binary files)
+    except UnicodeDecodeError as exc:
+        bad = exc.start
+    if bad < 0:
+        return text
+    raise ConfigError(
+        f"'{path}' is not a UTF-8 text file ({_looks_like(raw)}; byte 0x{raw[bad]:02x} at offset {bad}); "
+        "save it as UTF-8 YAML",
+        source=str(path),
+    )
+
+
+def _looks_like(raw: bytes) -> str:
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or raw[:64].count(0) > len(raw[:64]) // 4:
+        return "it looks like UTF-16"
+    return "it looks like a binary file" if 0 in raw[:1024] else "it is in another encoding"
+
+
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing file, bad YAML or a non-mapping is a ConfigError."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist (check the path)", source=str(p))
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_Loader)
+        data = yaml.load(read_utf8(p), Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -165,7 +165,7 @@ class TelescopeConfig(BaseModel):
     inference_host: str = "0.0.0.0"
     """Host address for inference servers."""
     inference_base_port: int = Field(default=8100, ge=1, le=65535)
-    """Base port for inference servers."""
+    """Base port for inference servers (taken by another run or program: the next free block, logged)."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of GPU memory allocated to vLLM. Range: (0, 1]."""
     max_model_len: int = Field(default=4096, ge=1)
@@ -245,7 +245,8 @@ class TelescopeConfig(BaseModel):
 
     # --- Ray cluster ---------------------------------------------------------------
     ray_address: str = "auto"
-    """Ray cluster address."""
+    """Ray cluster address. auto = the cluster `ray start` runs on this machine, else a private local one
+    (never another run's or program's private cluster)."""
     ray_auto_start_local: bool = True
     """Auto-start a local Ray cluster if none is running."""
     ray_namespace: str = "telescope"

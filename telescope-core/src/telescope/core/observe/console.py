@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from telescope.core.observe.base import Logger
+from telescope.core.observe.logfilter import shared_repeat_filter
 
 __all__ = ["ConsoleLogger", "format_duration", "format_eval", "format_progress"]
 
@@ -132,6 +133,7 @@ class ConsoleLogger(Logger):
                     )
 
         self._handler = _Handler(level=logging.WARNING)
+        self._handler.addFilter(shared_repeat_filter())  # identical warnings: once a minute, with a count
         logging.getLogger("telescope").addHandler(self._handler)
 
     def _print(self, text: str, style: str | None = None) -> None:

@@ -1,7 +1,9 @@
 """``LoggerHub``: the one object the orchestrator calls; it fans out to every logger.
 
 A logger that raises is counted (``failures``) and warned about once per (logger, method);
-the run goes on. Only a ``required`` logger failing in ``start`` stops the run.
+the run goes on. A ``required`` logger (the run directory) that fails stops the run: in
+``start`` by raising ``LoggerStartError``; in any later write by a ``StorageError`` handed
+to ``on_fatal`` (the driver ends the run with it) or, without one, raised to the caller.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.records import RolloutRecord, TimelineEvent
+from telescope.core.observe.storage import StorageError, describe_os_error
 
 if TYPE_CHECKING:
     from telescope.core.observe.otlp import OtlpReceiver
@@ -61,13 +64,35 @@ class LoggerHub:
         self._finished = False
         #: Enabled loggers that could not be built here, ``{name: reason}`` (warned at start).
         self.skipped: dict[str, str] = {}
+        #: Called once, from the failing call's thread, when a required logger cannot write.
+        self.on_fatal: Callable[[StorageError], None] | None = None
+        #: The first write failure of a required logger (None while every write succeeds).
+        self.fatal: StorageError | None = None
 
     def _call(self, method: str, *args: Any) -> None:
         for lg in list(self.loggers):
             try:
                 getattr(lg, method)(*args)
-            except Exception as exc:  # noqa: BLE001 - a logger must never crash the run
-                self._record_failure(lg, method, exc)
+            except Exception as exc:  # noqa: BLE001 - an optional logger must never crash the run
+                if lg.required and method != "finish":
+                    self._required_failed(lg, method, exc)
+                else:
+                    self._record_failure(lg, method, exc)
+
+    def _required_failed(self, lg: Logger, method: str, exc: Exception) -> None:
+        """The run directory cannot be written: stop the run (``on_fatal``), or raise without one."""
+        with self._lock:
+            self.failures[(lg.name, method)] += 1
+            first = self.fatal is None
+            fatal = self.fatal or (exc if isinstance(exc, StorageError) else StorageError(
+                f"logger '{lg.name}' could not write the run directory ({method}): {describe_os_error(exc)}"
+            ))  # fmt: skip
+            self.fatal = fatal
+        if self.on_fatal is None:
+            raise fatal from exc
+        if first:
+            _log.debug("run directory write failed", exc_info=exc)
+            self.on_fatal(fatal)
 
     def _record_failure(self, lg: Logger, method: str, exc: BaseException) -> None:
         key = (lg.name, method)

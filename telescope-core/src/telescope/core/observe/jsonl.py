@@ -8,6 +8,7 @@ reader skips a torn last line (and counts any malformed line) instead of failing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from telescope.core.observe.storage import StorageError, describe_os_error
 
 __all__ = ["JsonlReadStats", "JsonlWriter", "iter_jsonl", "read_jsonl"]
 
@@ -81,15 +84,21 @@ class JsonlWriter:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"JSONL file {self.path} is closed: the logger already finished")
-            self._file.write(text)
-            self._file.flush()
-            if self._sync:
-                os.fsync(self._file.fileno())
+            try:
+                self._file.write(text)
+                self._file.flush()
+                if self._sync:
+                    os.fsync(self._file.fileno())
+            except OSError as exc:
+                raise StorageError(f"{self.path} could not be written: {describe_os_error(exc)}") from exc
 
     def close(self) -> None:
+        """Close the file; what a failed write left in the buffer is dropped (``close`` still closes
+        the descriptor when its final flush fails)."""
         with self._lock:
             if not self._file.closed:
-                self._file.close()
+                with contextlib.suppress(OSError):
+                    self._file.close()
 
 
 class JsonlReadStats:

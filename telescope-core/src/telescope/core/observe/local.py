@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 import uuid
@@ -27,10 +29,12 @@ from telescope.core.observe.layout import (
     config_to_dict,
     write_json_atomic,
 )
+from telescope.core.observe.logfilter import shared_repeat_filter
 from telescope.core.observe.periodic import IntervalBuffer, IntervalGate
 from telescope.core.observe.reader import read_run_meta
 from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord, TimelineEvent
 from telescope.core.observe.stdio import STDOUT_LOG_NAME, StdioCapture
+from telescope.core.observe.storage import StorageError, describe_os_error
 
 __all__ = ["LocalLogger"]
 
@@ -149,6 +153,8 @@ class LocalLogger(Logger):
             handler = logging.FileHandler(logs_dir / fname, encoding="utf-8")
             handler.setLevel(level)
             handler.setFormatter(logging.Formatter(fmt))
+            if level > logging.DEBUG:  # the detailed log keeps every repeat
+                handler.addFilter(shared_repeat_filter())
             root.addHandler(handler)
             self._handlers.append(handler)
         self._previous_level = root.level
@@ -192,18 +198,50 @@ class LocalLogger(Logger):
     def log_info(self, info: dict[str, Any]) -> None:
         self._meta.setdefault("info", {}).update(info)
         if self.run_dir is not None:
-            write_json_atomic(self.run_dir / RUN_FILE, self._meta)
+            self._write_meta()
+
+    def _write_meta(self) -> None:
+        assert self.run_dir is not None
+        path = self.run_dir / RUN_FILE
+        try:
+            write_json_atomic(path, self._meta)
+        except OSError as exc:
+            raise StorageError(f"{path} could not be written: {describe_os_error(exc)}") from exc
 
     def finish(self, status: str) -> None:
+        """Close everything, each part on its own (one failing part, e.g. a full disk, must not
+        keep the others open), then write the final status into run.json; the first error is raised."""
+        errors: list[BaseException] = []
+        for close in (self._flush_buffers, self._close_writers, self._detach_log_files):
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - finish the other parts, report the first
+                errors.append(exc)
+        if self.run_dir is not None:
+            self._meta.update(status=status, finished_at=time.time())
+            try:
+                self._write_meta()
+            except StorageError as exc:
+                errors.append(exc)
+                self._write_meta_in_place()
+        if errors:
+            raise errors[0]
+
+    def _flush_buffers(self) -> None:
         if self._samples is not None:
             self._samples.flush()
         if self._events is not None:
             self._events.write_tail()
+
+    def _close_writers(self) -> None:
+        if self._events is not None:
             self._events.close()
         if self._rollouts is not None:
             self._rollouts.close()
         for writer in self._writers.values():
             writer.close()
+
+    def _detach_log_files(self) -> None:
         root = logging.getLogger("telescope")
         for handler in self._handlers:
             root.removeHandler(handler)
@@ -213,9 +251,15 @@ class LocalLogger(Logger):
         if self._stdio is not None:
             self._stdio.stop()
             self._stdio = None
-        if self.run_dir is not None:
-            self._meta.update(status=status, finished_at=time.time())
-            write_json_atomic(self.run_dir / RUN_FILE, self._meta)
+
+    def _write_meta_in_place(self) -> None:
+        """Last resort on a full disk: overwrite run.json in place (its own blocks are reused), so
+        the final status is recorded even when the atomic copy finds no space."""
+        assert self.run_dir is not None
+        with contextlib.suppress(OSError), open(self.run_dir / RUN_FILE, "r+", encoding="utf-8") as f:
+            text = json.dumps(self._meta, indent=2, default=str)
+            f.write(text)
+            f.truncate()
 
     def run_ids(self) -> dict[str, Any]:
         return {"run_id": self._meta["run_id"]} if self._meta else {}

@@ -197,7 +197,8 @@ async def add_checkpoints_and_evals(orchestrator: Orchestrator, session: Any, ob
         await orchestrator.sync_weights(resume.step)  # the servers started from the base model
     if cfg.checkpoint_every:
         orchestrator.hooks.append(RunCheckpointer(cfg, trainer, _call(observer, "logger_ids", dict),
-                                                  _call(observer, "warn", lambda msg: None)))  # fmt: skip
+                                                  _call(observer, "warn", lambda msg: None),
+                                                  getattr(session, "fail", None)))  # fmt: skip
     if not cfg.evals:
         return None
     from telescope.core.evals import EvalRunner

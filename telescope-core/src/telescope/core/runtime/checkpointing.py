@@ -94,11 +94,13 @@ class RunCheckpointer:
     """Saves a checkpoint after the steps ``checkpoint_every`` names (and the last step)."""
 
     def __init__(self, cfg: Any, trainer: Any, logger_ids: Callable[[], dict[str, Any]],
-                 warn: Callable[[str], None]) -> None:  # fmt: skip
+                 warn: Callable[[str], None], fail: Callable[[BaseException], None] | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         self.trainer = trainer
         self.logger_ids = logger_ids
         self.warn = warn
+        self.fail = fail
+        """Ends the run at once (``RunSession.fail``); the error is raised from ``after_step`` as well."""
         self.mgr = _manager(cfg)
         self.failures = 0
         removed = self.mgr.cleanup_partials()
@@ -125,7 +127,12 @@ class RunCheckpointer:
         )
 
     async def save(self, step: int, state: dict[str, Any]) -> Path | None:
-        """Write and commit ``step_<step>``; two attempts, then a loud warning (training goes on)."""
+        """Write and commit ``step_<step>``; two attempts, then ``checkpoint_failure`` decides.
+
+        ``stop`` (default): raise ``StorageError`` (and ``fail``) naming the folder and the cause;
+        ``warn``: a loud warning and training goes on without this checkpoint. Either way the
+        previous checkpoint is intact (a save is committed by one rename, or not at all).
+        """
         for attempt in (1, 2):
             partial = self.mgr.begin(step)
             try:
@@ -135,14 +142,33 @@ class RunCheckpointer:
                 final = Path(self.mgr.commit(partial, step, meta=self._meta()))
                 log.info("checkpoint step %d saved to %s in %.1f s", step, final, time.perf_counter() - start)
                 return final
-            except Exception as exc:  # noqa: BLE001 - a failed save must not end a long run
+            except Exception as exc:  # noqa: BLE001 - retried once, then checkpoint_failure decides
                 self.mgr.abort(partial)
                 log.warning("checkpoint step %d, attempt %d failed: %s", step, attempt, exc)
                 error = exc
         self.failures += 1
-        self.warn(f"checkpoint at step {step} could not be written ({type(error).__name__}: {error}); "
-                  f"training continues, the previous checkpoint is intact in {self.mgr.root}")  # fmt: skip
+        self._failed(step, error)
         return None
+
+    def _failed(self, step: int, error: Exception) -> None:
+        from telescope.core.observe.storage import StorageError, describe_os_error
+
+        steps = self.mgr.steps()
+        previous = (
+            f"the previous checkpoint {self.mgr.path(steps[-1])} is intact"
+            if steps
+            else "no earlier checkpoint"
+        )
+        what = f"checkpoint at step {step} could not be written to {self.mgr.path(step)}: {describe_os_error(error)}"
+        if self.cfg.checkpoint_failure == "warn":
+            self.warn(f"{what}; training continues without it (checkpoint_failure: warn), {previous}")
+            return None
+        failure = StorageError(f"{what}; {previous}. Free space and resume, or set checkpoint_failure: warn "
+                               "to train on without checkpoints")  # fmt: skip
+        failure.__cause__ = error
+        if self.fail is not None:
+            self.fail(failure)
+        raise failure
 
     def _write_driver_files(self, directory: Path, state: dict[str, Any]) -> None:
         from telescope.core.config import config_to_yaml

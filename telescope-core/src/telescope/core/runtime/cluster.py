@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,13 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
         "runtime_env": runtime_env(cfg, run_dir),
         "ignore_reinit_error": True,
     }
-    address = cfg.ray_address
+    address = _resolve_auto(cfg.ray_address)
     started_here = True
+    if address == "local" and cfg.ray_address != "local" and not cfg.ray_auto_start_local:
+        raise ConfigError(
+            "ray_address: auto found no Ray cluster started with `ray start` to join; start one with "
+            "`ray start --head`, give its address, or set ray_auto_start_local: true"
+        )
     if address == "local":
         ray.init(address="local", **options)
     else:
@@ -71,8 +77,86 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
                 ) from None
             log.info("no Ray cluster at %s: starting a local one", address)
             ray.init(address="local", **options)
+        if not started_here and _joined_another_runs_cluster(address):
+            ray.shutdown()
+            ray.init(address="local", **options)
+            started_here = True
+    claim = _claim_private(run_dir) if started_here else None
     return {"resources": ray.cluster_resources(), "node_ip": ray.util.get_node_ip_address(),
-            "started_here": started_here}  # fmt: skip
+            "started_here": started_here, "private_claim": claim}  # fmt: skip
+
+
+def _resolve_auto(address: str) -> str:
+    """``auto``: the cluster ``ray start`` recorded on this machine, else ``local`` (a private one).
+
+    Ray's own ``auto`` also joins any cluster it sees running here, including the private
+    cluster another program (another Telescope run, a notebook, a test) started with
+    ``ray.init``; that cluster ends with its driver and its resources are not this run's.
+    An address given explicitly (or through RAY_ADDRESS) is joined as asked.
+    """
+    if address != "auto" or os.environ.get("RAY_ADDRESS"):
+        return address
+    try:
+        from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+        started, running = find_bootstrap_address(None), set(find_gcs_addresses())
+    except (ImportError, AttributeError):  # another Ray version: join as Ray does, checked after connecting
+        return address
+    if started and started in running and _private_owner(started) is None:
+        return str(started)
+    others = sorted(running - {started} if started else running)
+    if others:
+        log.warning("ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "
+                    "ray_address to join one)", "; ".join(_describe_cluster(a) for a in others))  # fmt: skip
+    else:
+        log.info(
+            "ray_address auto: no Ray cluster started with `ray start` here: starting a private local one"
+        )
+    return "local"
+
+
+def _private_owner(address: str) -> dict[str, Any] | None:
+    from telescope.core.runtime.claims import claim_holder
+
+    return claim_holder("ray-clusters", address)
+
+
+def _describe_cluster(address: str) -> str:
+    owner = _private_owner(address)
+    if owner is not None:
+        return f"{address}, the private cluster of the Telescope run with pid {owner.get('pid')} (run_dir {owner.get('run_dir')})"
+    return f"{address}, a private cluster another program started with ray.init"
+
+
+def _gcs_address() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _claim_private(run_dir: str) -> Any:
+    """Mark the cluster this run started as private (another run's ``ray_address: auto`` skips it)."""
+    from telescope.core.runtime.claims import claim
+
+    address = _gcs_address()
+    log.info("started a private local Ray cluster at %s for this run", address)
+    return claim("ray-clusters", address, {"run_dir": run_dir, "address": address})
+
+
+def _joined_another_runs_cluster(address: str) -> bool:
+    """``auto`` found a cluster another live Telescope run started for itself: leave it alone.
+
+    An address given explicitly (or through RAY_ADDRESS) is joined as asked.
+    """
+    if address != "auto" or os.environ.get("RAY_ADDRESS"):
+        return False
+    gcs = _gcs_address()
+    if _private_owner(gcs) is None:
+        log.info("ray_address auto: joined the running Ray cluster at %s", gcs)
+        return False
+    log.warning("ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "
+                "ray_address to join one)", _describe_cluster(gcs))  # fmt: skip
+    return True
 
 
 @dataclass
@@ -85,8 +169,13 @@ class Pools:
     trainer_gpus: float
 
 
-def reserve_pools(cfg: TelescopeConfig, num_servers: int, use_gpus: bool) -> Pools:
-    """One bundle per inference server and per trainer rank, with the configured strategies."""
+def reserve_pools(cfg: TelescopeConfig, num_servers: int, use_gpus: bool, run_id: str = "") -> Pools:
+    """One bundle per inference server and per trainer rank, with the configured strategies.
+
+    The groups are named ``<ray_namespace>-inference-<run_id>`` (and ``-trainer-``): two runs on
+    one cluster never ask for the same name.
+    """
+    suffix = f"-{run_id or uuid.uuid4().hex[:12]}"
     import ray
     from ray.util.placement_group import placement_group
 
@@ -95,12 +184,12 @@ def reserve_pools(cfg: TelescopeConfig, num_servers: int, use_gpus: bool) -> Poo
     inf = placement_group(
         [_bundle(cfg.ray_inference_cpus_per_worker, inf_gpus)] * num_servers,
         strategy=cfg.ray_inference_placement_strategy,
-        name=f"{cfg.ray_namespace}-inference",
+        name=f"{cfg.ray_namespace}-inference{suffix}",
     )
     tr = placement_group(
         [_bundle(cfg.ray_trainer_cpus_per_worker, tr_gpus)] * cfg.trainer_num_workers,
         strategy=cfg.ray_trainer_placement_strategy,
-        name=f"{cfg.ray_namespace}-trainer",
+        name=f"{cfg.ray_namespace}-trainer{suffix}",
     )
     for name, pg in (("inference", inf), ("trainer", tr)):
         try:
@@ -127,6 +216,28 @@ def scheduling(pg: Any, index: int) -> Any:
     )
 
 
+def _remove_groups(pools: Pools, timeout_s: float = 15.0) -> None:
+    """Remove the placement groups from a shared cluster, waiting at most ``timeout_s`` (a cluster in
+    trouble can block the call for ever, and teardown must end)."""
+    import threading
+
+    from ray.util.placement_group import remove_placement_group
+
+    def remove() -> None:
+        for pg in (pools.inference, pools.trainer):
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+
+    worker = threading.Thread(target=remove, name="telescope-remove-placement-groups", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        log.warning("removing the placement groups did not finish within %.0f s; the cluster frees them when "
+                    "this driver disconnects", timeout_s)  # fmt: skip
+
+
 def shutdown(cfg: TelescopeConfig, pools: Pools | None, *, started_here: bool = True) -> None:
     """Remove the placement groups and disconnect (which stops a cluster this run started).
 
@@ -137,14 +248,8 @@ def shutdown(cfg: TelescopeConfig, pools: Pools | None, *, started_here: bool = 
 
     if not ray.is_initialized():
         return
-    if pools is not None:
-        from ray.util.placement_group import remove_placement_group
-
-        for pg in (pools.inference, pools.trainer):
-            try:
-                remove_placement_group(pg)
-            except Exception:  # noqa: BLE001 - best effort at shutdown
-                pass
+    if pools is not None and not started_here:  # a cluster this run started goes away with its groups
+        _remove_groups(pools)
     ray.shutdown()
     if cfg.ray_shutdown_on_exit and not started_here:
         import subprocess

@@ -65,7 +65,9 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
         from telescope.core.runtime.observer import HubObserver
 
         hub = build_logger_hub(wcfg, registry)
+        hub.on_fatal = session.fail  # a run directory that cannot be written ends the run
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
+        session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
         if resume is not None:
             hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
                                      "superseded": [str(p) for p in superseded]}})  # fmt: skip
@@ -157,6 +159,12 @@ class RunSession:
         self.started_here = True
         self.resume: Any = None
         """The ``ResumePoint`` this run continues from, or None."""
+        self._failure: BaseException | None = None
+        self.run_id = ""
+        """Names this run's placement groups (the run directory's run id; empty = a random one)."""
+        self._claims: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._abort: asyncio.Event | None = None
 
     def start(self) -> None:
         """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
@@ -166,11 +174,14 @@ class RunSession:
         from telescope.core.runtime.cluster import connect, reserve_pools
         from telescope.core.runtime.ray_group import start_servers, start_trainers
 
-        cfg, data = self.cfg, self.cfg.to_dict()
-        self.started_here = bool(connect(cfg, str(self.run_dir))["started_here"])
+        joined = connect(self.cfg, str(self.run_dir))
+        self.started_here = bool(joined["started_here"])
+        self._claims += [joined["private_claim"]] if joined.get("private_claim") else []
         route_sigterm_to_interrupt()  # ray.init installed its own (sys.exit from any frame)
         use_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self.pools = reserve_pools(cfg, num_servers(cfg), use_gpus)
+        self.pools = reserve_pools(self.cfg, num_servers(self.cfg), use_gpus, self.run_id)
+        self._move_ports_if_taken(num_servers(self.cfg))
+        cfg, data = self.cfg, self.cfg.to_dict()
         self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,
                                        cfg.ray_trainer_cpus_per_worker)  # fmt: skip
         init_refs = [t.init.remote() for t in self.trainers]
@@ -178,8 +189,54 @@ class RunSession:
                                      cfg.ray_inference_cpus_per_worker, str(self.run_dir / "logs" / "inference"))  # fmt: skip
         self.trainer_info = ray.get(init_refs)
 
+    def _move_ports_if_taken(self, count: int) -> None:
+        """Servers on this node: claim a free block of ports (``inference_base_port`` or the next free
+        one), so that two runs on one machine, or another program on 8100, never collide."""
+        import ray
+
+        from telescope.core.runtime.claims import port_block
+        from telescope.core.runtime.ray_group import bundle_ip
+
+        here = ray.util.get_node_ip_address()
+        if not any(bundle_ip(self.pools.inference, i) == here for i in range(count)):
+            return  # servers on other nodes: their launch refuses a taken port (check_port_free)
+        host, base = self.cfg.inference_host, self.cfg.inference_base_port
+        first, claims = port_block(host or "0.0.0.0", base, count, {"run_dir": str(self.run_dir)})
+        self._claims += claims
+        if first != base:
+            log.warning("inference ports %d-%d are in use or held by another Telescope run: the servers listen "
+                        "on %d-%d instead", base, base + count - 1, first, first + count - 1)  # fmt: skip
+            self.cfg = self.cfg.model_copy(update={"inference_base_port": first})
+
+    def fail(self, error: BaseException) -> None:
+        """End the run with ``error`` now, from any thread (a run directory that cannot be written).
+
+        ``train`` stops waiting for the orchestrator, cancels it (it shuts its groups down) and
+        raises ``error``; the first error wins.
+        """
+        if self._failure is None:
+            self._failure = error
+        loop, abort = self._loop, self._abort
+        if loop is not None and abort is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(abort.set)
+
     async def train(self, observer: Any, pset: Any) -> None:
-        """Build the orchestrator around the started processes and run it."""
+        """Build the orchestrator around the started processes and run it (until done or ``fail``)."""
+        self._loop, self._abort = asyncio.get_running_loop(), asyncio.Event()
+        if self._failure is not None:
+            raise self._failure
+        work = asyncio.ensure_future(self._train(observer, pset))
+        abort = asyncio.ensure_future(self._abort.wait())
+        await asyncio.wait({work, abort}, return_when=asyncio.FIRST_COMPLETED)
+        abort.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+        if self._failure is not None:
+            raise self._failure
+        work.result()
+
+    async def _train(self, observer: Any, pset: Any) -> None:
         from telescope.core.runtime.assemble import (
             add_checkpoints_and_evals,
             build_orchestrator,
@@ -206,10 +263,19 @@ class RunSession:
         """Stop servers first (their processes), then kill every actor and release the pools."""
         import ray
 
+        try:
+            if ray.is_initialized():
+                self._stop_processes()
+        finally:
+            for held in self._claims:  # ports and the private-cluster mark, once everything stopped
+                held.release()
+            self._claims.clear()
+
+    def _stop_processes(self) -> None:
+        import ray
+
         from telescope.core.runtime.cluster import shutdown
 
-        if not ray.is_initialized():
-            return
         if self.servers is not None:
             try:
                 ray.get([a.stop.remote() for a in self.servers.actors], timeout=30)

@@ -6,9 +6,14 @@ __all__ = ["root_cause", "describe_failure"]
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """The innermost meaningful exception: unwraps Ray task errors and ``raise ... from`` chains."""
+    """The innermost meaningful exception: unwraps Ray task errors and ``raise ... from`` chains.
+
+    A ``StorageError`` is kept: it already says which file failed and why (``disk full (ENOSPC)``).
+    """
+    from telescope.core.observe.storage import StorageError
+
     seen: set[int] = set()
-    while id(exc) not in seen:
+    while id(exc) not in seen and not isinstance(exc, StorageError):  # its message names path and cause
         seen.add(id(exc))
         inner = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError keeps the original here
         if isinstance(inner, BaseException):

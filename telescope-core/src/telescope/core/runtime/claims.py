@@ -1,0 +1,117 @@
+"""Machine-wide claims between Telescope runs: ports and private Ray clusters.
+
+Two runs on one machine must not pick the same inference ports (both probe 8100 free
+before either server binds it) nor join each other's private Ray cluster. A claim is an
+``flock`` on a small file under ``$TMPDIR/telescope-<uid>/``, held for the run's life; the
+kernel drops it when the process dies, so a crashed run never blocks the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import socket
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["Claim", "claim", "claim_holder", "claims_dir", "port_block", "port_free"]
+
+
+def claims_dir(kind: str) -> Path:
+    """``$TMPDIR/telescope-<uid>/<kind>`` (created)."""
+    path = Path(tempfile.gettempdir()) / f"telescope-{os.getuid()}" / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _file(kind: str, name: str) -> Path:
+    return claims_dir(kind) / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".lock")
+
+
+class Claim:
+    """A held claim; ``release`` (or process exit) frees it."""
+
+    def __init__(self, handle: IO[str], path: Path) -> None:
+        self._handle: IO[str] | None = handle
+        self.path = path
+
+    def release(self) -> None:
+        if self._handle is not None:
+            with contextlib.suppress(OSError):
+                self._handle.truncate(0)
+                fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+
+def claim(kind: str, name: str, info: dict[str, Any]) -> Claim | None:
+    """Claim ``name`` of ``kind`` for this process (``info`` is what others see); None if a live run holds it."""
+    path = _file(kind, name)
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps({"pid": os.getpid(), **info}))
+    handle.flush()
+    return Claim(handle, path)
+
+
+def claim_holder(kind: str, name: str) -> dict[str, Any] | None:
+    """What the live run holding ``name`` recorded, or None when no live run holds it."""
+    path = _file(kind, name)
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                data = json.loads(handle.read() or "{}")
+            except ValueError:
+                data = {}
+            return data if isinstance(data, dict) else {}
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_block(
+    host: str, base: int, count: int, info: dict[str, Any], tries: int = 200
+) -> tuple[int, list[Claim]]:
+    """The first block ``base + k*count ..`` (k = 0, 1, ..) of ``count`` ports that are free and claimed
+    by no other live run; returns its first port and the claims (hold them until the servers stop)."""
+    for k in range(tries):
+        first = base + k * count
+        if first + count - 1 > 65535:
+            break
+        claims: list[Claim] = []
+        for port in range(first, first + count):
+            held = claim("ports", str(port), info) if port_free(host, port) else None
+            if held is None:
+                break
+            claims.append(held)
+        if len(claims) == count:
+            return first, claims
+        for held in claims:
+            held.release()
+    raise RuntimeError(
+        f"no block of {count} free inference ports from inference_base_port {base} up; set inference_base_port "
+        "to a free range"
+    )
