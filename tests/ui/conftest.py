@@ -73,6 +73,9 @@ def write_run(run_dir: Path, steps: int = 4, *, finish: bool = True) -> LoggerHu
     hub = start_hub(run_dir)
     for step in range(1, steps + 1):
         log_step(hub, step)
+        if step % 2 == 0:
+            rows = [{"prompt": f"q{i}", "completion": f"a{i}", "reward": float(i % 2)} for i in range(3)]
+            hub.log_eval(step, "math", {"pass@1": step / 10, "pass^2": step / 20}, rows)
     if finish:
         hub.finish("finished")
     return hub

@@ -181,3 +181,17 @@ def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -
     assert [line.inner_text() for line in p.query_selector_all("#log-lines div")][-1].endswith("slow")
     assert len(p.query_selector_all("#log-lines div")) == 1
     assert not tab.errors
+
+
+def test_evals_page_charts_each_metric_and_shows_samples(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("evals?runs=done")
+    p.wait_for_selector('.chart[data-key="math/pass@1"] .main-svg')
+    assert tab.points("math/pass@1") == 2  # evals at steps 2 and 4
+    assert p.evaluate("document.querySelector('.chart[data-key=\"math/pass@1\"]').data[0].y") == [0.2, 0.4]
+    p.click("#evals tr.clickable >> nth=1")
+    p.wait_for_selector("text=math at step 4: 3 samples")
+    assert not tab.errors

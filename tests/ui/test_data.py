@@ -43,6 +43,12 @@ def test_metrics_catalog_sections_and_declared_ranges(finished_run: Path) -> Non
     assert (summary["status"], summary["step"], summary["steps_logged"]) == ("finished", 4, 4)
     assert summary["reward"] == pytest.approx(sum(kept[-1]) / 8)
     assert summary["highlights"]["number_of_steps"] == 4
+    evals = run.eval_records()["records"]
+    assert [(e["name"], e["step"], e["metrics"]["pass@1"]) for e in evals] == [
+        ("math", 2, 0.2),
+        ("math", 4, 0.4),
+    ]
+    assert [r["prompt"] for r in run.eval_samples("math", 4)] == ["q0", "q1", "q2"]
 
 
 def test_declared_ranges_union_and_per_env() -> None:
@@ -199,6 +205,9 @@ def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path)
         0.5
     )
     assert phases[1]["start"] == pytest.approx(phases[0]["end"]) and all(p["derived"] for p in phases)
+    assert [(i["type"], i["name"], i["step"], i["row"]) for i in tl["instants"]] == [
+        ("eval", "math", 2, "evals")
+    ]
     with pytest.raises(ValueError, match="too wide"):
         RunData(finished_run, "run").timeline(0, 500)
 

@@ -78,8 +78,17 @@ function tokenView(record) {
     h('div', { class: 'tokens' }, spans));
 }
 
+// Unix times (generation_start, ...) read better as clock times with milliseconds.
+function value(k, v) {
+  if (typeof v === 'number' && v > 1e9 && /(_start|_end|time)$/.test(k)) {
+    const d = new Date(v * 1000);
+    return `${d.toLocaleTimeString()}.${String(d.getMilliseconds()).padStart(3, '0')}`;
+  }
+  return fmt(v);
+}
+
 function kv(obj) {
-  return h('div', { class: 'kv' }, Object.entries(obj || {}).map(([k, v]) => [h('span', { class: 'k' }, k), h('span', {}, fmt(v))]));
+  return h('div', { class: 'kv' }, Object.entries(obj || {}).map(([k, v]) => [h('span', { class: 'k' }, k), h('span', {}, value(k, v))]));
 }
 
 function recordPanel(record, messages) {
@@ -104,7 +113,9 @@ async function select(row) {
 
 async function showGroup(row) {
   const data = await runApi(ctx.run, 'group', { step: row.step, group: row.group_id });
+  const prompt = data.rows.length ? data.rows[0].conversation.filter(m => !m.generated) : [];
   ctx.groupBox.replaceChildren(h('h2', {}, `Group ${row.group_id} of step ${row.step} (${data.rows.length} samples)`),
+    h('details', {}, h('summary', {}, 'prompt'), conversationView(prompt)),
     h('div', { class: 'group-cols', id: 'group-cols' }, data.rows.map(({ record, conversation }) => h('div', { class: 'panel' },
       h('strong', {}, `#${record.sample_id} reward ${fmt(record.reward)} adv ${fmt(record.advantage)} ${record.discard_reason || ''}`),
       conversationView(conversation.filter(m => m.generated))))));
