@@ -44,5 +44,5 @@ export async function render(main, { selected }) {
 }
 
 export async function refresh({ changed }) {
-  if (changed && ctx) draw((await runApi(ctx.run, 'evals')).records);
+  if (ctx && changed(['evals'])) draw((await runApi(ctx.run, 'evals')).records);
 }

@@ -134,7 +134,7 @@ export async function render(main, { params, selected }) {
 }
 
 export async function refresh({ changed }) {
-  if (!changed || !ctx) return;
+  if (!ctx || !changed(['metrics'])) return;
   const before = ctx.catalog.size;
   Object.assign(ctx, await fetchData(ctx.runs));
   if (ctx.catalog.size !== before) { draw(); return; }

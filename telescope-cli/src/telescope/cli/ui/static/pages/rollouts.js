@@ -148,5 +148,5 @@ export async function render(main, { params, selected }) {
 
 export async function refresh({ changed }) {
   // A live run's latest step may still be filling: reload the list when its count may have changed.
-  if (changed && ctx && ctx.lastCount === 0) await load();
+  if (ctx && ctx.lastCount === 0 && changed(['metrics'])) await load();
 }

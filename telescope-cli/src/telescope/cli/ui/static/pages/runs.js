@@ -48,6 +48,6 @@ export async function render(main) {
   draw((await api('/api/runs')).runs);
 }
 
-export async function refresh({ changed }) {
-  if (changed && root) draw((await api('/api/runs')).runs);
+export async function refresh({ changed, revisions }) {
+  if (changed(['metrics', 'status', 'step'], Object.keys(revisions)) && root) draw((await api('/api/runs')).runs);
 }
