@@ -46,7 +46,7 @@ function draw(data) {
 }
 
 async function load() {
-  setParams({ from: ctx.from, to: ctx.to });
+  if (!ctx.follow) setParams({ from: ctx.from, to: ctx.to });
   const data = await runApi(ctx.run, 'timeline', { from: ctx.from, to: ctx.to });
   ctx.from = data.lo; ctx.to = data.hi;
   ctx.fromInput.value = data.lo; ctx.toInput.value = data.hi;
@@ -56,11 +56,16 @@ async function load() {
 
 export async function render(main, { params, selected }) {
   if (!selected.length) { main.append(empty('No runs found.')); return; }
-  ctx = { run: selected[0], from: params.from || '', to: params.to || '' };
-  ctx.fromInput = h('input', { type: 'number', id: 'tl-from', onchange: e => { ctx.from = e.target.value; load(); } });
-  ctx.toInput = h('input', { type: 'number', id: 'tl-to', onchange: e => { ctx.to = e.target.value; load(); } });
+  // without an explicit range the page follows the newest step of a live run
+  ctx = { run: selected[0], from: params.from || '', to: params.to || '', follow: !params.to };
+  ctx.fromInput = h('input', { type: 'number', id: 'tl-from', onchange: e => { ctx.from = e.target.value; ctx.follow = false; load(); } });
+  ctx.toInput = h('input', { type: 'number', id: 'tl-to', onchange: e => { ctx.to = e.target.value; ctx.follow = false; load(); } });
   ctx.count = h('span', { class: 'muted' });
   ctx.chart = h('div', { class: 'chart tall', id: 'timeline-chart' });
   main.append(h('div', { class: 'controls' }, h('label', {}, 'steps', ctx.fromInput, '…', ctx.toInput), ctx.count), ctx.chart);
   await load();
+}
+
+export async function refresh({ changed }) {
+  if (ctx && ctx.follow && changed(['metrics'])) { ctx.from = ''; ctx.to = ''; await load(); }
 }
