@@ -176,6 +176,8 @@ def _v1_run(root: Path) -> None:
         {"type": "trainer", "phase": "start", "name": "train_step", "step": 2, "time": 13.0},
         {"type": "trainer", "phase": "end", "name": "train_step", "step": 2, "time": 15.0},
         {"type": "checkpoint", "phase": "instant", "step": 2, "time": 15.5, "attrs": {"path": "x"}},
+        {"type": "run", "phase": "instant", "name": "resumed", "step": None, "time": 14.0},
+        {"type": "run", "phase": "instant", "name": "outside the window", "step": None, "time": 99.0},
     ]  # fmt: skip
     append_jsonl(root / "events.jsonl", *events)
     append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 3.0, "metrics": {"timing_forward_total": 0.5}})
@@ -192,7 +194,9 @@ def test_schema_1_single_files_and_timeline(tmp_path: Path) -> None:
     assert (by_type["generation"]["start"], by_type["generation"]["end"]) == (10.0, 12.0)
     assert by_type["generation"]["row"] == "server 1 / lane 2" == by_type["reward"]["row"]
     assert (by_type["trainer"]["start"], by_type["trainer"]["end"]) == (13.0, 15.0)
-    assert [(i["type"], i["row"]) for i in tl["instants"]] == [("checkpoint", "checkpoints")]
+    assert [(i["type"], i["name"], i["row"]) for i in tl["instants"]] == [
+        ("checkpoint", None, "checkpoints"), ("run", "resumed", "run")
+    ]  # fmt: skip
 
 
 def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path) -> None:

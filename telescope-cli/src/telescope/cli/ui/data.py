@@ -240,7 +240,7 @@ class RunData:
             )
         with self._lock:
             # a sample started while step lo-1 was being filled may end in step lo
-            events = self.events.events(lo - 1, hi, with_unstepped=False)
+            events = self.events.events(lo - 1, hi)
             spans, instants = build_spans(events)
             spans = [
                 s for s in spans if s["step"] >= lo or (s["end_step"] is not None and s["end_step"] >= lo)
@@ -249,11 +249,7 @@ class RunData:
             if spans or instants:
                 t0 = min([s["start"] for s in spans] + [float(i["time"] or 0) for i in instants])
                 t1 = max([s["end"] for s in spans] + [float(i["time"] or 0) for i in instants])
-                marks = [
-                    e
-                    for e in self.events.events(1, 0, with_unstepped=True)
-                    if t0 <= float(e.get("time") or 0) <= t1
-                ]
+                marks = [e for e in self.events.unstepped_events() if t0 <= float(e.get("time") or 0) <= t1]
                 instants += build_spans(marks)[1]
         spans += trainer_phases(spans, lambda s: (self.metrics.record(s) or {}).get("metrics"))
         return {"lo": lo, "hi": hi, "spans": spans, "instants": instants, "steps": self.events.steps()}

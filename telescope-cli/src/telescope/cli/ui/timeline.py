@@ -11,6 +11,7 @@ end inside the ``train_step`` span and marked ``derived``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +153,18 @@ class EventStore:
     def count(self) -> int:
         return sum(len(index) for index in self._refresh())
 
-    def events(self, lo: int, hi: int, *, with_unstepped: bool = True) -> list[dict[str, Any]]:
-        """Events of steps lo..hi, plus events with no step (run marks) when asked."""
+    def events(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Events of steps lo..hi (inclusive)."""
+        return self._read(lambda index: index.spans(lo, hi))
+
+    def unstepped_events(self) -> list[dict[str, Any]]:
+        """Events with no step (run lifecycle marks)."""
+        return self._read(lambda index: index.spans_without_step())
+
+    def _read(self, spans_of: Callable[[StepIndex], list[tuple[int, int]]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for index in self._refresh():
-            spans = index.spans(lo, hi) + (index.spans_without_step() if with_unstepped else [])
+            spans = spans_of(index)
             if spans:
                 out.extend(r for r in map(parse_json_line, read_at(index.path, spans)) if r is not None)
         return out
