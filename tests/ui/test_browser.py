@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import log_step, start_hub, step_rows, write_run
+from conftest import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread, plotly_js_path
@@ -194,4 +194,29 @@ def test_evals_page_charts_each_metric_and_shows_samples(
     assert p.evaluate("document.querySelector('.chart[data-key=\"math/pass@1\"]').data[0].y") == [0.2, 0.4]
     p.click("#evals tr.clickable >> nth=1")
     p.wait_for_selector("text=math at step 4: 3 samples")
+    assert not tab.errors
+
+
+def test_token_view_colours_by_logprob_when_the_record_has_them(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    # records have no per-token logprobs today; a row that carries them gets coloured tokens
+    row = {
+        **step_rows(4)[0].to_dict(),
+        "group_id": 9,
+        "completion_ids": [5, 6, 7],
+        "completion_logprobs": [0.0, -0.7, -5.0],
+    }
+    append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
+    tab = Page(browser, srv.url)
+    p = tab.open("rollouts?runs=done&step=4&group=9&sample=0")
+    p.wait_for_selector("#rollout-detail .tokens span")
+    styles = [s.get_attribute("style") for s in p.query_selector_all("#rollout-detail .tokens span")]
+    # hue = 120 * probability: green for p=1, ~60 for p=0.5, red for p~0
+    assert styles == [
+        "background:hsl(120, 70%, 85%)",
+        "background:hsl(60, 70%, 85%)",
+        "background:hsl(1, 70%, 85%)",
+    ]
     assert not tab.errors
