@@ -10,7 +10,7 @@ import pytest
 from conftest import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import RunData, Workspace, declared_ranges
-from telescope.cli.ui.index import StepIndex
+from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.cli.ui.rollouts import RolloutFilter
 from telescope.core.observe.reader import RunDirError
 
@@ -135,13 +135,17 @@ def test_crashed_run_skips_torn_and_bad_lines(tmp_path: Path) -> None:
     assert run.summary()["status"] == "running"
     assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))
     assert run.rollout_query(3, RolloutFilter())["total"] == 0
-    assert run.rollouts._indexes[block].bad_lines == 1 and run.rollouts._indexes[block].torn_tail
+    index = StepIndex(block)
+    index.refresh()
+    assert index.bad_lines == 1 and index.torn_tail and index.step_numbers() == [1, 2]
 
 
 def test_resumed_run_later_records_win(tmp_path: Path) -> None:
     write_run(tmp_path / "resumed", steps=4, finish=False)
     root = tmp_path / "resumed"
     # the run died after step 4; it resumes from a step-2 checkpoint and logs step 3 again
+    meta = json.loads((root / "run.json").read_text())
+    (root / "run.json").write_text(json.dumps({**meta, "starts": 2}))
     append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 9.0, "metrics": {"entropy": 42.0}})
     rows = [{**r.to_dict(), "reward": 0.125} for r in step_rows(3)[:3]]
     append_jsonl(root / "rollouts" / "block_000000.jsonl", *rows)
@@ -278,3 +282,23 @@ def test_step_index_reads_only_the_asked_step(tmp_path: Path) -> None:
     # other key order: the step is still found
     append_jsonl(path, {"i": 9, "pad": "y", "step": 4})
     assert index.refresh() == 1 and index.count(4) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_binary_search_finds_the_same_lines_as_the_index(tmp_path: Path, seed: int) -> None:
+    """Second implementation: on a block whose steps never go down, the binary search over byte
+    offsets returns exactly the full index's lines for every step (gaps, long lines, a torn tail)."""
+    import random
+
+    rng = random.Random(seed)
+    path = tmp_path / "block.jsonl"
+    steps = sorted(rng.choice([0, 1, 2, 2, 5, 6, 9]) for _ in range(rng.randint(0, 60)))
+    append_jsonl(
+        path,
+        *({"step": s, "pad": "x" * rng.randint(0, 9000)} for s in steps),
+        torn='{"step": 9, "pa' * (seed % 2),
+    )
+    index = StepIndex(path)
+    index.refresh()
+    for step in range(-1, 11):
+        assert bisect_step_spans(path, step) == index.spans(step, step), step

@@ -106,6 +106,7 @@ class RunData:
         self.system = RecordLog(self.path / SYSTEM_FILE)
         self.evals = RecordLog(self.path / EVAL_METRICS_FILE)
         self.rollouts = RolloutStore(self.path, (self.meta.get("layout") or {}).get("rollout_block_size"))
+        self.rollouts.monotonic = self._never_resumed()
         self.events = EventStore(self.path)
         self.logs = LogStore(self.path)
 
@@ -133,6 +134,10 @@ class RunData:
                 self._meta_mtime = mtime
             except RunDirError:
                 pass  # a half-visible rewrite cannot happen (atomic rename); keep the last good one
+            self.rollouts.monotonic = self._never_resumed()
+
+    def _never_resumed(self) -> bool:
+        return int(self.meta.get("starts") or 1) <= 1 and "resume" not in (self.meta.get("info") or {})
 
     def config(self) -> dict[str, Any]:
         path = self.path / CONFIG_FILE

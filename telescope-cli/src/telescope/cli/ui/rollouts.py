@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from telescope.cli.ui.index import StepIndex
+from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.cli.ui.tail import parse_json_line, read_at
 from telescope.core.observe.blocks import block_files
 from telescope.core.observe.layout import ROLLOUTS_DIR, ROLLOUTS_FILE
@@ -160,6 +160,9 @@ class RolloutStore:
         self.run_dir = Path(run_dir)
         self.block_size = block_size if isinstance(block_size, int) and block_size > 0 else None
         self._indexes: dict[Path, StepIndex] = {}
+        self.monotonic = False
+        """True while the run never resumed: its blocks' steps never go down, so one step's rows
+        can be found by binary search before the block is indexed (``bisect_step_spans``)."""
 
     def _files(self) -> list[Path]:
         legacy = self.run_dir / ROLLOUTS_FILE
@@ -190,15 +193,19 @@ class RolloutStore:
         """Every rollout record of steps lo..hi (inclusive), in file order."""
         out: list[dict[str, Any]] = []
         for path in self._files_for(lo, hi):
-            index = self._index(path)
-            spans = index.spans(lo, hi)
+            index = self._indexes.get(path)
+            if self.monotonic and lo == hi and (index is None or index.pending()):
+                spans = bisect_step_spans(path, lo)  # the block is not (fully) indexed yet
+            else:
+                spans = self._index(path).spans(lo, hi)
             if spans:
                 out.extend(r for r in map(parse_json_line, read_at(path, spans)) if r is not None)
         return out
 
     def steps(self) -> list[int]:
-        """Steps with rollouts in the blocks indexed so far (every block when ``all_blocks``)."""
-        return sorted({s for path in self._files() for s in self._index(path).step_numbers()})
+        """Steps with rollouts in the blocks indexed so far (a request never waits for a whole
+        block to be indexed just to list steps; the metrics' steps cover the rest)."""
+        return sorted({s for index in self._indexes.values() for s in index.step_numbers()})
 
     def query(
         self, step: int, flt: RolloutFilter, *, limit: int = 200, offset: int = 0, sort: str = ""
