@@ -19,7 +19,7 @@ from telescope.cli.ui.server import ServerThread, plotly_js_path
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]  # fmt: skip
 PAGES = ("runs", "metrics", "rollouts", "timeline", "infra", "evals", "logs")
 
 sync_api = pytest.importorskip(
