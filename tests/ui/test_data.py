@@ -236,7 +236,7 @@ def test_logs_filter_by_component_level_text_and_follow(finished_run: Path) -> N
     store = RunData(finished_run, "run").logs
     got = store.query()
     assert [(e["component"], e["level"]) for e in got["entries"]] == [
-        ("driver", "INFO"), ("TrainerWorker", "WARNING"), ("server 0", "INFO"), ("driver", "ERROR"), ("driver", "ERROR"),
+        ("driver", "INFO"), ("TrainerWorker pid 12", "WARNING"), ("server 0", "INFO"), ("driver", "ERROR"), ("driver", "ERROR"),
         ("driver", "ERROR"),
     ]  # fmt: skip
     assert [e["text"] for e in store.query(level="ERROR")["entries"]][1:] == [
