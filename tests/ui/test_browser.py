@@ -71,6 +71,8 @@ def live(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
     logs.mkdir(exist_ok=True)
     (logs / "telescope.log").write_text("2026-01-01 10:00:00,001 INFO telescope.runtime started\n"
                                         "2026-01-01 10:00:01,001 WARNING telescope.runtime slow\n")  # fmt: skip
+    (tmp_path / "runs" / "empty").mkdir()  # a run that died before logging anything
+    (tmp_path / "runs" / "empty" / "run.json").write_text('{"schema_version": 2, "status": "running"}')
     srv = ServerThread(Workspace([tmp_path / "runs"])).start()
     yield srv, hub
     srv.stop()
@@ -93,6 +95,12 @@ def test_every_page_loads_without_console_errors(
     assert sorted(f.name for f in shots.iterdir()) == sorted(f"{page}.png" for page in PAGES)
     p = tab.open("runs")
     assert p.inner_text("#runs-table").count("finished") == 1 and "running" in p.inner_text("#runs-table")
+    for page in PAGES:  # a run with nothing logged yet: each page says so, nothing breaks
+        p = tab.open(f"{page}?runs=empty")
+        p.wait_for_timeout(200)
+        assert not p.query_selector("p.error") and not tab.errors, (
+            f"{page}: {p.inner_text('main')} {tab.errors}"
+        )
 
 
 def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple[ServerThread, Any]) -> None:
