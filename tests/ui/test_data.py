@@ -302,3 +302,30 @@ def test_binary_search_finds_the_same_lines_as_the_index(tmp_path: Path, seed: i
     index.refresh()
     for step in range(-1, 11):
         assert bisect_step_spans(path, step) == index.spans(step, step), step
+
+
+def test_timeline_reads_only_the_event_blocks_near_its_steps(tmp_path: Path) -> None:
+    root = tmp_path / "long"
+    root.mkdir()
+    meta = {"schema_version": 2, "status": "finished", "created_at": 1000.0,
+            "layout": {"rollout_block_size": 500, "event_block_duration_seconds": 10.0}}  # fmt: skip
+    (root / "run.json").write_text(json.dumps(meta))
+    for s in range(1, 10):  # step s runs in [1000 + 10 s, 1000 + 10 s + 9]: its events are in block s
+        t = 1000.0 + 10 * s
+        ids = {"type": "generation", "group_id": s, "sample_id": 0, "server": 0, "lane": 0}
+        append_jsonl(root / "events" / f"block_{s:06d}.jsonl",
+                     {**ids, "phase": "start", "step": s, "time": t + 1}, {**ids, "phase": "end", "step": s, "time": t + 5})  # fmt: skip
+        append_jsonl(root / "metrics.jsonl", {"step": s, "time": t + 9, "metrics": {"entropy": 1.0}})
+    # a generation of step 8 that started during step 7 (async): in block 7, still found
+    ids = {"type": "generation", "group_id": 80, "sample_id": 0, "server": 0, "lane": 1}
+    append_jsonl(root / "events" / "block_000007.jsonl", {**ids, "phase": "start", "step": 8, "time": 1075.0})
+    append_jsonl(root / "events" / "block_000008.jsonl", {**ids, "phase": "end", "step": 8, "time": 1084.0})
+    run = RunData(root, "long")
+    tl = run.timeline(8, 8)
+    assert sorted((s["group_id"], s["start"], s["end"]) for s in tl["spans"]) == [
+        (8, 1081.0, 1085.0),
+        (80, 1075.0, 1084.0),
+    ]
+    indexed = sorted(p.name for p in run.events._indexes)
+    assert indexed == [f"block_{k:06d}.jsonl" for k in range(4, 10)]  # from the end of step 4 on
+    assert len(run.timeline(1, 9)["spans"]) == 10

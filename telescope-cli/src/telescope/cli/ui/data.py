@@ -39,6 +39,10 @@ __all__ = ["RunData", "Workspace", "declared_ranges"]
 STALE_AFTER_S = 300.0
 #: At most this many steps per timeline query (each step may hold thousands of events).
 MAX_TIMELINE_STEPS = 50
+#: A timeline query reads the event blocks written from this many steps before its first step ...
+TIMELINE_LEAD_STEPS = 3
+#: ... to this many seconds after its last step was logged.
+TIMELINE_SLACK_S = 300.0
 
 
 def _range(entry: Any) -> tuple[float, float] | None:
@@ -107,7 +111,10 @@ class RunData:
         self.evals = RecordLog(self.path / EVAL_METRICS_FILE)
         self.rollouts = RolloutStore(self.path, (self.meta.get("layout") or {}).get("rollout_block_size"))
         self.rollouts.monotonic = self._never_resumed()
-        self.events = EventStore(self.path)
+        layout = self.meta.get("layout") or {}
+        self.events = EventStore(
+            self.path, self.meta.get("created_at"), layout.get("event_block_duration_seconds")
+        )
         self.logs = LogStore(self.path)
 
     # ---- refresh -------------------------------------------------------------------------
@@ -245,7 +252,8 @@ class RunData:
             )
         with self._lock:
             # a sample started while step lo-1 was being filled may end in step lo
-            events = self.events.events(lo - 1, hi)
+            window = self._time_window(lo, hi)
+            events = self.events.events(lo - 1, hi, window)
             spans, instants = build_spans(events)
             spans = [
                 s for s in spans if s["step"] >= lo or (s["end_step"] is not None and s["end_step"] >= lo)
@@ -254,10 +262,32 @@ class RunData:
             if spans or instants:
                 t0 = min([s["start"] for s in spans] + [float(i["time"] or 0) for i in instants])
                 t1 = max([s["end"] for s in spans] + [float(i["time"] or 0) for i in instants])
-                marks = [e for e in self.events.unstepped_events() if t0 <= float(e.get("time") or 0) <= t1]
+                marks = [
+                    e for e in self.events.unstepped_events((t0, t1)) if t0 <= float(e.get("time") or 0) <= t1
+                ]
                 instants += build_spans(marks)[1]
         spans += trainer_phases(spans, lambda s: (self.metrics.record(s) or {}).get("metrics"))
-        return {"lo": lo, "hi": hi, "spans": spans, "instants": instants, "steps": self.events.steps()}
+        steps = self.metrics.steps()
+        return {
+            "lo": lo,
+            "hi": hi,
+            "spans": spans,
+            "instants": instants,
+            "steps": [steps[0], steps[-1]] if steps else [],
+        }
+
+    def _time_window(self, lo: int, hi: int) -> tuple[float, float]:
+        """When the events of steps lo..hi were written, from the step metrics' times, widely:
+        from the end of a step a few before ``lo`` (async generation starts early) to a while
+        after ``hi`` (an unlogged step: up to now)."""
+        steps = self.metrics.steps()
+        before = [s for s in steps if s < lo - TIMELINE_LEAD_STEPS]
+        start = (self.metrics.record(before[-1]) or {}).get("time") if before else None
+        end = (self.metrics.record(hi) or {}).get("time")
+        return (
+            float(start) if start else float("-inf"),
+            float(end) + TIMELINE_SLACK_S if end else float("inf"),
+        )
 
     def system_series(self, max_points: int = 2000) -> dict[str, Any]:
         """System/vLLM/torch samples grouped into series ``{source label: {"time", "values"}}``."""

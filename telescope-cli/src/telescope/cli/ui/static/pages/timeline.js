@@ -50,7 +50,7 @@ async function load() {
   const data = await runApi(ctx.run, 'timeline', { from: ctx.from, to: ctx.to });
   ctx.from = data.lo; ctx.to = data.hi;
   ctx.fromInput.value = data.lo; ctx.toInput.value = data.hi;
-  ctx.count.textContent = `${data.spans.length} spans, ${data.instants.length} marks; steps with events: ${data.steps.length ? data.steps[0] + '..' + data.steps[data.steps.length - 1] : 'none'}`;
+  ctx.count.textContent = `${data.spans.length} spans, ${data.instants.length} marks; steps logged: ${data.steps.length ? data.steps[0] + '..' + data.steps[1] : 'none'}`;
   draw(data);
 }
 
