@@ -193,7 +193,7 @@ class RunData:
 
     def read_health(self) -> dict[str, Any]:
         """What the readers skipped: torn last lines and malformed lines, per file."""
-        out = {}
+        out: dict[str, Any] = {}
         for name, store in (
             (METRICS_FILE, self.metrics),
             (SYSTEM_FILE, self.system),
