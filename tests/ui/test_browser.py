@@ -228,3 +228,25 @@ def test_token_view_colours_by_logprob_when_the_record_has_them(
         "background:hsl(1, 70%, 85%)",
     ]
     assert not tab.errors
+
+
+def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, _ = live
+    system = srv.workspace.get("done").path / "system.jsonl"
+    records = [
+        {"time": 100.0 + i, "node": "n1", "source": "system",
+         "metrics": {"cpu_utilization_percent": 50.0, "gpu/0/gpu_utilization_percent": 10.0 * i,
+                     "gpu/1/gpu_utilization_percent": 5.0 * i, "gpu/0/gpu_power_w": 300.0}}
+        for i in range(3)
+    ] + [{"time": 101.0, "source": "vllm", "server": 0, "metrics": {"num_requests_running": 4.0}}]  # fmt: skip
+    append_jsonl(system, *records)
+    tab = Page(browser, srv.url)
+    p = tab.open("infra?runs=done")
+    p.wait_for_selector('.chart[data-key="gpu/*/gpu_utilization_percent"] .main-svg')
+    traces = p.evaluate(
+        "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
+    )
+    assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
+    sources = [d.get_attribute("data-source") for d in p.query_selector_all("details[data-source]")]
+    assert sources == ["system n1", "vllm server 0"]
+    assert not tab.errors
