@@ -4,6 +4,8 @@ crashed (torn lines), resumed (steps logged again) and schema 1."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -132,7 +134,11 @@ def test_crashed_run_skips_torn_and_bad_lines(tmp_path: Path) -> None:
     run = RunData(root, "crashed")
     assert run.metric_series(["entropy"])["step"] == [1, 2]
     assert run.summary()["read"]["metrics.jsonl"] == {"torn_tail": True, "bad_lines": 0}
-    assert run.summary()["status"] == "running"
+    assert run.summary()["status"] == "running" and not run.summary()["stale"]
+    old = time.time() - 3600  # nothing written for an hour: the run is shown as probably dead
+    for path in root.rglob("*"):
+        os.utime(path, (old, old))
+    assert run.summary()["stale"]
     assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))
     assert run.rollout_query(3, RolloutFilter())["total"] == 0
     index = StepIndex(block)
