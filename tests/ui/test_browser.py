@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import append_jsonl, log_step, start_hub, step_rows, write_run
+from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread, plotly_js_path

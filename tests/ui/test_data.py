@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
+from ui_runs import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import RunData, Workspace, declared_ranges
 from telescope.cli.ui.index import StepIndex, bisect_step_spans

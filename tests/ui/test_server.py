@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import step_rows, write_run
+from ui_runs import step_rows, write_run
 
 from telescope.cli.commands.ui import is_loopback
 from telescope.cli.ui.data import Workspace

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import step_rows, write_run
+from ui_runs import step_rows, write_run
 
 from telescope.cli.ui.data import RunData
 from telescope.cli.ui.rollouts import RolloutFilter
