@@ -335,3 +335,34 @@ def test_timeline_reads_only_the_event_blocks_near_its_steps(tmp_path: Path) -> 
     indexed = sorted(p.name for p in run.events._indexes)
     assert indexed == [f"block_{k:06d}.jsonl" for k in range(4, 10)]  # from the end of step 4 on
     assert len(run.timeline(1, 9)["spans"]) == 10
+
+
+def test_newer_record_fields_tags_reasons_and_failure(tmp_path: Path) -> None:
+    """Fields a newer runtime writes (sample_tags, other discard reasons, info.failure) are read
+    as data: filters and summaries take them without knowing them in advance."""
+    write_run(tmp_path / "new", steps=1, finish=False)
+    root = tmp_path / "new"
+    rows = [
+        {**r.to_dict(), "sample_tags": {"difficulty": "hard" if r.sample_id % 2 else "easy"}}
+        for r in step_rows(2)
+    ]
+    rows[0] = {**rows[0], "discard_reason": "reward_error"}
+    append_jsonl(root / "rollouts" / "block_000000.jsonl", *rows)
+    meta = json.loads((root / "run.json").read_text())
+    meta["status"], meta["info"]["failure"] = (
+        "failed",
+        {"reason": "reward server unreachable", "type": "OSError"},
+    )
+    (root / "run.json").write_text(json.dumps(meta))
+    run = RunData(root, "new")
+    hard = run.rollout_query(2, RolloutFilter(tag="difficulty=hard"))
+    assert hard["matched"] == sum(1 for r in rows if r["sample_id"] % 2) and {
+        "difficulty=easy",
+        "difficulty=hard",
+    } == set(hard["summary"]["tags"])
+    discarded = run.rollout_query(2, RolloutFilter(outcome="discarded"))
+    assert discarded["matched"] == 3 and discarded["summary"]["outcomes"]["reward_error"] == 1
+    assert run.rollout_query(2, RolloutFilter(outcome="reward_error"))["rows"][0]["sample_tags"] == {
+        "difficulty": "easy"
+    }
+    assert run.summary()["failure"] == "reward server unreachable"

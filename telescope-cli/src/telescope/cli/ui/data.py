@@ -188,6 +188,7 @@ class RunData:
             "step": last[0] if last else None, "steps_logged": len(self.metrics.steps()),
             "number_of_steps": cfg.get("number_of_steps"),
             "reward": metrics.get("reward/mean"), "highlights": highlights,
+            "failure": ((meta.get("info") or {}).get("failure") or {}).get("reason"),
             "read": self.read_health(),
         }  # fmt: skip
 

@@ -138,7 +138,7 @@ def _filter(request: web.Request) -> RolloutFilter:
         reward_min=_float(request, "reward_min"), reward_max=_float(request, "reward_max"),
         advantage_min=_float(request, "adv_min"), advantage_max=_float(request, "adv_max"),
         length_min=_int(request, "len_min"), length_max=_int(request, "len_max"),
-        text=request.query.get("q") or None, group_id=_int(request, "group"),
+        text=request.query.get("q") or None, group_id=_int(request, "group"), tag=request.query.get("tag") or None,
     )  # fmt: skip
 
 

@@ -4,7 +4,7 @@
 import { empty, fmt, h, runApi, setParams } from '../common.js';
 
 let ctx = null;
-const FILTERS = ['env', 'outcome', 'reward_min', 'reward_max', 'adv_min', 'adv_max', 'len_min', 'len_max', 'q'];
+const FILTERS = ['env', 'outcome', 'tag', 'reward_min', 'reward_max', 'adv_min', 'adv_max', 'len_min', 'len_max', 'q'];
 
 function filterControls(data) {
   const f = ctx.filters;
@@ -20,8 +20,11 @@ function filterControls(data) {
     h('label', {}, 'env', h('select', { id: 'f-env', onchange: e => { f.env = e.target.value; load(); } },
       h('option', { value: '' }, 'any'), data.summary.envs.map(e => h('option', { value: e, selected: e === f.env }, e)))),
     h('label', {}, 'outcome', h('select', { id: 'f-outcome', onchange: e => { f.outcome = e.target.value; load(); } },
-      ['', 'kept', 'discarded', 'cancelled', 'max_async', 'zero_advantage', 'off_policy', 'eval_drain']
+      // the reasons this step has (a newer runtime or a plugin may add its own) after the groups
+      [...new Set(['', 'kept', 'discarded', 'cancelled', ...Object.keys(data.summary.outcomes), f.outcome || ''])]
         .map(o => h('option', { value: o, selected: o === (f.outcome || '') }, o || 'any')))),
+    data.summary.tags.length || f.tag ? h('label', {}, 'tag', h('select', { id: 'f-tag', onchange: e => { f.tag = e.target.value; load(); } },
+      [...new Set(['', ...data.summary.tags, f.tag || ''])].map(t => h('option', { value: t, selected: t === (f.tag || '') }, t || 'any')))) : null,
     h('label', {}, 'reward', input('reward_min'), '…', input('reward_max')),
     h('label', {}, 'advantage', input('adv_min'), '…', input('adv_max')),
     h('label', {}, 'completion tokens', input('len_min'), '…', input('len_max')),
@@ -93,13 +96,18 @@ function kv(obj) {
 
 function recordPanel(record, messages) {
   const facts = { reward: record.reward, raw_reward: record.raw_reward, advantage: record.advantage, outcome: record.discard_reason || 'kept',
-    zero_advantage_kind: record.zero_advantage_kind, stop_reason: record.stop_reason, model_version: record.model_version,
+    zero_advantage_kind: record.zero_advantage_kind, stop_reason: record.stop_reason, env_stop_reason: record.env_stop_reason,
+    model_version: record.model_version,
     off_policy_steps: record.off_policy_steps, server: record.server, lane: record.lane, turns: record.num_turns,
     prompt_tokens: record.prompt_tokens, completion_tokens: record.completion_tokens };
   return h('div', {},
     h('h3', {}, `step ${record.step} · group ${record.group_id} · sample ${record.sample_id} · ${record.env}`),
     kv(facts), h('h3', {}, 'reward components (sample metrics)'), kv(record.sample_metrics),
-    h('h3', {}, 'timings'), kv(record.timings), h('h3', {}, 'conversation'), conversationView(messages), tokenView(record));
+    Object.keys(record.sample_tags || {}).length ? [h('h3', {}, 'tags'), kv(record.sample_tags)] : null,
+    Object.keys(record.golden_answers || {}).length ? [h('h3', {}, 'golden answers'), kv(record.golden_answers)] : null,
+    h('h3', {}, 'timings'), kv(record.timings), h('h3', {}, 'conversation'), conversationView(messages),
+    (record.info_turns || []).length ? [h('h3', {}, 'environment info'), record.info_turns.map(t => h('pre', { class: 'msg' }, JSON.stringify(t, null, 1)))] : null,
+    tokenView(record));
 }
 
 async function select(row) {
