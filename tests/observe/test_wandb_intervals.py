@@ -48,8 +48,13 @@ def test_history_is_sent_in_order_every_metrics_logger_interval(
     assert run.logged[-1] == ({"reward/mean": 1.0}, 3) and run.finished == 0
 
 
-def _saved_names(run: Any) -> list[str]:
-    return [name for name, _, _ in run.saved]
+def _saved_names(run: Any, folders: tuple[str, ...] = ("events/", "rollouts/")) -> list[str]:
+    """Names of the uploaded files under ``folders`` (the record files have their own test)."""
+    return [name for name, _, _ in run.saved if name.startswith(folders)]
+
+
+def _saved_blocks(run: Any) -> list[tuple[str, str, str]]:
+    return [s for s in run.saved if s[0].startswith(("events/", "rollouts/"))]
 
 
 def test_event_tail_and_closed_blocks_upload_every_event_interval(
@@ -68,7 +73,7 @@ def test_event_tail_and_closed_blocks_upload_every_event_interval(
     clock.at(1005.0)
     hub.tick()  # local rewrites the tail (window 1002..1005), then W&B uploads it; blocks still open
     assert _saved_names(run) == ["events/tail.jsonl"]
-    assert '"generation"' in run.saved[0][1] and run.saved[0][2] == "now"
+    assert '"generation"' in _saved_blocks(run)[0][1] and _saved_blocks(run)[0][2] == "now"
     clock.at(1012.0)
     hub.event("reward", "end", step=1)  # events block 1 opens: block 0 is closed
     hub.log_rollouts(2, make_rows(2))  # still rollouts block 1 = steps 2..3
@@ -80,12 +85,36 @@ def test_event_tail_and_closed_blocks_upload_every_event_interval(
     ]
     clock.at(1020.0)
     hub.tick()  # the tail's window 1017..1020 is now empty: changed, uploaded again
-    assert _saved_names(run)[4:] == ["events/tail.jsonl"] and run.saved[4][1] == ""
+    assert _saved_names(run)[4:] == ["events/tail.jsonl"] and _saved_blocks(run)[4][1] == ""
     clock.at(1026.0)
     hub.tick()  # rewritten, still empty: same content is not uploaded again; closed blocks already sent
-    assert len(run.saved) == 5
+    assert len(_saved_blocks(run)) == 5
     hub.finish("finished")  # the open blocks go at finish
     assert sorted(_saved_names(run)[5:]) == ["events/block_000001.jsonl", "rollouts/block_000001.jsonl"]
+
+
+def test_run_records_upload_when_changed(tmp_path, clock, fake_wandb, make_rows) -> None:
+    """run.json, config.yaml, metrics.jsonl and evals/metrics.jsonl go up every interval when they
+    changed (what ``telescope ui --wandb`` reads); system.jsonl and eval samples at finish."""
+    hub, _ = _hub(tmp_path, clock, _cfg(event_upload_interval_seconds=5))
+    run = fake_wandb.runs[0]
+    records = ("run.json", "config.yaml", "metrics.jsonl", "evals/", "system.jsonl")
+    hub.log_step(1, {"reward/mean": 0.5})
+    clock.advance(5)
+    hub.tick()
+    first = _saved_names(run, records)
+    assert {"run.json", "config.yaml", "metrics.jsonl"} <= set(first) and "system.jsonl" not in first
+    assert [c for n, c, _ in run.saved if n == "metrics.jsonl"][-1].count("\n") == 1
+    clock.advance(5)
+    hub.tick()
+    assert _saved_names(run, records) == first  # nothing changed: nothing sent again
+    hub.log_step(2, {"reward/mean": 0.7})
+    clock.advance(5)
+    hub.tick()
+    assert _saved_names(run, records)[len(first) :] == ["metrics.jsonl"]
+    assert [c for n, c, _ in run.saved if n == "metrics.jsonl"][-1].count("\n") == 2
+    hub.finish("finished")
+    assert '"finished"' in [c for n, c, _ in run.saved if n == "run.json"][-1]
 
 
 def test_eval_scalars_and_sample_table(tmp_path, clock, fake_wandb) -> None:

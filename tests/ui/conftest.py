@@ -1,89 +1,16 @@
-"""Run directories for the dashboard tests, written by our own loggers (LoggerHub + LocalLogger)
-or, for damaged and old layouts, by hand."""
+"""Dashboard test fixtures (the run-directory writers are in ui_runs.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
-from telescope.core.observe.local import LocalLogger
-from telescope.core.testing import make_config
-
-# --import-mode=importlib keeps test folders off sys.path: let tests import ui_runs
+# --import-mode=importlib keeps test folders off sys.path: let the tests import ui_runs
 sys.path.insert(0, str(Path(__file__).parent))
 
-#: Rewards of the two kept groups of every step (group 1's last sample depends on the step).
-GROUP_REWARDS = {0: [1.0, 0.0, 0.0, 1.0], 1: [0.5, 0.0, 0.25, None]}
-
-
-def step_rows(step: int) -> list[RolloutRecord]:
-    """Two kept groups of 4, one max_async discard pair, one cancelled rollout."""
-    rows = []
-    for gid, rewards in GROUP_REWARDS.items():
-        rs = [r if r is not None else step / 10 for r in rewards]
-        mean = sum(rs) / len(rs)
-        for i, r in enumerate(rs):
-            rows.append(RolloutRecord(
-                step=step, group_id=gid, env="reverse_text", sample_id=i,
-                prompt_text=f"<|im_start|>user\nreverse word{gid}<|im_end|>\n<|im_start|>assistant\n",
-                prompt_ids=[1, 2, 3], completion_text=f"drow{gid}-{i} <tool_call>{{\"n\": {i}}}</tool_call>",
-                completion_ids=list(range(4 + i)), reward=r, advantage=r - mean,
-                sample_metrics={"correct": float(r > 0.4)}, model_version=step - 1,
-                stop_reason="length" if i == 3 else "stop", server=0, lane=i,
-            ))  # fmt: skip
-    for i in range(2):
-        rows.append(RolloutRecord(step=step, group_id=2, env="reverse_text", sample_id=i, prompt_ids=[1],
-                                  completion_ids=[7] * 3, reward=1.0, discard_reason="max_async"))  # fmt: skip
-    rows.append(
-        RolloutRecord(step=step, group_id=3, env="reverse_text", sample_id=0, discard_reason="off_policy")
-    )
-    return rows
-
-
-def start_hub(run_dir: Path, **cfg_fields: Any) -> LoggerHub:
-    cfg = make_config(number_of_steps=4, wandb_run_name="uitest", use_wandb=False, **cfg_fields)
-    hub = LoggerHub([LocalLogger()])
-    hub.start(cfg, run_dir, system_metrics=False, ticker=False)
-    hub.log_info({"environments": [{"name": "reverse_text", "reward_min": 0.0, "reward_max": 1.0,
-                                     "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}}}]})  # fmt: skip
-    return hub
-
-
-def log_step(hub: LoggerHub, step: int) -> None:
-    rows = step_rows(step)
-    hub.event("generation", "start", step=step, group_id=0, sample_id=0, server=0, lane=0)
-    hub.event("generation", "end", step=step, group_id=0, sample_id=0, server=0, lane=0)
-    hub.event("reward", "start", step=step, group_id=0, sample_id=0)
-    hub.event("reward", "end", step=step, group_id=0, sample_id=0)
-    with hub.span("trainer", name="train_step", step=step):
-        pass
-    hub.log_rollouts(step, rows)
-    metrics = rollout_metrics(rows)
-    metrics.update({"entropy": 1.0 / step, "debug/grads/layer_norm": float(step), "timing_forward_total": 0.5,
-                    "timing_backward_total": 0.25})  # fmt: skip
-    hub.log_step(step, metrics)
-
-
-def write_run(run_dir: Path, steps: int = 4, *, finish: bool = True) -> LoggerHub:
-    hub = start_hub(run_dir)
-    for step in range(1, steps + 1):
-        log_step(hub, step)
-    if finish:
-        hub.finish("finished")
-    return hub
-
-
-def append_jsonl(path: Path, *records: dict[str, Any], torn: str = "") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-        f.write(torn)
+from ui_runs import write_run
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import log_step, start_hub, step_rows, write_run
+from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread, plotly_js_path
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]  # fmt: skip
 PAGES = ("runs", "metrics", "rollouts", "timeline", "infra", "evals", "logs")
 
 sync_api = pytest.importorskip(
@@ -71,6 +71,8 @@ def live(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
     logs.mkdir(exist_ok=True)
     (logs / "telescope.log").write_text("2026-01-01 10:00:00,001 INFO telescope.runtime started\n"
                                         "2026-01-01 10:00:01,001 WARNING telescope.runtime slow\n")  # fmt: skip
+    (tmp_path / "runs" / "empty").mkdir()  # a run that died before logging anything
+    (tmp_path / "runs" / "empty" / "run.json").write_text('{"schema_version": 2, "status": "running"}')
     srv = ServerThread(Workspace([tmp_path / "runs"])).start()
     yield srv, hub
     srv.stop()
@@ -93,6 +95,12 @@ def test_every_page_loads_without_console_errors(
     assert sorted(f.name for f in shots.iterdir()) == sorted(f"{page}.png" for page in PAGES)
     p = tab.open("runs")
     assert p.inner_text("#runs-table").count("finished") == 1 and "running" in p.inner_text("#runs-table")
+    for page in PAGES:  # a run with nothing logged yet: each page says so, nothing breaks
+        p = tab.open(f"{page}?runs=empty")
+        p.wait_for_timeout(200)
+        assert not p.query_selector("p.error") and not tab.errors, (
+            f"{page}: {p.inner_text('main')} {tab.errors}"
+        )
 
 
 def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple[ServerThread, Any]) -> None:
@@ -180,4 +188,65 @@ def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -
     p.wait_for_selector("#log-lines div")
     assert [line.inner_text() for line in p.query_selector_all("#log-lines div")][-1].endswith("slow")
     assert len(p.query_selector_all("#log-lines div")) == 1
+    assert not tab.errors
+
+
+def test_evals_page_charts_each_metric_and_shows_samples(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("evals?runs=done")
+    p.wait_for_selector('.chart[data-key="math/pass@1"] .main-svg')
+    assert tab.points("math/pass@1") == 2  # evals at steps 2 and 4
+    assert p.evaluate("document.querySelector('.chart[data-key=\"math/pass@1\"]').data[0].y") == [0.2, 0.4]
+    p.click("#evals tr.clickable >> nth=1")
+    p.wait_for_selector("text=math at step 4: 3 samples")
+    assert not tab.errors
+
+
+def test_token_view_colours_by_logprob_when_the_record_has_them(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    # records have no per-token logprobs today; a row that carries them gets coloured tokens
+    row = {
+        **step_rows(4)[0].to_dict(),
+        "group_id": 9,
+        "completion_ids": [5, 6, 7],
+        "completion_logprobs": [0.0, -0.7, -5.0],
+    }
+    append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
+    tab = Page(browser, srv.url)
+    p = tab.open("rollouts?runs=done&step=4&group=9&sample=0")
+    p.wait_for_selector("#rollout-detail .tokens span")
+    styles = [s.get_attribute("style") for s in p.query_selector_all("#rollout-detail .tokens span")]
+    # hue = 120 * probability: green for p=1, ~60 for p=0.5, red for p~0
+    assert styles == [
+        "background:hsl(120, 70%, 85%)",
+        "background:hsl(60, 70%, 85%)",
+        "background:hsl(1, 70%, 85%)",
+    ]
+    assert not tab.errors
+
+
+def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThread, Any]) -> None:
+    srv, _ = live
+    system = srv.workspace.get("done").path / "system.jsonl"
+    records = [
+        {"time": 100.0 + i, "node": "n1", "source": "system",
+         "metrics": {"cpu_utilization_percent": 50.0, "gpu/0/gpu_utilization_percent": 10.0 * i,
+                     "gpu/1/gpu_utilization_percent": 5.0 * i, "gpu/0/gpu_power_w": 300.0}}
+        for i in range(3)
+    ] + [{"time": 101.0, "source": "vllm", "server": 0, "metrics": {"num_requests_running": 4.0}}]  # fmt: skip
+    append_jsonl(system, *records)
+    tab = Page(browser, srv.url)
+    p = tab.open("infra?runs=done")
+    p.wait_for_selector('.chart[data-key="gpu/*/gpu_utilization_percent"] .main-svg')
+    traces = p.evaluate(
+        "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
+    )
+    assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
+    sources = [d.get_attribute("data-source") for d in p.query_selector_all("details[data-source]")]
+    assert sources == ["system n1", "vllm server 0"]
     assert not tab.errors

@@ -4,13 +4,15 @@ crashed (torn lines), resumed (steps logged again) and schema 1."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
-from conftest import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
+from ui_runs import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import RunData, Workspace, declared_ranges
-from telescope.cli.ui.index import StepIndex
+from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.cli.ui.rollouts import RolloutFilter
 from telescope.core.observe.reader import RunDirError
 
@@ -43,6 +45,12 @@ def test_metrics_catalog_sections_and_declared_ranges(finished_run: Path) -> Non
     assert (summary["status"], summary["step"], summary["steps_logged"]) == ("finished", 4, 4)
     assert summary["reward"] == pytest.approx(sum(kept[-1]) / 8)
     assert summary["highlights"]["number_of_steps"] == 4
+    evals = run.eval_records()["records"]
+    assert [(e["name"], e["step"], e["metrics"]["pass@1"]) for e in evals] == [
+        ("math", 2, 0.2),
+        ("math", 4, 0.4),
+    ]
+    assert [r["prompt"] for r in run.eval_samples("math", 4)] == ["q0", "q1", "q2"]
 
 
 def test_declared_ranges_union_and_per_env() -> None:
@@ -126,16 +134,24 @@ def test_crashed_run_skips_torn_and_bad_lines(tmp_path: Path) -> None:
     run = RunData(root, "crashed")
     assert run.metric_series(["entropy"])["step"] == [1, 2]
     assert run.summary()["read"]["metrics.jsonl"] == {"torn_tail": True, "bad_lines": 0}
-    assert run.summary()["status"] == "running"
+    assert run.summary()["status"] == "running" and not run.summary()["stale"]
+    old = time.time() - 3600  # nothing written for an hour: the run is shown as probably dead
+    for path in root.rglob("*"):
+        os.utime(path, (old, old))
+    assert run.summary()["stale"]
     assert run.rollout_query(2, RolloutFilter())["total"] == len(step_rows(2))
     assert run.rollout_query(3, RolloutFilter())["total"] == 0
-    assert run.rollouts._indexes[block].bad_lines == 1 and run.rollouts._indexes[block].torn_tail
+    index = StepIndex(block)
+    index.refresh()
+    assert index.bad_lines == 1 and index.torn_tail and index.step_numbers() == [1, 2]
 
 
 def test_resumed_run_later_records_win(tmp_path: Path) -> None:
     write_run(tmp_path / "resumed", steps=4, finish=False)
     root = tmp_path / "resumed"
     # the run died after step 4; it resumes from a step-2 checkpoint and logs step 3 again
+    meta = json.loads((root / "run.json").read_text())
+    (root / "run.json").write_text(json.dumps({**meta, "starts": 2}))
     append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 9.0, "metrics": {"entropy": 42.0}})
     rows = [{**r.to_dict(), "reward": 0.125} for r in step_rows(3)[:3]]
     append_jsonl(root / "rollouts" / "block_000000.jsonl", *rows)
@@ -170,6 +186,8 @@ def _v1_run(root: Path) -> None:
         {"type": "trainer", "phase": "start", "name": "train_step", "step": 2, "time": 13.0},
         {"type": "trainer", "phase": "end", "name": "train_step", "step": 2, "time": 15.0},
         {"type": "checkpoint", "phase": "instant", "step": 2, "time": 15.5, "attrs": {"path": "x"}},
+        {"type": "run", "phase": "instant", "name": "resumed", "step": None, "time": 14.0},
+        {"type": "run", "phase": "instant", "name": "outside the window", "step": None, "time": 99.0},
     ]  # fmt: skip
     append_jsonl(root / "events.jsonl", *events)
     append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 3.0, "metrics": {"timing_forward_total": 0.5}})
@@ -186,7 +204,9 @@ def test_schema_1_single_files_and_timeline(tmp_path: Path) -> None:
     assert (by_type["generation"]["start"], by_type["generation"]["end"]) == (10.0, 12.0)
     assert by_type["generation"]["row"] == "server 1 / lane 2" == by_type["reward"]["row"]
     assert (by_type["trainer"]["start"], by_type["trainer"]["end"]) == (13.0, 15.0)
-    assert [(i["type"], i["row"]) for i in tl["instants"]] == [("checkpoint", "checkpoints")]
+    assert [(i["type"], i["name"], i["row"]) for i in tl["instants"]] == [
+        ("checkpoint", None, "checkpoints"), ("run", "resumed", "run")
+    ]  # fmt: skip
 
 
 def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path) -> None:
@@ -199,6 +219,9 @@ def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path)
         0.5
     )
     assert phases[1]["start"] == pytest.approx(phases[0]["end"]) and all(p["derived"] for p in phases)
+    assert [(i["type"], i["name"], i["step"], i["row"]) for i in tl["instants"]] == [
+        ("eval", "math", 2, "evals")
+    ]
     with pytest.raises(ValueError, match="too wide"):
         RunData(finished_run, "run").timeline(0, 500)
 
@@ -219,7 +242,7 @@ def test_logs_filter_by_component_level_text_and_follow(finished_run: Path) -> N
     store = RunData(finished_run, "run").logs
     got = store.query()
     assert [(e["component"], e["level"]) for e in got["entries"]] == [
-        ("driver", "INFO"), ("TrainerWorker", "WARNING"), ("server 0", "INFO"), ("driver", "ERROR"), ("driver", "ERROR"),
+        ("driver", "INFO"), ("TrainerWorker pid 12", "WARNING"), ("server 0", "INFO"), ("driver", "ERROR"), ("driver", "ERROR"),
         ("driver", "ERROR"),
     ]  # fmt: skip
     assert [e["text"] for e in store.query(level="ERROR")["entries"]][1:] == [
@@ -265,3 +288,81 @@ def test_step_index_reads_only_the_asked_step(tmp_path: Path) -> None:
     # other key order: the step is still found
     append_jsonl(path, {"i": 9, "pad": "y", "step": 4})
     assert index.refresh() == 1 and index.count(4) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_binary_search_finds_the_same_lines_as_the_index(tmp_path: Path, seed: int) -> None:
+    """Second implementation: on a block whose steps never go down, the binary search over byte
+    offsets returns exactly the full index's lines for every step (gaps, long lines, a torn tail)."""
+    import random
+
+    rng = random.Random(seed)
+    path = tmp_path / "block.jsonl"
+    steps = sorted(rng.choice([0, 1, 2, 2, 5, 6, 9]) for _ in range(rng.randint(0, 60)))
+    append_jsonl(
+        path,
+        *({"step": s, "pad": "x" * rng.randint(0, 9000)} for s in steps),
+        torn='{"step": 9, "pa' * (seed % 2),
+    )
+    index = StepIndex(path)
+    index.refresh()
+    for step in range(-1, 11):
+        assert bisect_step_spans(path, step) == index.spans(step, step), step
+
+
+def test_timeline_reads_only_the_event_blocks_near_its_steps(tmp_path: Path) -> None:
+    root = tmp_path / "long"
+    root.mkdir()
+    meta = {"schema_version": 2, "status": "finished", "created_at": 1000.0,
+            "layout": {"rollout_block_size": 500, "event_block_duration_seconds": 10.0}}  # fmt: skip
+    (root / "run.json").write_text(json.dumps(meta))
+    for s in range(1, 10):  # step s runs in [1000 + 10 s, 1000 + 10 s + 9]: its events are in block s
+        t = 1000.0 + 10 * s
+        ids = {"type": "generation", "group_id": s, "sample_id": 0, "server": 0, "lane": 0}
+        append_jsonl(root / "events" / f"block_{s:06d}.jsonl",
+                     {**ids, "phase": "start", "step": s, "time": t + 1}, {**ids, "phase": "end", "step": s, "time": t + 5})  # fmt: skip
+        append_jsonl(root / "metrics.jsonl", {"step": s, "time": t + 9, "metrics": {"entropy": 1.0}})
+    # a generation of step 8 that started during step 7 (async): in block 7, still found
+    ids = {"type": "generation", "group_id": 80, "sample_id": 0, "server": 0, "lane": 1}
+    append_jsonl(root / "events" / "block_000007.jsonl", {**ids, "phase": "start", "step": 8, "time": 1075.0})
+    append_jsonl(root / "events" / "block_000008.jsonl", {**ids, "phase": "end", "step": 8, "time": 1084.0})
+    run = RunData(root, "long")
+    tl = run.timeline(8, 8)
+    assert sorted((s["group_id"], s["start"], s["end"]) for s in tl["spans"]) == [
+        (8, 1081.0, 1085.0),
+        (80, 1075.0, 1084.0),
+    ]
+    indexed = sorted(p.name for p in run.events._indexes)
+    assert indexed == [f"block_{k:06d}.jsonl" for k in range(4, 10)]  # from the end of step 4 on
+    assert len(run.timeline(1, 9)["spans"]) == 10
+
+
+def test_newer_record_fields_tags_reasons_and_failure(tmp_path: Path) -> None:
+    """Fields a newer runtime writes (sample_tags, other discard reasons, info.failure) are read
+    as data: filters and summaries take them without knowing them in advance."""
+    write_run(tmp_path / "new", steps=1, finish=False)
+    root = tmp_path / "new"
+    rows = [
+        {**r.to_dict(), "sample_tags": {"difficulty": "hard" if r.sample_id % 2 else "easy"}}
+        for r in step_rows(2)
+    ]
+    rows[0] = {**rows[0], "discard_reason": "reward_error"}
+    append_jsonl(root / "rollouts" / "block_000000.jsonl", *rows)
+    meta = json.loads((root / "run.json").read_text())
+    meta["status"], meta["info"]["failure"] = (
+        "failed",
+        {"reason": "reward server unreachable", "type": "OSError"},
+    )
+    (root / "run.json").write_text(json.dumps(meta))
+    run = RunData(root, "new")
+    hard = run.rollout_query(2, RolloutFilter(tag="difficulty=hard"))
+    assert hard["matched"] == sum(1 for r in rows if r["sample_id"] % 2) and {
+        "difficulty=easy",
+        "difficulty=hard",
+    } == set(hard["summary"]["tags"])
+    discarded = run.rollout_query(2, RolloutFilter(outcome="discarded"))
+    assert discarded["matched"] == 3 and discarded["summary"]["outcomes"]["reward_error"] == 1
+    assert run.rollout_query(2, RolloutFilter(outcome="reward_error"))["rows"][0]["sample_tags"] == {
+        "difficulty": "easy"
+    }
+    assert run.summary()["failure"] == "reward server unreachable"

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import step_rows, write_run
+from ui_runs import step_rows, write_run
 
 from telescope.cli.commands.ui import is_loopback
 from telescope.cli.ui.data import Workspace
@@ -69,3 +69,49 @@ def test_static_page_and_local_plotly(server: ServerThread) -> None:
 def test_loopback_hosts() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
+
+
+def test_background_warming_indexes_every_block(tmp_path: Path) -> None:
+    import threading
+
+    from telescope.cli.ui.server import warm_indexes
+
+    write_run(tmp_path / "run", steps=3)
+    ws = Workspace([tmp_path / "run"])
+    warm_indexes(ws, threading.Lock(), threading.Event(), delay_s=0)
+    run = ws.runs()[0]
+    indexes = run.rollouts.all_indexes() + run.events.all_indexes()
+    assert indexes and all(len(i) > 0 and not i.pending() for i in indexes)
+    assert run.rollouts.all_indexes()[0].step_numbers() == [1, 2, 3]
+
+
+def test_telescope_ui_command_serves_and_warns_on_public_host(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    write_run(tmp_path / "runs" / "one", steps=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "telescope"
+    proc = subprocess.Popen([str(exe), "ui", str(tmp_path / "runs"), "--no-browser", "--port", str(port), "--host", "0.0.0.0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline, body = time.monotonic() + 60, b""
+        while time.monotonic() < deadline and not body:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=5) as resp:
+                    body = resp.read()
+            except OSError:
+                time.sleep(0.2)
+        assert [r["key"] for r in json.loads(body)["runs"]] == ["one"]
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+    assert "no authentication" in err and f":{port}/" in out
+    missing = subprocess.run(
+        [str(exe), "ui", str(tmp_path / "nope"), "--no-browser"], capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode == 2 and "no such folder" in missing.stderr

@@ -29,6 +29,33 @@ def _default_paths() -> list[Path]:
     return [runs if runs.is_dir() else Path(".")]
 
 
+#: How often ``--wandb`` downloads again what changed (live runs keep uploading).
+WANDB_REPULL_S = 30.0
+
+
+def _pull_wandb(target: str) -> Path:
+    """Pull now (errors end the command), then again every ``WANDB_REPULL_S`` in the background."""
+    from telescope.cli.ui.wandb_pull import pull_runs
+
+    try:
+        folder = pull_runs(target)
+    except (ImportError, ValueError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None
+
+    def again() -> None:
+        while True:
+            threading.Event().wait(WANDB_REPULL_S)
+            try:
+                pull_runs(target)
+            except Exception as exc:  # noqa: BLE001 - a network hiccup must not stop the dashboard
+                err_console.print(f"[yellow]warning:[/] re-pulling {target} from W&B failed: {exc}")
+
+    threading.Thread(target=again, name="wandb-repull", daemon=True).start()
+    typer.echo(f"telescope ui: W&B {target} cached in {folder}")
+    return folder
+
+
 def ui(
     paths: list[Path] = typer.Argument(None, help="Run directories, or folders of runs (default: ./runs)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (no auth: keep it local)."),
@@ -55,9 +82,7 @@ def ui(
 
     targets = list(paths or [])
     if wandb:
-        from telescope.cli.ui.wandb_pull import pull_runs
-
-        targets.append(pull_runs(wandb))
+        targets.append(_pull_wandb(wandb))
     try:
         workspace = Workspace(targets or _default_paths())
     except RunDirError as exc:

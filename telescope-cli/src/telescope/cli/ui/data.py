@@ -39,6 +39,10 @@ __all__ = ["RunData", "Workspace", "declared_ranges"]
 STALE_AFTER_S = 300.0
 #: At most this many steps per timeline query (each step may hold thousands of events).
 MAX_TIMELINE_STEPS = 50
+#: A timeline query reads the event blocks written from this many steps before its first step ...
+TIMELINE_LEAD_STEPS = 3
+#: ... to this many seconds after its last step was logged.
+TIMELINE_SLACK_S = 300.0
 
 
 def _range(entry: Any) -> tuple[float, float] | None:
@@ -106,7 +110,11 @@ class RunData:
         self.system = RecordLog(self.path / SYSTEM_FILE)
         self.evals = RecordLog(self.path / EVAL_METRICS_FILE)
         self.rollouts = RolloutStore(self.path, (self.meta.get("layout") or {}).get("rollout_block_size"))
-        self.events = EventStore(self.path)
+        self.rollouts.monotonic = self._never_resumed()
+        layout = self.meta.get("layout") or {}
+        self.events = EventStore(
+            self.path, self.meta.get("created_at"), layout.get("event_block_duration_seconds")
+        )
         self.logs = LogStore(self.path)
 
     # ---- refresh -------------------------------------------------------------------------
@@ -133,6 +141,10 @@ class RunData:
                 self._meta_mtime = mtime
             except RunDirError:
                 pass  # a half-visible rewrite cannot happen (atomic rename); keep the last good one
+            self.rollouts.monotonic = self._never_resumed()
+
+    def _never_resumed(self) -> bool:
+        return int(self.meta.get("starts") or 1) <= 1 and "resume" not in (self.meta.get("info") or {})
 
     def config(self) -> dict[str, Any]:
         path = self.path / CONFIG_FILE
@@ -176,12 +188,13 @@ class RunData:
             "step": last[0] if last else None, "steps_logged": len(self.metrics.steps()),
             "number_of_steps": cfg.get("number_of_steps"),
             "reward": metrics.get("reward/mean"), "highlights": highlights,
+            "failure": ((meta.get("info") or {}).get("failure") or {}).get("reason"),
             "read": self.read_health(),
         }  # fmt: skip
 
     def read_health(self) -> dict[str, Any]:
         """What the readers skipped: torn last lines and malformed lines, per file."""
-        out = {}
+        out: dict[str, Any] = {}
         for name, store in (
             (METRICS_FILE, self.metrics),
             (SYSTEM_FILE, self.system),
@@ -240,7 +253,8 @@ class RunData:
             )
         with self._lock:
             # a sample started while step lo-1 was being filled may end in step lo
-            events = self.events.events(lo - 1, hi, with_unstepped=False)
+            window = self._time_window(lo, hi)
+            events = self.events.events(lo - 1, hi, window)
             spans, instants = build_spans(events)
             spans = [
                 s for s in spans if s["step"] >= lo or (s["end_step"] is not None and s["end_step"] >= lo)
@@ -250,13 +264,31 @@ class RunData:
                 t0 = min([s["start"] for s in spans] + [float(i["time"] or 0) for i in instants])
                 t1 = max([s["end"] for s in spans] + [float(i["time"] or 0) for i in instants])
                 marks = [
-                    e
-                    for e in self.events.events(1, 0, with_unstepped=True)
-                    if t0 <= float(e.get("time") or 0) <= t1
+                    e for e in self.events.unstepped_events((t0, t1)) if t0 <= float(e.get("time") or 0) <= t1
                 ]
                 instants += build_spans(marks)[1]
         spans += trainer_phases(spans, lambda s: (self.metrics.record(s) or {}).get("metrics"))
-        return {"lo": lo, "hi": hi, "spans": spans, "instants": instants, "steps": self.events.steps()}
+        steps = self.metrics.steps()
+        return {
+            "lo": lo,
+            "hi": hi,
+            "spans": spans,
+            "instants": instants,
+            "steps": [steps[0], steps[-1]] if steps else [],
+        }
+
+    def _time_window(self, lo: int, hi: int) -> tuple[float, float]:
+        """When the events of steps lo..hi were written, from the step metrics' times, widely:
+        from the end of a step a few before ``lo`` (async generation starts early) to a while
+        after ``hi`` (an unlogged step: up to now)."""
+        steps = self.metrics.steps()
+        before = [s for s in steps if s < lo - TIMELINE_LEAD_STEPS]
+        start = (self.metrics.record(before[-1]) or {}).get("time") if before else None
+        end = (self.metrics.record(hi) or {}).get("time")
+        return (
+            float(start) if start else float("-inf"),
+            float(end) + TIMELINE_SLACK_S if end else float("inf"),
+        )
 
     def system_series(self, max_points: int = 2000) -> dict[str, Any]:
         """System/vLLM/torch samples grouped into series ``{source label: {"time", "values"}}``."""

@@ -3,8 +3,8 @@
 Each line becomes an entry ``{seq, file, component, level, time, text}``. The component is
 where the line came from: ``driver`` (telescope.log), ``driver (detailed)``
 (telescope.detailed.log), ``server i`` (inference/server_i.log), and for the driver's captured
-output (telescope.stdout.log) the Ray actor that printed it (``TrainerWorker``, from Ray's
-``(TrainerWorker pid=…)`` prefix) or ``stdout``. The level is the first logging level word
+output (telescope.stdout.log) the Ray actor process that printed it (``TrainerWorker pid 12``,
+one per trainer rank, from Ray's ``(TrainerWorker pid=12)`` prefix) or ``stdout``. The level is the first logging level word
 near the start of a timestamped line; continuation lines (tracebacks) keep the level of the
 line they continue. Each file keeps its newest ``MAX_LINES_PER_FILE`` entries in memory.
 """
@@ -26,7 +26,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_LINES_PER_FILE = 20_000
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?)\s+")
-_RAY_PREFIX = re.compile(r"^\((\w+)(?: pid=\d+)?[^)]*\)\s?")
+_RAY_PREFIX = re.compile(r"^\((\w+)(?: pid=(\d+))?[^)]*\)\s?")
 _LEVEL_WORD = {"WARN": "WARNING", "FATAL": "CRITICAL", **{lv: lv for lv in LEVELS}}
 
 
@@ -45,7 +45,8 @@ def parse_line(raw: str) -> ParsedLine:
     actor = None
     prefix = _RAY_PREFIX.match(text)
     if prefix:
-        actor, text = prefix.group(1), text[prefix.end() :]
+        actor = prefix.group(1) + (f" pid {prefix.group(2)}" if prefix.group(2) else "")
+        text = text[prefix.end() :]
     stamp = _STAMP.match(text)
     level = None
     if stamp:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from telescope.cli.ui.index import StepIndex
+from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.cli.ui.tail import parse_json_line, read_at
 from telescope.core.observe.blocks import block_files
 from telescope.core.observe.layout import ROLLOUTS_DIR, ROLLOUTS_FILE
@@ -27,8 +27,12 @@ PREVIEW_CHARS = 240
 LIST_FIELDS = (
     "step", "group_id", "sample_id", "env", "reward", "raw_reward", "advantage", "kept", "discard_reason",
     "zero_advantage_kind", "stop_reason", "prompt_tokens", "completion_tokens", "model_version",
-    "off_policy_steps", "server", "lane", "num_turns", "sample_metrics", "prompt_idx",
+    "off_policy_steps", "server", "lane", "num_turns", "sample_metrics", "prompt_idx", "sample_tags",
+    "env_stop_reason",
 )  # fmt: skip
+#: Reasons a rollout was stopped in flight; every other reason is a discard of a finished one
+#: (``max_async``, ``zero_advantage``, and whatever a newer runtime or a plugin writes).
+CANCEL_REASONS = ("off_policy", "eval_drain")
 
 
 def outcome_of(row: dict[str, Any]) -> str:
@@ -58,6 +62,8 @@ class RolloutFilter:
     text: str | None = None
     """Case-insensitive substring of the prompt or completion."""
     group_id: int | None = None
+    tag: str | None = None
+    """``key=value``: rows whose ``sample_tags[key] == value``."""
 
     def matches(self, row: dict[str, Any]) -> bool:
         return all(check(self, row) for check in _CHECKS)
@@ -76,10 +82,17 @@ def _outcome_ok(f: RolloutFilter, row: dict[str, Any]) -> bool:
         return True
     outcome = outcome_of(row)
     if f.outcome == "discarded":
-        return outcome in ("max_async", "zero_advantage")
+        return outcome != "kept" and outcome not in CANCEL_REASONS
     if f.outcome == "cancelled":
-        return outcome in ("off_policy", "eval_drain")
+        return outcome in CANCEL_REASONS
     return outcome == f.outcome
+
+
+def _tag_ok(f: RolloutFilter, row: dict[str, Any]) -> bool:
+    if not f.tag:
+        return True
+    key, _, value = f.tag.partition("=")
+    return str((row.get("sample_tags") or {}).get(key)) == value
 
 
 def _text_ok(f: RolloutFilter, row: dict[str, Any]) -> bool:
@@ -100,6 +113,7 @@ _CHECKS = (
     lambda f, r: _between(_num(r.get("advantage")), f.advantage_min, f.advantage_max),
     lambda f, r: _between(_num(r.get("completion_tokens")), f.length_min, f.length_max),
     _text_ok,
+    _tag_ok,
 )
 
 
@@ -150,6 +164,7 @@ def step_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         metrics[name] = _stats_with_gini([g for g in per_group if g])
     out["sample_metrics"] = metrics
     out["envs"] = sorted({str(r.get("env")) for r in rows})
+    out["tags"] = sorted({f"{k}={v}" for r in rows for k, v in (r.get("sample_tags") or {}).items()})
     return out
 
 
@@ -160,6 +175,9 @@ class RolloutStore:
         self.run_dir = Path(run_dir)
         self.block_size = block_size if isinstance(block_size, int) and block_size > 0 else None
         self._indexes: dict[Path, StepIndex] = {}
+        self.monotonic = False
+        """True while the run never resumed: its blocks' steps never go down, so one step's rows
+        can be found by binary search before the block is indexed (``bisect_step_spans``)."""
 
     def _files(self) -> list[Path]:
         legacy = self.run_dir / ROLLOUTS_FILE
@@ -190,15 +208,19 @@ class RolloutStore:
         """Every rollout record of steps lo..hi (inclusive), in file order."""
         out: list[dict[str, Any]] = []
         for path in self._files_for(lo, hi):
-            index = self._index(path)
-            spans = index.spans(lo, hi)
+            index = self._indexes.get(path)
+            if self.monotonic and lo == hi and (index is None or index.pending()):
+                spans = bisect_step_spans(path, lo)  # the block is not (fully) indexed yet
+            else:
+                spans = self._index(path).spans(lo, hi)
             if spans:
                 out.extend(r for r in map(parse_json_line, read_at(path, spans)) if r is not None)
         return out
 
     def steps(self) -> list[int]:
-        """Steps with rollouts in the blocks indexed so far (every block when ``all_blocks``)."""
-        return sorted({s for path in self._files() for s in self._index(path).step_numbers()})
+        """Steps with rollouts in the blocks indexed so far (a request never waits for a whole
+        block to be indexed just to list steps; the metrics' steps cover the rest)."""
+        return sorted({s for index in self._indexes.values() for s in index.step_numbers()})
 
     def query(
         self, step: int, flt: RolloutFilter, *, limit: int = 200, offset: int = 0, sort: str = ""

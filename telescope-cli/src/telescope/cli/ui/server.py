@@ -138,7 +138,7 @@ def _filter(request: web.Request) -> RolloutFilter:
         reward_min=_float(request, "reward_min"), reward_max=_float(request, "reward_max"),
         advantage_min=_float(request, "adv_min"), advantage_max=_float(request, "adv_max"),
         length_min=_int(request, "len_min"), length_max=_int(request, "len_max"),
-        text=request.query.get("q") or None, group_id=_int(request, "group"),
+        text=request.query.get("q") or None, group_id=_int(request, "group"), tag=request.query.get("tag") or None,
     )  # fmt: skip
 
 
@@ -316,7 +316,7 @@ class ServerThread:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = int(self._runner.addresses[0][1])
 
     def start(self) -> ServerThread:
         self._thread.start()

@@ -11,6 +11,8 @@ end inside the ``train_step`` span and marked ``derived``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,23 +127,38 @@ def trainer_phases(spans: list[dict[str, Any]], metrics_of: Any) -> list[dict[st
 
 
 class EventStore:
-    """Every event file of one run, indexed by step."""
+    """Every event file of one run, indexed by step.
 
-    def __init__(self, run_dir: Path) -> None:
+    Args:
+        origin, block_s: the run's ``created_at`` and ``event_block_duration_seconds`` (schema 2):
+            block ``k`` holds the events written in ``[origin + k*block_s, origin + (k+1)*block_s)``,
+            so a query with a time window reads only the blocks it overlaps.
+    """
+
+    def __init__(self, run_dir: Path, origin: float | None = None, block_s: float | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.origin, self.block_s = origin, block_s
         self._indexes: dict[Path, StepIndex] = {}
 
-    def all_indexes(self) -> list[StepIndex]:
-        """An index per event file (not refreshed: the server warms them in the background)."""
+    def _files(self, window: tuple[float, float] | None = None) -> list[Path]:
         legacy = self.run_dir / EVENTS_FILE
-        files = ([legacy] if legacy.exists() else []) + [p for _, p in block_files(self.run_dir / EVENTS_DIR)]
+        blocks = block_files(self.run_dir / EVENTS_DIR)
+        if window is not None and self.origin is not None and self.block_s:
+            first = int((window[0] - self.origin) // self.block_s) if math.isfinite(window[0]) else 0
+            last = int((window[1] - self.origin) // self.block_s) if math.isfinite(window[1]) else 2**62
+            blocks = [(k, p) for k, p in blocks if first <= k <= last]
+        return ([legacy] if legacy.exists() else []) + [p for _, p in blocks]
+
+    def all_indexes(self, window: tuple[float, float] | None = None) -> list[StepIndex]:
+        """An index per event file (of the blocks overlapping ``window``); not refreshed."""
+        files = self._files(window)
         for path in files:
             if path not in self._indexes:
                 self._indexes[path] = StepIndex(path, epochs=False)
         return [self._indexes[p] for p in files]
 
-    def _refresh(self) -> list[StepIndex]:
-        indexes = self.all_indexes()
+    def _refresh(self, window: tuple[float, float] | None = None) -> list[StepIndex]:
+        indexes = self.all_indexes(window)
         for index in indexes:
             index.refresh()
         return indexes
@@ -152,11 +169,20 @@ class EventStore:
     def count(self) -> int:
         return sum(len(index) for index in self._refresh())
 
-    def events(self, lo: int, hi: int, *, with_unstepped: bool = True) -> list[dict[str, Any]]:
-        """Events of steps lo..hi, plus events with no step (run marks) when asked."""
+    def events(self, lo: int, hi: int, window: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+        """Events of steps lo..hi (inclusive), from the blocks overlapping ``window`` (unix times)."""
+        return self._read(lambda index: index.spans(lo, hi), window)
+
+    def unstepped_events(self, window: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+        """Events with no step (run lifecycle marks)."""
+        return self._read(lambda index: index.spans_without_step(), window)
+
+    def _read(
+        self, spans_of: Callable[[StepIndex], list[tuple[int, int]]], window: tuple[float, float] | None
+    ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for index in self._refresh():
-            spans = index.spans(lo, hi) + (index.spans_without_step() if with_unstepped else [])
+        for index in self._refresh(window):
+            spans = spans_of(index)
             if spans:
                 out.extend(r for r in map(parse_json_line, read_at(index.path, spans)) if r is not None)
         return out

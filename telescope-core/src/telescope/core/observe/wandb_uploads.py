@@ -1,8 +1,11 @@
 """Which run-directory files the W&B logger uploads, and when (``event_upload_interval_seconds``).
 
 Every interval: ``events/tail.jsonl`` when it changed since its last upload (the live view:
-the events of the last ``event_tail_window_seconds``), and each event or rollout block that
-is closed (a later block exists) and not yet uploaded. Open blocks are uploaded by
+the events of the last ``event_tail_window_seconds``), each event or rollout block that
+is closed (a later block exists) and not yet uploaded, and the run's small record files
+(``RECORD_FILES``: run.json, config.yaml, metrics.jsonl, evals/metrics.jsonl) when they
+changed, so ``telescope ui --wandb`` can show a run from W&B alone, live. Open blocks and the
+bulky records (``FINAL_FILES``: system.jsonl, evals/samples.jsonl) are uploaded by
 ``upload_all`` at finish. Uploading a file that grows (the open event block) every few
 seconds would resend it whole each time; the tail window exists to avoid that.
 """
@@ -16,10 +19,25 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.observe.blocks import block_files
-from telescope.core.observe.layout import EVENTS_DIR, EVENTS_TAIL_FILE, ROLLOUTS_DIR
+from telescope.core.observe.layout import (
+    CONFIG_FILE,
+    EVAL_METRICS_FILE,
+    EVAL_SAMPLES_FILE,
+    EVENTS_DIR,
+    EVENTS_TAIL_FILE,
+    METRICS_FILE,
+    ROLLOUTS_DIR,
+    RUN_FILE,
+    SYSTEM_FILE,
+)
 from telescope.core.observe.periodic import IntervalGate
 
-__all__ = ["BlockUploader"]
+__all__ = ["FINAL_FILES", "RECORD_FILES", "BlockUploader"]
+
+#: Small run-directory files uploaded every interval when they changed (the dashboard's records).
+RECORD_FILES = (RUN_FILE, CONFIG_FILE, METRICS_FILE, EVAL_METRICS_FILE)
+#: Bulky run-directory records uploaded once, at finish.
+FINAL_FILES = (SYSTEM_FILE, EVAL_SAMPLES_FILE)
 
 
 def _signature(path: Path, by_content: bool = False) -> tuple[int, int | str] | None:
@@ -74,10 +92,16 @@ class BlockUploader:
             self._upload(tail, sig)
         for paths in self._blocks():
             for path in paths[:-1] if closed_blocks_only else paths:
-                sig = _signature(path)
-                if self._uploaded.get(path) != sig:
-                    self._upload(path, sig)
+                self._upload_if_changed(path)
+        records = RECORD_FILES if closed_blocks_only else RECORD_FILES + FINAL_FILES
+        for name in records:
+            self._upload_if_changed(self._run_dir / name)
         return self.uploads - before
+
+    def _upload_if_changed(self, path: Path) -> None:
+        sig = _signature(path)
+        if sig is not None and self._uploaded.get(path) != sig:
+            self._upload(path, sig)
 
     def upload_all(self) -> int:
         """At finish: the tail and every block (open ones included) not uploaded as they are now."""

@@ -57,8 +57,10 @@ async function render() {
 async function poll() {
   try {
     const { runs: revs } = await api('/api/poll');
-    const changed = Object.keys(revs).some(k => JSON.stringify(revs[k]) !== JSON.stringify(state.revisions[k]));
-    const newRuns = Object.keys(revs).length !== Object.keys(state.revisions).length;
+    const previous = state.revisions;
+    // changed(['metrics']): did one of these counters move for the selected runs (or any run)?
+    const changed = (fields, keys = selectedRuns()) => keys.some(k => fields.some(f => (revs[k] || {})[f] !== (previous[k] || {})[f]));
+    const newRuns = Object.keys(revs).length !== Object.keys(previous).length;
     state.revisions = revs;
     document.getElementById('live').classList.add('on');
     if (newRuns) state.runs = (await api('/api/runs')).runs;

@@ -86,26 +86,48 @@ export const LAYOUT = {
 
 export const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ['select2d', 'lasso2d'] };
 
-export function plot(el, traces, layout = {}) {
+// Resolves once plotly.min.js (loaded async by index.html) has run, or failed to load.
+const plotlyReady = new Promise(resolve => {
+  const tag = document.getElementById('plotly-js');
+  if (window.Plotly || !tag) resolve();
+  else { tag.addEventListener('load', resolve); tag.addEventListener('error', resolve); }
+});
+
+export async function plot(el, traces, layout = {}) {
+  await plotlyReady;
   if (!window.Plotly) { el.textContent = 'plotly is not installed: pip install "telescope-cli[ui]"'; return; }
   const merged = { ...LAYOUT, ...layout, xaxis: { ...LAYOUT.xaxis, ...(layout.xaxis || {}) },
                    yaxis: { ...LAYOUT.yaxis, ...(layout.yaxis || {}) } };
   return Plotly.react(el, traces, merged, CONFIG);
 }
 
-// Draw a chart the first time it scrolls into view (pages with hundreds of metrics stay fast).
+// Draw a chart the first time it scrolls into view (pages with hundreds of metrics stay fast),
+// one chart per task so the first shows at once and the page stays responsive meanwhile.
 const drawers = new WeakMap();
+const queue = [];
+let draining = false;
+async function drain() {
+  draining = true;
+  while (queue.length) {
+    // a chart whose element left the page mid-draw may never settle: do not wait on it forever
+    const timeout = new Promise(resolve => setTimeout(resolve, 5000));
+    try { await Promise.race([queue.shift()(), timeout]); } catch (err) { console.warn('chart not drawn:', err); }
+    await new Promise(resolve => setTimeout(resolve, 0));
+  }
+  draining = false;
+}
 const observer = new IntersectionObserver(entries => {
   for (const entry of entries) {
     if (!entry.isIntersecting) continue;
     const draw = drawers.get(entry.target);
-    if (draw) { drawers.delete(entry.target); observer.unobserve(entry.target); draw(); }
+    if (draw) { drawers.delete(entry.target); observer.unobserve(entry.target); queue.push(draw); }
   }
-}, { rootMargin: '300px' });
+  if (!draining && queue.length) drain();
+}, { rootMargin: '200px' });
 
 export function drawWhenVisible(el, draw) {
   if (el.dataset.drawn) { draw(); return; }
-  drawers.set(el, () => { el.dataset.drawn = '1'; draw(); });
+  drawers.set(el, () => { if (!el.isConnected) return; el.dataset.drawn = '1'; return draw(); });
   observer.observe(el);
 }
 

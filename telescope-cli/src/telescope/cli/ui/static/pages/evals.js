@@ -22,8 +22,8 @@ function draw(records) {
     return h('details', { class: 'section', open: true }, h('summary', {}, `${name} (${recs.length} runs)`),
       h('div', { class: 'grid' }, metrics.map(m => {
         const el = h('div', { class: 'chart', 'data-key': `${name}/${m}` });
-        drawWhenVisible(el, () => {
-          plot(el, [{ x: recs.map(r => r.step), y: recs.map(r => (r.metrics || {})[m] ?? null), mode: 'lines+markers', name: m }],
+        drawWhenVisible(el, async () => {
+          await plot(el, [{ x: recs.map(r => r.step), y: recs.map(r => (r.metrics || {})[m] ?? null), mode: 'lines+markers', name: m }],
             { title: { text: `${name} · ${m}`, font: { size: 12 }, x: 0.02 }, xaxis: { title: { text: 'step' } } });
           el.on && el.on('plotly_click', ev => showSamples(name, ev.points[0].x));
         });
@@ -44,5 +44,5 @@ export async function render(main, { selected }) {
 }
 
 export async function refresh({ changed }) {
-  if (changed && ctx) draw((await runApi(ctx.run, 'evals')).records);
+  if (ctx && changed(['evals'])) draw((await runApi(ctx.run, 'evals')).records);
 }

@@ -46,5 +46,5 @@ export async function render(main, { selected }) {
 }
 
 export async function refresh({ changed }) {
-  if (changed && ctx) draw(await runApi(ctx.run, 'system'));
+  if (ctx && changed(['system'])) draw(await runApi(ctx.run, 'system'));
 }

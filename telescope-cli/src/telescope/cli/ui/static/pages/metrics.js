@@ -41,7 +41,7 @@ function drawChart(el, key) {
   const item = ctx.catalog.get(key);
   const range = item && item.range;
   const pad = range ? (range[1] - range[0]) * 0.03 : 0;
-  plot(el, traces(key), {
+  return plot(el, traces(key), {
     title: { text: key + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
     xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds' : 'step' } },
     yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false } : { autorange: true },
@@ -134,7 +134,7 @@ export async function render(main, { params, selected }) {
 }
 
 export async function refresh({ changed }) {
-  if (!changed || !ctx) return;
+  if (!ctx || !changed(['metrics'])) return;
   const before = ctx.catalog.size;
   Object.assign(ctx, await fetchData(ctx.runs));
   if (ctx.catalog.size !== before) { draw(); return; }

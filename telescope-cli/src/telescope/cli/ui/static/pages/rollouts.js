@@ -4,7 +4,7 @@
 import { empty, fmt, h, runApi, setParams } from '../common.js';
 
 let ctx = null;
-const FILTERS = ['env', 'outcome', 'reward_min', 'reward_max', 'adv_min', 'adv_max', 'len_min', 'len_max', 'q'];
+const FILTERS = ['env', 'outcome', 'tag', 'reward_min', 'reward_max', 'adv_min', 'adv_max', 'len_min', 'len_max', 'q'];
 
 function filterControls(data) {
   const f = ctx.filters;
@@ -20,8 +20,11 @@ function filterControls(data) {
     h('label', {}, 'env', h('select', { id: 'f-env', onchange: e => { f.env = e.target.value; load(); } },
       h('option', { value: '' }, 'any'), data.summary.envs.map(e => h('option', { value: e, selected: e === f.env }, e)))),
     h('label', {}, 'outcome', h('select', { id: 'f-outcome', onchange: e => { f.outcome = e.target.value; load(); } },
-      ['', 'kept', 'discarded', 'cancelled', 'max_async', 'zero_advantage', 'off_policy', 'eval_drain']
+      // the reasons this step has (a newer runtime or a plugin may add its own) after the groups
+      [...new Set(['', 'kept', 'discarded', 'cancelled', ...Object.keys(data.summary.outcomes), f.outcome || ''])]
         .map(o => h('option', { value: o, selected: o === (f.outcome || '') }, o || 'any')))),
+    data.summary.tags.length || f.tag ? h('label', {}, 'tag', h('select', { id: 'f-tag', onchange: e => { f.tag = e.target.value; load(); } },
+      [...new Set(['', ...data.summary.tags, f.tag || ''])].map(t => h('option', { value: t, selected: t === (f.tag || '') }, t || 'any')))) : null,
     h('label', {}, 'reward', input('reward_min'), '…', input('reward_max')),
     h('label', {}, 'advantage', input('adv_min'), '…', input('adv_max')),
     h('label', {}, 'completion tokens', input('len_min'), '…', input('len_max')),
@@ -78,19 +81,33 @@ function tokenView(record) {
     h('div', { class: 'tokens' }, spans));
 }
 
+// Unix times (generation_start, ...) read better as clock times with milliseconds.
+function value(k, v) {
+  if (typeof v === 'number' && v > 1e9 && /(_start|_end|time)$/.test(k)) {
+    const d = new Date(v * 1000);
+    return `${d.toLocaleTimeString()}.${String(d.getMilliseconds()).padStart(3, '0')}`;
+  }
+  return fmt(v);
+}
+
 function kv(obj) {
-  return h('div', { class: 'kv' }, Object.entries(obj || {}).map(([k, v]) => [h('span', { class: 'k' }, k), h('span', {}, fmt(v))]));
+  return h('div', { class: 'kv' }, Object.entries(obj || {}).map(([k, v]) => [h('span', { class: 'k' }, k), h('span', {}, value(k, v))]));
 }
 
 function recordPanel(record, messages) {
   const facts = { reward: record.reward, raw_reward: record.raw_reward, advantage: record.advantage, outcome: record.discard_reason || 'kept',
-    zero_advantage_kind: record.zero_advantage_kind, stop_reason: record.stop_reason, model_version: record.model_version,
+    zero_advantage_kind: record.zero_advantage_kind, stop_reason: record.stop_reason, env_stop_reason: record.env_stop_reason,
+    model_version: record.model_version,
     off_policy_steps: record.off_policy_steps, server: record.server, lane: record.lane, turns: record.num_turns,
     prompt_tokens: record.prompt_tokens, completion_tokens: record.completion_tokens };
   return h('div', {},
     h('h3', {}, `step ${record.step} · group ${record.group_id} · sample ${record.sample_id} · ${record.env}`),
     kv(facts), h('h3', {}, 'reward components (sample metrics)'), kv(record.sample_metrics),
-    h('h3', {}, 'timings'), kv(record.timings), h('h3', {}, 'conversation'), conversationView(messages), tokenView(record));
+    Object.keys(record.sample_tags || {}).length ? [h('h3', {}, 'tags'), kv(record.sample_tags)] : null,
+    Object.keys(record.golden_answers || {}).length ? [h('h3', {}, 'golden answers'), kv(record.golden_answers)] : null,
+    h('h3', {}, 'timings'), kv(record.timings), h('h3', {}, 'conversation'), conversationView(messages),
+    (record.info_turns || []).length ? [h('h3', {}, 'environment info'), record.info_turns.map(t => h('pre', { class: 'msg' }, JSON.stringify(t, null, 1)))] : null,
+    tokenView(record));
 }
 
 async function select(row) {
@@ -104,7 +121,9 @@ async function select(row) {
 
 async function showGroup(row) {
   const data = await runApi(ctx.run, 'group', { step: row.step, group: row.group_id });
+  const prompt = data.rows.length ? data.rows[0].conversation.filter(m => !m.generated) : [];
   ctx.groupBox.replaceChildren(h('h2', {}, `Group ${row.group_id} of step ${row.step} (${data.rows.length} samples)`),
+    h('details', {}, h('summary', {}, 'prompt'), conversationView(prompt)),
     h('div', { class: 'group-cols', id: 'group-cols' }, data.rows.map(({ record, conversation }) => h('div', { class: 'panel' },
       h('strong', {}, `#${record.sample_id} reward ${fmt(record.reward)} adv ${fmt(record.advantage)} ${record.discard_reason || ''}`),
       conversationView(conversation.filter(m => m.generated))))));
@@ -137,5 +156,5 @@ export async function render(main, { params, selected }) {
 
 export async function refresh({ changed }) {
   // A live run's latest step may still be filling: reload the list when its count may have changed.
-  if (changed && ctx && ctx.lastCount === 0) await load();
+  if (ctx && ctx.lastCount === 0 && changed(['metrics'])) await load();
 }

@@ -46,21 +46,26 @@ function draw(data) {
 }
 
 async function load() {
-  setParams({ from: ctx.from, to: ctx.to });
+  if (!ctx.follow) setParams({ from: ctx.from, to: ctx.to });
   const data = await runApi(ctx.run, 'timeline', { from: ctx.from, to: ctx.to });
   ctx.from = data.lo; ctx.to = data.hi;
   ctx.fromInput.value = data.lo; ctx.toInput.value = data.hi;
-  ctx.count.textContent = `${data.spans.length} spans, ${data.instants.length} marks; steps with events: ${data.steps.length ? data.steps[0] + '..' + data.steps[data.steps.length - 1] : 'none'}`;
+  ctx.count.textContent = `${data.spans.length} spans, ${data.instants.length} marks; steps logged: ${data.steps.length ? data.steps[0] + '..' + data.steps[1] : 'none'}`;
   draw(data);
 }
 
 export async function render(main, { params, selected }) {
   if (!selected.length) { main.append(empty('No runs found.')); return; }
-  ctx = { run: selected[0], from: params.from || '', to: params.to || '' };
-  ctx.fromInput = h('input', { type: 'number', id: 'tl-from', onchange: e => { ctx.from = e.target.value; load(); } });
-  ctx.toInput = h('input', { type: 'number', id: 'tl-to', onchange: e => { ctx.to = e.target.value; load(); } });
+  // without an explicit range the page follows the newest step of a live run
+  ctx = { run: selected[0], from: params.from || '', to: params.to || '', follow: !params.to };
+  ctx.fromInput = h('input', { type: 'number', id: 'tl-from', onchange: e => { ctx.from = e.target.value; ctx.follow = false; load(); } });
+  ctx.toInput = h('input', { type: 'number', id: 'tl-to', onchange: e => { ctx.to = e.target.value; ctx.follow = false; load(); } });
   ctx.count = h('span', { class: 'muted' });
   ctx.chart = h('div', { class: 'chart tall', id: 'timeline-chart' });
   main.append(h('div', { class: 'controls' }, h('label', {}, 'steps', ctx.fromInput, '…', ctx.toInput), ctx.count), ctx.chart);
   await load();
+}
+
+export async function refresh({ changed }) {
+  if (ctx && ctx.follow && changed(['metrics'])) { ctx.from = ''; ctx.to = ''; await load(); }
 }
