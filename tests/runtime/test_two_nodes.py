@@ -11,6 +11,7 @@ placements are checked bundle by bundle. Marked slow (about 2-3 minutes on 2 cor
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def cluster() -> Iterator[str]:
     finally:
         for proc in reversed(procs):
             _stop(proc)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
