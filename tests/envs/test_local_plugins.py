@@ -4,7 +4,6 @@ pytest loads a conftest; the driver's plugin names make a worker process load th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -82,7 +81,7 @@ def test_config_plugins_load_and_reach_a_worker_process(project: Path, tmp_path:
     # A worker is another interpreter in another directory: it gets the config and the names.
     out = subprocess.run(
         [sys.executable, "-c", WORKER, json.dumps(run.cfg.to_dict()), json.dumps(run.pset.names)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path.parent, env={**os.environ, "PYTHONPATH": ""},
+        capture_output=True, text=True, timeout=120, cwd=tmp_path.parent,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "REWARD 1.0" in out.stdout
