@@ -25,13 +25,21 @@ function renderPicker(page) {
   box.replaceChildren();
   if (page === 'runs' || !state.runs.length) return;
   const chosen = selectedRuns();
+  const choose = keys => { setParams({ runs: keys.join(',') }); render(); };
+  if (page === 'metrics' && state.runs.length <= 8) {
+    // overlay: a tick box per run
+    box.append(h('span', { class: 'controls', id: 'run-boxes' }, state.runs.map(r => h('label', {},
+      h('input', { type: 'checkbox', checked: chosen.includes(r.key), 'data-run': r.key, onchange: () => {
+        const keys = [...box.querySelectorAll('input:checked')].map(i => i.dataset.run);
+        if (keys.length) choose(keys);
+      } }), r.key))));
+    return;
+  }
   const multi = page === 'metrics';
-  const select = h('select', { id: 'run-select', multiple: multi, size: multi ? Math.min(state.runs.length, 3) : null,
-    onchange: () => {
-      const keys = [...select.selectedOptions].map(o => o.value);
-      setParams({ runs: keys.join(',') });
-      render();
-    } }, state.runs.map(r => h('option', { value: r.key, selected: chosen.includes(r.key) }, r.key)));
+  const select = h('select', { id: 'run-select', multiple: multi, size: multi ? Math.min(state.runs.length, 4) : null,
+    title: multi ? 'ctrl-click to overlay several runs' : null,
+    onchange: () => choose([...select.selectedOptions].map(o => o.value)) },
+    state.runs.map(r => h('option', { value: r.key, selected: chosen.includes(r.key) }, r.key)));
   box.append(h('label', {}, multi ? 'runs ' : 'run ', select));
 }
 

@@ -116,7 +116,9 @@ function controls() {
       ['step', 'time'].map(v => h('option', { value: v, selected: v === o.x }, v)))),
     h('label', {}, 'filter', h('input', { id: 'metric-filter', value: o.filter, placeholder: 'key contains…',
       onchange: e => update({ filter: e.target.value.toLowerCase() }) })),
-    h('span', { class: 'muted' }, `${ctx.catalog.size} metrics · ${ctx.runs.join(', ')}`));
+    h('span', { class: 'muted' }, `${ctx.catalog.size} metrics`),
+    // the legend: one colour per run, the same in every chart
+    ctx.runs.map((run, i) => h('span', { class: 'chip', style: `color:${COLORS[i % COLORS.length]}` }, `━ ${run}`)));
 }
 
 function draw() {
