@@ -8,7 +8,7 @@ locally trained byte-level BPE tokenizer, ``save_pretrained``) is built once and
 frameworks. Both train GRPO on one-word ``reverse_text`` prompts (the same system prompt, chat
 template and LCS reward), 4 prompts x 8 completions per step, lr 1e-3 (constant), temperature
 1, fp32, no KL term, one gradient step per batch, gradient checkpointing as each framework's
-default (on for both). TRL runs in this process with 2 torch threads and its defaults otherwise
+default (TRL: on; Telescope: off on CPU). TRL runs in this process with 2 torch threads and its defaults otherwise
 (HF ``generate``); Telescope runs ``run_training`` (Ray, the transformers engine, the FSDP
 backend on 1 rank) in sync (``max_async_rollout: 0``) and async (``1``) mode, threads chosen by
 its own rule (``telescope.core.runtime.threads``; recorded in run.json).
@@ -124,12 +124,12 @@ def trl_reward(completions: list[Any], answer: list[str], **_: Any) -> list[floa
     return [reverse_reward(c[0]["content"], a) for c, a in zip(completions, answer, strict=True)]
 
 
-def run_trl(model_dir: str, wl: Workload, root: Path) -> RunResult:
+def run_trl(model_dir: str, wl: Workload, root: Path, threads: int) -> RunResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(TRL_THREADS)
+    torch.set_num_threads(threads)
     load = os.getloadavg()[0]
     stamps: list[float] = []
 
@@ -174,7 +174,7 @@ def run_trl(model_dir: str, wl: Workload, root: Path) -> RunResult:
 
 
 # --- Telescope -----------------------------------------------------------------------------
-def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path) -> RunResult:
+def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, threads: int | None) -> RunResult:
     from telescope.core.config import load_config
     from telescope.core.plugins import load_plugins
     from telescope.core.runtime import run_training
@@ -192,6 +192,7 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path) -> R
         "seq_len": wl.seq_len, "pad_to_multiple_of": 8, "learning_rate": LR, "temperature": 1.0,
         "discard_group_zero_advantage": False, "eval_before_training": False, "eval_after_training": False,
         "use_wandb": False, "run_dir": str(run_dir), "seed": 0,
+        "trainer_torch_threads": threads, "inference_torch_threads": threads,
     }, registry)  # fmt: skip
     run_training(cfg, pset, registry)
     rows = [json.loads(line)["metrics"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -267,6 +268,11 @@ def main() -> None:
     parser.add_argument("--modes", default="sync,async", help="Telescope modes: sync (0), async (1)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repeats of every run")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default per workload)")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help=f"torch threads of every process (default: {TRL_THREADS} for TRL, Telescope's own rule). On a "
+        "machine busy with other work, 1 avoids OpenMP stalls that make multi-thread timings meaningless",
+    )  # fmt: skip
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="telescope-bench-vs-trl-"))
     names = args.workloads.split(",")
@@ -286,14 +292,17 @@ def main() -> None:
         for name, wl in workloads.items():
             path = built[name][0]
             res = results[name]
-            res["trl"].append(run_trl(path, wl, root))
+            res["trl"].append(run_trl(path, wl, root, args.threads or TRL_THREADS))
             print(f"[round {r}] {name} TRL {res['trl'][-1].median:.3f} s/step", flush=True)
             for mode in chosen:
-                res[mode].append(run_telescope(path, wl, modes[mode], root))
+                res[mode].append(run_telescope(path, wl, modes[mode], root, args.threads))
                 print(f"[round {r}] {name} Telescope {mode} {res[mode][-1].median:.3f} s/step", flush=True)
             save(results, root / "results.json")
+    threads = (
+        f"{args.threads} torch thread(s) everywhere" if args.threads else "TRL 2 threads, Telescope's rule"
+    )
     print(
-        f"\n{os.cpu_count()} cores; {args.rounds} interleaved rounds; raw step times in {root / 'results.json'}"
+        f"\n{os.cpu_count()} cores; {threads}; {args.rounds} interleaved rounds; raw step times in {root / 'results.json'}"
     )
     print_tables(params, results)
 

@@ -72,10 +72,12 @@ def plan_groups(lengths: list[int], group_max_len: int = GROUP_MAX_LEN) -> list[
 class AttentionPlan:
     """Gather indices for each batched call and the inverse map back to row order."""
 
-    gathers: list[torch.Tensor]
-    """Per call: ``[B, m]`` row positions (right-padded by repeating a sample's last position)."""
-    inverse: torch.Tensor
-    """``[L]``: where each row token's output sits in the concatenated, flattened call outputs."""
+    gathers: list[torch.Tensor | slice]
+    """Per call: ``[B, m]`` row positions (right-padded by repeating a sample's last position),
+    or a ``slice`` of the row for a sample alone (a view: no copy)."""
+    inverse: torch.Tensor | None
+    """``[L]``: where each row token's output sits in the concatenated, flattened call outputs;
+    None when the calls' outputs already are in row order (every sample alone)."""
 
 
 def plan_attention(
@@ -85,10 +87,19 @@ def plan_attention(
     starts = [0]
     for n in lengths[:-1]:
         starts.append(starts[-1] + n)
-    gathers, inverse = [], [0] * sum(lengths)
-    offset = 0
-    for group in plan_groups(lengths, group_max_len):
+    groups = plan_groups(lengths, group_max_len)
+    if all(len(g) == 1 for g in groups) and [g[0] for g in groups] == list(range(len(lengths))):
+        return AttentionPlan([slice(s, s + n) for s, n in zip(starts, lengths, strict=True)], None)
+    gathers: list[torch.Tensor | slice] = []
+    inverse, offset = [0] * sum(lengths), 0
+    for group in groups:
         m = max(lengths[i] for i in group)
+        if len(group) == 1:
+            s = starts[group[0]]
+            gathers.append(slice(s, s + m))
+            inverse[s : s + m] = range(offset, offset + m)
+            offset += m
+            continue
         rows = []
         for b, i in enumerate(group):
             n, s = lengths[i], starts[i]
@@ -113,17 +124,19 @@ def grouped_attention(
     q0, k0, v0 = query[0], key[0], value[0]
     outs = []
     for idx in plan.gathers:
-        # [H, B, m, D] -> [B, H, m, D]: one batch entry per sample of the call
-        flat_idx = idx.reshape(-1)
-        qb, kb, vb = (
-            t.index_select(1, flat_idx).unflatten(1, idx.shape).transpose(0, 1) for t in (q0, k0, v0)
-        )
+        if isinstance(idx, slice):  # a sample alone: [1, H, n, D] views of the row
+            qb, kb, vb = (t[None, :, idx] for t in (q0, k0, v0))
+        else:  # [H, B, m, D] -> [B, H, m, D]: one batch entry per sample of the call
+            flat_idx = idx.reshape(-1)
+            qb, kb, vb = (
+                t.index_select(1, flat_idx).unflatten(1, idx.shape).transpose(0, 1) for t in (q0, k0, v0)
+            )
         out = F.scaled_dot_product_attention(
             qb, kb, vb, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
         )
         outs.append(out.transpose(1, 2).reshape(-1, q0.shape[0], q0.shape[2]))  # [B*m, H, D]
     flat = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return flat.index_select(0, plan.inverse).unsqueeze(0)
+    return (flat if plan.inverse is None else flat.index_select(0, plan.inverse)).unsqueeze(0)
 
 
 def per_sample_attention(
