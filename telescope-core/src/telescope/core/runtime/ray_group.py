@@ -33,6 +33,8 @@ class RayTrainerGroup:
     dp_world_size: int
     clients: list[Any] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
+    excluded: set[int] = field(default_factory=set)
+    """Servers dropped from the run (dead past ``inference_max_restarts``): not in the sync group."""
 
     async def train_step(self, step: int, batch: Any) -> dict[str, float]:
         """Every rank trains on its share; rank 0's metrics are the step's (they are all-reduced)."""
@@ -50,12 +52,12 @@ class RayTrainerGroup:
 
         start = time.perf_counter()
         sends = [actor.send_weights.remote(version) for actor in self.actors]
-        receives = [
-            client.update_weights(version, apply=i not in hold) for i, client in enumerate(self.clients)
-        ]
+        members = [i for i in range(len(self.clients)) if i not in self.excluded]
+        receives = [self.clients[i].update_weights(version, apply=i not in hold) for i in members]
         results = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*receives))
         sent, loaded = results[0][0], results[1]
-        check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(self.urls, loaded, strict=True)},
+        urls = [self.urls[i] for i in members]
+        check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(urls, loaded, strict=True)},
                    version)  # fmt: skip
         fingerprints = sent.get("fingerprints") or {}
         return {
