@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port_block
 from test_resume_e2e import read_jsonl, settings
 
 from telescope.core.config import load_config
@@ -42,6 +43,19 @@ def steps(run_dir: Path) -> list[dict[str, float]]:
 
 def status(run_dir: Path) -> str:
     return str(json.loads((run_dir / "run.json").read_text())["status"])
+
+
+def finished_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, number_of_steps: int, **overrides: Any
+) -> tuple[Path, list[dict[str, float]]]:
+    """A run with faults ``spec`` that must finish every step; its run directory and step metrics."""
+    monkeypatch.setenv("TELESCOPE_FAULTS", spec)
+    run_dir = tmp_path / "run"
+    train(run_dir, number_of_steps=number_of_steps, **overrides)
+    metrics = steps(run_dir)
+    assert [int(m["step"]) for m in metrics] == list(range(1, number_of_steps + 1))
+    assert status(run_dir) == "finished"
+    return run_dir, metrics
 
 
 @pytest.mark.timeout(240)
@@ -115,11 +129,7 @@ def test_failed_requests_are_counted_and_a_reward_that_always_raises_stops_the_r
 def test_a_run_where_one_request_in_ten_fails_finishes_and_counts_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TELESCOPE_FAULTS", "request_fail=0.1")
-    run_dir = tmp_path / "run"
-    train(run_dir, number_of_steps=6, max_async_rollout=1)
-    metrics = steps(run_dir)
-    assert [int(m["step"]) for m in metrics] == list(range(1, 7)) and status(run_dir) == "finished"
+    run_dir, metrics = finished_run(tmp_path, monkeypatch, "request_fail=0.1", 6, max_async_rollout=1)
     rows = RunDirReader(run_dir).rollouts()
     failed = [r for r in rows if r["stop_reason"] == "error"]
     assert failed and all(r["discard_reason"] == "rollout_error" for r in failed)
@@ -131,11 +141,8 @@ def test_a_run_where_one_request_in_ten_fails_finishes_and_counts_them(
 def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TELESCOPE_FAULTS", "server_kill@5")  # SIGKILL of the whole server process group
-    run_dir = tmp_path / "run"
-    train(run_dir, number_of_steps=8, max_async_rollout=1)
-    metrics = steps(run_dir)
-    assert [int(m["step"]) for m in metrics] == list(range(1, 9)) and status(run_dir) == "finished"
+    # SIGKILL of the whole server process group once step 5 ended
+    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1)
     assert metrics[-1]["faults/inference_restarts"] == 1.0
     kept = [(r["step"], r["group_id"], r["sample_id"]) for r in RunDirReader(run_dir).rollouts() if r["kept"]]
     groups_by_step: dict[int, set[int]] = {}
@@ -146,3 +153,19 @@ def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     assert len(kept) == len(set(kept))
     log = (run_dir / "logs" / "telescope.log").read_text()
     assert "inference server 0 died: restarting it (1 of 3)" in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@3", 6, inference_num_workers=2,
+                                    inference_max_restarts=0, inference_base_port=free_port_block(2))  # fmt: skip
+    assert metrics[-1]["faults/inference_restarts"] == 0.0
+    rows = [r for r in RunDirReader(run_dir).rollouts() if r["kept"]]
+    trained = {(r["step"], r["group_id"]) for r in rows}
+    assert len({gid for _, gid in trained}) == len(trained) == 6 * 2
+    assert {r["server"] for r in rows if r["step"] > 4} == {1}  # only the surviving server after the drop
+    assert "inference server 0 died 1 times (inference_max_restarts=0): dropped" in (
+        run_dir / "logs" / "telescope.log").read_text()  # fmt: skip

@@ -51,6 +51,7 @@ class FakeHealer:
     trainer: FakeTrainer
     restarted: list[tuple[int, int]] = field(default_factory=list)
     """(server, trainer versions synced so far) at each restart."""
+    dropped: list[int] = field(default_factory=list)
 
     async def healthy(self, server: int) -> bool:
         return self.clients[server].alive
@@ -62,6 +63,9 @@ class FakeHealer:
         await asyncio.sleep(0.05)
         self.restarted.append((server, len(self.trainer.versions)))
         self.clients[server].alive, self.clients[server].synced = True, False
+
+    async def drop(self, server: int) -> None:
+        self.dropped.append(server)
 
     async def kill(self, server: int) -> None:
         self.clients[server].alive = False
@@ -118,23 +122,40 @@ def test_a_killed_server_is_restarted_and_nothing_is_lost_or_trained_twice(
     assert healer.clients[0].unsynced_requests == []
 
 
-def test_a_server_that_keeps_dying_fails_the_run_with_its_last_log_lines(tokenizer: Any) -> None:
-    orch, trainer, _, healer = build_servers(tokenizer, number_of_steps=30, inference_max_restarts=2)
-
-    async def kill_forever() -> None:
+def kill_forever(healer: FakeHealer, server: int) -> Any:
+    async def loop() -> None:
         while True:
             await asyncio.sleep(0.05)
-            await healer.kill(1)
+            await healer.kill(server)
 
-    async def main() -> None:
-        killer = asyncio.create_task(kill_forever())
-        try:
-            await orch.run()
-        finally:
-            killer.cancel()
+    return loop()
 
+
+async def run_while(orch: Any, killer: Any) -> Any:
+    task = asyncio.create_task(killer)
+    try:
+        return await orch.run()
+    finally:
+        task.cancel()
+
+
+def test_the_last_server_dying_too_often_fails_the_run_with_its_last_log_line(tokenizer: Any) -> None:
+    orch, _, _, healer = build_servers(tokenizer, 1, number_of_steps=30, inference_max_restarts=2)
     with pytest.raises(RunStageError) as info:
-        asyncio.run(asyncio.wait_for(main(), timeout=30))
+        asyncio.run(asyncio.wait_for(run_while(orch, kill_forever(healer, 0)), timeout=30))
     message = str(info.value)
-    assert "inference server 1 died 3 times (inference_max_restarts=2)" in message
-    assert "illegal memory access" in message
+    assert "inference server 0 died 3 times (inference_max_restarts=2)" in message
+    assert "its last log line: CUDA error: an illegal memory access was encountered" in message
+
+
+def test_a_server_dying_too_often_is_dropped_while_others_remain(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    orch, trainer, _, healer = build_servers(tokenizer, 2, number_of_steps=12, inference_max_restarts=1)
+    counts = asyncio.run(asyncio.wait_for(run_while(orch, kill_forever(healer, 1)), timeout=30))
+    assert counts.completed_steps == 12 and healer.dropped == [1] and counts.inference_restarts == 1
+    trained = [g.group_id for b in trainer.batches for g in b.groups]
+    assert len(trained) == len(set(trained))
+    assert not orch.lanes.enabled(1) and any(
+        "inference server 1 died 2 times (inference_max_restarts=1): dropped, training goes on with servers [0]"
+        in r.getMessage() for r in caplog.records)  # fmt: skip

@@ -177,10 +177,9 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer)
     orchestrator.tokenizer = tokenizer
     orchestrator.healer = RayServerHealer(
-        session.servers.actors,
-        clients,
-        lambda: init_weight_sync(session, clients, engine.sync_ranks_per_server),
-    )
+        session.servers.actors, clients, lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
+        trainer.excluded,
+    )  # fmt: skip
     return orchestrator, clients
 
 

@@ -11,8 +11,9 @@ member would fail every receiver). It then, holding the sync lock:
 3. syncs the current weights to every server, verified by fingerprint (when the trainer is
    already ahead, the sync that follows does it), then gives the server work again.
 
-Each server is restarted at most ``inference_max_restarts`` times; past that the run fails
-with the server's last log lines. A server dying *during* a broadcast is not healed: the
+Each server is restarted at most ``inference_max_restarts`` times; past that it is dropped
+(the group re-formed without it) while other servers remain, else the run fails with the
+server's last log line. A server dying *during* a broadcast is not healed: the
 broadcast fails (or times out after ``ray_broadcast_init_timeout_s``) and ends the run.
 """
 
@@ -33,14 +34,23 @@ class ServerRestartsExhaustedError(RuntimeError):
 
 
 class RayServerHealer:
-    """What the orchestrator needs to restart a server: its Ray actor, its client, the group re-forming."""
+    """What the orchestrator needs to restart a server: its Ray actor, its client, the group re-forming.
+
+    ``reform_sync_group(clients)`` forms a new weight-sync group of trainer rank 0 and those
+    servers; ``excluded`` (shared with ``RayTrainerGroup``) holds the servers dropped for good.
+    """
 
     def __init__(
-        self, actors: list[Any], clients: list[Any], reform_sync_group: Callable[[], Awaitable[None]]
-    ) -> None:
+        self, actors: list[Any], clients: list[Any], reform_sync_group: Callable[[list[Any]], Awaitable[None]],
+        excluded: set[int],
+    ) -> None:  # fmt: skip
         self.actors = actors
         self.clients = clients
         self.reform_sync_group = reform_sync_group
+        self.excluded = excluded
+
+    async def _reform(self) -> None:
+        await self.reform_sync_group([c for i, c in enumerate(self.clients) if i not in self.excluded])
 
     async def healthy(self, server: int) -> bool:
         """``/health`` answers (asked twice, a second apart: one slow answer is no reason to restart)."""
@@ -63,7 +73,16 @@ class RayServerHealer:
     async def restart(self, server: int) -> None:
         """Start the server process again and re-form the weight-sync group (all members)."""
         await self.actors[server].restart.remote()
-        await self.reform_sync_group()
+        await self._reform()
+
+    async def drop(self, server: int) -> None:
+        """Leave ``server`` out of the run: the sync group is re-formed without it."""
+        self.excluded.add(server)
+        try:
+            await self.actors[server].stop.remote()
+        except Exception:  # noqa: BLE001 - it is dead already; stopping only reaps it
+            pass
+        await self._reform()
 
     async def kill(self, server: int) -> None:
         """SIGKILL the server process (fault injection)."""

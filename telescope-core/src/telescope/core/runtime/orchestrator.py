@@ -180,6 +180,8 @@ class Orchestrator:
         self._healing: set[int] = set()
         """Servers found dead: drained, being restarted or waiting for their first sync."""
         self._restarts: Counter[int] = Counter()
+        self._dropped: set[int] = set()
+        """Servers that died more than ``inference_max_restarts`` times while others remained."""
         self._trained_version = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -463,8 +465,8 @@ class Orchestrator:
         return len(gids)
 
     def restore_servers(self, servers: set[int]) -> None:
-        """Use ``servers`` for training rollouts again."""
-        self.lanes.set_enabled(servers, True)
+        """Use ``servers`` for training rollouts again (never a dropped one)."""
+        self.lanes.set_enabled(servers - self._dropped, True)
         self._poke()
 
     async def _cancel_stale(self) -> None:
@@ -531,7 +533,9 @@ class Orchestrator:
         async with self._sync_lock:
             if self.healer is not None:
                 for server in range(len(self.clients)):
-                    if server not in self._healing and not await self.healer.healthy(server):
+                    if server in self._healing or server in self._dropped:
+                        continue
+                    if not await self.healer.healthy(server):
                         self._healing.add(server)
                         await self._restart_server(server)
             sync = await self._broadcast(version)
@@ -551,7 +555,7 @@ class Orchestrator:
         """After a failed request: is the server dead? If so, it is being (or will be) restarted."""
         if self.healer is None:
             return False
-        if server in self._healing:
+        if server in self._healing or server in self._dropped:
             return True
         if await self.healer.healthy(server):
             return False
@@ -565,19 +569,34 @@ class Orchestrator:
         async with self._sync_lock:
             if server not in self._healing:
                 return  # a sync found it dead first and restarted it
-            await self._restart_server(server)
+            if not await self._restart_server(server):
+                return
             if self._trained_version == self.counts.model_version:
                 await self._broadcast(self.counts.model_version)  # verified: the server serves this version
                 self.restore_servers({server})
                 self._healing.discard(server)
             # else: the trainer is ahead; the sync waiting for this lock loads and releases it
 
-    async def _restart_server(self, server: int) -> None:
-        """Drain ``server``, restart its process and re-form the sync group (sync lock held)."""
+    async def _restart_server(self, server: int) -> bool:
+        """Drain ``server``, restart its process and re-form the sync group (sync lock held).
+
+        Past ``inference_max_restarts`` the server is dropped while others remain (returns
+        False), else the run fails.
+        """
         await self.drain_servers({server})
         self._restarts[server] += 1
         tail = await self.healer.log_tail(server)
         limit = self.cfg.inference_max_restarts
+        others = [i for i in range(len(self.clients)) if i != server and i not in self._dropped]
+        if self._restarts[server] > limit and others:
+            log.warning("inference server %d died %d times (inference_max_restarts=%d): dropped, training goes "
+                        "on with servers %s; its last log lines:\n%s", server, self._restarts[server], limit,
+                        others, tail)  # fmt: skip
+            self._dropped.add(server)
+            self._healing.discard(server)
+            self._event("run", "instant", name="inference_drop", server=server)
+            await self.healer.drop(server)
+            return False
         if self._restarts[server] > limit:
             log.error("inference server %d died again; its last log lines:\n%s", server, tail)
             last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(empty)")
@@ -590,6 +609,7 @@ class Orchestrator:
         self._event("run", "instant", name="inference_restart", server=server)
         await self.healer.restart(server)
         self.counts.inference_restarts += 1
+        return True
 
 
 def _failed_sample(p: PreparedPrompt, server: int, lane: int, version: int, message: str) -> RolloutSample:

@@ -50,6 +50,8 @@ class RayTrainerGroup:
         if problem:
             raise ValueError(f"trainer ranks report an inconsistent data-parallel layout: {problem}")
         return cls(actors, dp, clients, urls, ranks)
+    excluded: set[int] = field(default_factory=set)
+    """Servers dropped from the run (dead past ``inference_max_restarts``): not in the sync group."""
 
     async def train_step(self, step: int, batch: Any) -> dict[str, float]:
         """Every rank trains on its dp rank's part; rank 0's metrics are the step's (all-reduced)."""
@@ -68,12 +70,12 @@ class RayTrainerGroup:
 
         start = time.perf_counter()
         sends = [actor.send_weights.remote(version) for actor in self.actors]
-        receives = [
-            client.update_weights(version, apply=i not in hold) for i, client in enumerate(self.clients)
-        ]
+        members = [i for i in range(len(self.clients)) if i not in self.excluded]
+        receives = [self.clients[i].update_weights(version, apply=i not in hold) for i in members]
         results = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*receives))
         sent, loaded = results[0][0], results[1]
-        check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(self.urls, loaded, strict=True)},
+        urls = [self.urls[i] for i in members]
+        check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(urls, loaded, strict=True)},
                    version)  # fmt: skip
         fingerprints = sent.get("fingerprints") or {}
         return {
