@@ -21,6 +21,7 @@ ADDED_FIELDS = {
     "inference_engine_kwargs": {},
     "overwrite": False,
     "checkpoint_failure": "stop",
+    "max_run_restarts": 2,
 }
 
 
