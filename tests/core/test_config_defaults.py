@@ -27,6 +27,7 @@ ADDED_FIELDS = {
     "checkpoint_failure": "stop",
     "inference_dtype": None,
     "inference_max_restarts": 3,
+    "max_run_restarts": 2,
 }
 
 

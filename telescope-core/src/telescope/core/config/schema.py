@@ -192,6 +192,8 @@ class TelescopeConfig(BaseModel):
     """Always keep checkpoints at these step multiples."""
     checkpoint_failure: Literal["stop", "warn"] = "stop"
     """A checkpoint that cannot be written (disk full, ...): stop = end the run, warn = train on without it."""
+    max_run_restarts: int = Field(default=2, ge=0)
+    """Restarts from the latest checkpoint after a trainer failure (a dead rank); 0 = a failure ends the run."""
 
     # --- Evals ---------------------------------------------------------------------
     eval_before_training: bool = True

@@ -24,6 +24,8 @@ _CAUSES = {
 class StorageError(RuntimeError):
     """A file of the run directory (records, checkpoint) could not be written; the run stops."""
 
+    complete_reason = True  # names the file and the cause: failure reports show it, not what it wraps
+
 
 def find_os_error(exc: BaseException) -> OSError | None:
     """The ``OSError`` behind ``exc``: itself, a Ray task error's cause, or a ``raise ... from`` chain."""

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from telescope.core.config import TelescopeConfig
+from telescope.core.runtime.errors import describe_failure
 from telescope.core.runtime.preflight import check_supported
+from telescope.core.runtime.recovery import RestartPlan
 from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
 from telescope.core.runtime.signals import route_sigterm_to_interrupt, sigterm_as_interrupt, teardown_signals
 
@@ -59,13 +62,15 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
     wcfg = worker_config(cfg, engine, run_dir)
     session = RunSession(wcfg, pset.names, registry, run_dir)
     session.resume = resume
+    sessions = [session]  # a trainer failure replaces the session (recovery from a checkpoint)
     hub = None
     if observer is None:
         from telescope.core.observe import build_logger_hub
         from telescope.core.runtime.observer import HubObserver
 
         hub = build_logger_hub(wcfg, registry)
-        hub.on_fatal = session.fail  # a run directory that cannot be written ends the run
+        # a run directory that cannot be written ends the run (the current session: restarts replace it)
+        hub.on_fatal = lambda err: sessions[-1].fail(err)
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
         session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
         if resume is not None:
@@ -77,10 +82,7 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
     pset.pm.hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
     try:
         with sigterm_as_interrupt():
-            session.start()
-            if hub is not None:
-                _add_sources(hub, session, engine, observer)
-            asyncio.run(session.train(observer, pset))
+            _train_recovering(sessions, hub, observer, pset, engine)
         status = "completed"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -90,17 +92,111 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
         raise
     finally:
         with teardown_signals():
-            _end_run(hub, session, status, error, run_dir)
+            _end_run(hub, sessions[-1], status, error, run_dir)
             pset.pm.hook.telescope_run_end(status=status, error=error)
     return 0
 
 
-def _add_sources(hub: Any, session: RunSession, engine: str, observer: Any) -> None:
+def _train_recovering(sessions: list[RunSession], hub: Any, observer: Any, pset: Any, engine: str) -> None:
+    """Start and train the last session; after a trainer failure, again from the latest checkpoint
+    (``max_run_restarts`` times; the same failure at the same step twice ends the run)."""
+    from telescope.core.runtime.recovery import FailureSignature
+
+    seen: set[FailureSignature] = set()
+    restarts: list[dict[str, Any]] = []
+    while True:
+        session = sessions[-1]
+        try:
+            session.start()
+            if hub is not None and len(sessions) == 1:
+                _add_sources(hub, sessions, engine, observer)
+            asyncio.run(session.train(observer, pset))
+            return
+        except Exception as exc:
+            plan = _restart_plan(exc, session, seen, len(restarts))
+            if plan is None:
+                raise
+            point = plan.point
+            restarts.append({"from_step": point.step, "reason": plan.reason, "checkpoint": str(point.path),
+                             "time": time.time()})  # fmt: skip
+            session.stop()
+            _forget_unfinished_steps(observer)
+            if hub is not None:
+                hub.log_info({"restarts": restarts})
+            again = RunSession(session.cfg, session.plugins, session.registry, session.run_dir)
+            again.resume, again.run_id = point, session.run_id
+            sessions.append(again)
+
+
+def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done: int) -> RestartPlan | None:
+    """The checkpoint to restart from after ``exc``, or None when the run must end (raises a clearer
+    error naming the dead trainer ranks when there are any)."""
+    from telescope.core.config import ConfigError
+    from telescope.core.observe.storage import StorageError
+    from telescope.core.runtime.recovery import dead_trainer_ranks, report_dead, restart_point, signature
+
+    if isinstance(exc, ConfigError | StorageError) or not _from_a_worker(exc):
+        return None  # the driver's own failures (config, storage, code) do not heal by restarting
+    step = session.current_step()
+    dead = dead_trainer_ranks(session.trainers) if session.trainers else []
+    died = report_dead(dead, step) if dead else None
+    sig = signature(exc, step, dead)
+    point = restart_point(session.cfg)
+    limit = session.cfg.max_run_restarts
+    why = ("no checkpoint to restart from" if point is None else f"max_run_restarts ({limit}) used up"
+           if done >= limit else f"it failed the same way at step {step} before" if sig in seen else "")  # fmt: skip
+    if why:
+        if done or point is not None:
+            log.error("not restarting the run: %s", why)
+        if died is not None:
+            raise died from exc
+        return None
+    seen.add(sig)
+    reason = describe_failure(died or exc)
+    log.warning("%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts "
+                "%d)", reason, point.step, done + 1, limit)  # fmt: skip
+    return RestartPlan(point, reason)
+
+
+def _from_a_worker(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is a Ray failure: a trainer or server process failed or died."""
+    import ray
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ray.exceptions.RayError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _forget_unfinished_steps(observer: Any) -> None:
+    """Rollouts collected for steps the restart trains again are dropped (they would be logged twice)."""
+    forget = getattr(observer, "forget_unfinished_steps", None)
+    if forget is not None:
+        forget()
+
+
+def _add_sources(hub: Any, sessions: list[RunSession], engine: str, observer: Any) -> None:
     from telescope.core.observe.torch_memory import RayDrainFetcher
     from telescope.core.runtime.workers import torch_thread_info
 
+    fetchers: dict[int, RayDrainFetcher] = {}
+
+    def drain() -> list[dict[str, Any]]:  # the current trainers (a restart starts new ones)
+        trainers = sessions[-1].trainers
+        if not sessions[-1].trainer_info:  # not started yet (a restart is under way)
+            return []
+        if id(trainers) not in fetchers:
+            fetchers.clear()
+            fetchers[id(trainers)] = RayDrainFetcher(trainers)
+        return fetchers[id(trainers)]()
+
+    session = sessions[-1]
     hub.log_info({"torch_threads": torch_thread_info(session.trainer_info, session.servers)})
-    hub.add_torch_memory_source(RayDrainFetcher(session.trainers))
+    hub.add_torch_memory_source(drain)
     if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
         hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
         observer.traces = hub.add_otlp_receiver()
@@ -163,6 +259,13 @@ class RunSession:
         self.run_id = ""
         """Names this run's placement groups (the run directory's run id; empty = a random one)."""
         self._claims: list[Any] = []
+        self.orchestrator: Any = None
+
+    def current_step(self) -> int:
+        """The training step in progress (0 before the orchestrator exists)."""
+        if self.orchestrator is None:
+            return 0
+        return int(self.orchestrator.counts.completed_steps) + 1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._abort: asyncio.Event | None = None
 
@@ -227,14 +330,38 @@ class RunSession:
             raise self._failure
         work = asyncio.ensure_future(self._train(observer, pset))
         abort = asyncio.ensure_future(self._abort.wait())
+        watch = asyncio.ensure_future(self._watch_trainers())
         await asyncio.wait({work, abort}, return_when=asyncio.FIRST_COMPLETED)
         abort.cancel()
+        watch.cancel()
         if not work.done():
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
         if self._failure is not None:
             raise self._failure
         work.result()
+
+    async def _watch_trainers(self, interval_s: float = 2.0) -> None:
+        """Supervise the trainer ranks: a dead one ends the training at once (``fail``), whatever the
+        orchestrator is waiting for. One liveness call per rank is in flight at a time (a rank busy in
+        a step answers after it)."""
+        import ray
+
+        pending: dict[int, Any] = {}
+        while True:
+            for rank, actor in enumerate(self.trainers):
+                pending.setdefault(rank, actor.node_ip.remote())
+            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
+            for rank, ref in list(pending.items()):
+                if ref not in ready:
+                    continue
+                del pending[rank]
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self.fail(exc)
+                    return
+            await asyncio.sleep(interval_s)
 
     async def _train(self, observer: Any, pset: Any) -> None:
         from telescope.core.runtime.assemble import (
@@ -244,6 +371,7 @@ class RunSession:
         )
 
         orchestrator, clients = await build_orchestrator(self, observer, pset)
+        self.orchestrator = orchestrator
         evals = None
         try:
             evals = await add_checkpoints_and_evals(orchestrator, self, observer)

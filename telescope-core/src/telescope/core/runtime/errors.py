@@ -8,12 +8,11 @@ __all__ = ["root_cause", "describe_failure"]
 def root_cause(exc: BaseException) -> BaseException:
     """The innermost meaningful exception: unwraps Ray task errors and ``raise ... from`` chains.
 
-    A ``StorageError`` is kept: it already says which file failed and why (``disk full (ENOSPC)``).
+    An exception whose class sets ``complete_reason = True`` is kept: its message already says
+    what failed and why (``StorageError``: the file and ``disk full (ENOSPC)``; a dead trainer rank).
     """
-    from telescope.core.observe.storage import StorageError
-
     seen: set[int] = set()
-    while id(exc) not in seen and not isinstance(exc, StorageError):  # its message names path and cause
+    while id(exc) not in seen and not getattr(exc, "complete_reason", False):
         seen.add(id(exc))
         inner = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError keeps the original here
         if isinstance(inner, BaseException):

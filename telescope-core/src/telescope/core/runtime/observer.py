@@ -44,6 +44,13 @@ class HubObserver:
             ids = [list(getattr(s, "response_ids", []) or []) for s in group.samples]
             self._response_ids[step + 1].extend(zip(rows, ids, strict=True))
 
+    def forget_unfinished_steps(self) -> None:
+        """Drop what was collected for steps not logged yet (a restart from a checkpoint trains them again)."""
+        self.rows.clear()
+        self.cancelled.clear()
+        self._response_ids.clear()
+        self._last_step_end = time.time()
+
     def on_event(self, event: dict[str, Any]) -> None:
         fields = dict(event)
         kind, phase = fields.pop("type"), fields.pop("phase", "instant")
