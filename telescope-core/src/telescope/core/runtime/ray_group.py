@@ -39,6 +39,8 @@ class RayTrainerGroup:
     urls: list[str] = field(default_factory=list)
     dp_ranks: list[int] = field(default_factory=list)
     """The data-parallel rank of each actor (from its ``init`` info); empty = actor i is dp rank i."""
+    excluded: set[int] = field(default_factory=set)
+    """Servers dropped from the run (dead past ``inference_max_restarts``): not in the sync group."""
 
     @classmethod
     def from_info(cls, actors: list[Any], infos: list[dict[str, Any]], clients: list[Any],
@@ -50,8 +52,6 @@ class RayTrainerGroup:
         if problem:
             raise ValueError(f"trainer ranks report an inconsistent data-parallel layout: {problem}")
         return cls(actors, dp, clients, urls, ranks)
-    excluded: set[int] = field(default_factory=set)
-    """Servers dropped from the run (dead past ``inference_max_restarts``): not in the sync group."""
 
     async def train_step(self, step: int, batch: Any) -> dict[str, float]:
         """Every rank trains on its dp rank's part; rank 0's metrics are the step's (all-reduced)."""
