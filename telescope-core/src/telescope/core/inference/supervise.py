@@ -50,10 +50,12 @@ def main(args: list[str] | None = None) -> int:
     if not argv:
         parser.error("no command given: put it after --, e.g. -- vllm serve MODEL")
     parent = os.getppid()
-    child = subprocess.Popen(argv)
     # A stop of the whole group (ServerProcess.stop) reaches the child directly; the supervisor
-    # stays to collect its exit code instead of dying first.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # stays to collect its exit code instead of dying first. Set before the child starts (a stop
+    # right after the start killed the supervisor), as a handler, not SIG_IGN: exec resets a
+    # handler to the default, while an ignored SIGTERM would be inherited by the server.
+    signal.signal(signal.SIGTERM, _stay)
+    child = subprocess.Popen(argv)
     while child.poll() is None:
         if os.getppid() != parent:
             return _exit_code(_end_group(child, ns.grace))
@@ -62,6 +64,10 @@ def main(args: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             pass
     return _exit_code(child.returncode)
+
+
+def _stay(signum: int, frame: object) -> None:
+    """SIGTERM to the supervisor: keep running until the child (signalled with it) has ended."""
 
 
 def _exit_code(returncode: int) -> int:
