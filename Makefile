@@ -1,8 +1,10 @@
 # The two commands of the README: `make quickstart` and `make test`. Both set up .venv first.
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Daytona's SDK and its tests live in their own venv (see telescope-sandboxes/README.md).
+DAYTONA_VENV ?= .venv-daytona
 
-.PHONY: bootstrap quickstart test lint typecheck test-slow
+.PHONY: bootstrap quickstart test lint typecheck test-slow test-daytona
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -19,6 +21,13 @@ typecheck: bootstrap
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q
+	@$(MAKE) --no-print-directory test-daytona
+
+# The tests marked `daytona`, in the venv that has Daytona's SDK (no torch or Ray there).
+# `import daytona` first: with the SDK missing they would only skip.
+test-daytona: bootstrap
+	$(DAYTONA_VENV)/bin/python -c "import daytona"
+	$(DAYTONA_VENV)/bin/python -m pytest -q -rs -m daytona tests/sandboxes
 
 test-slow: bootstrap
 	TELESCOPE_RUN_SLOW=1 $(BIN)/python -m pytest -q -m slow

@@ -148,6 +148,7 @@ def test_missing_sdk_names_the_pip_package(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 # ------------------------------------------------------------------------------- daytona
+@pytest.mark.daytona  # Daytona's SDK lives in .venv-daytona: `make test-daytona`
 def test_daytona_maps_resources_and_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     daytona = pytest.importorskip("daytona")
     from telescope.sandboxes.daytona import DaytonaSandboxProvider

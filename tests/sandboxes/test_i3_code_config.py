@@ -42,7 +42,11 @@ def _config(**kwargs: Any) -> Any:
     return I3CodeEnvironment(I3CodeKwargs(**kwargs)).sandbox_config()
 
 
-@pytest.mark.parametrize("name", sorted(PROVIDERS))
+# Daytona's SDK lives in .venv-daytona (`make test-daytona` runs the `daytona`-marked cases there).
+NAMES = [pytest.param(n, marks=pytest.mark.daytona) if n == "daytona" else n for n in sorted(PROVIDERS)]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_default_i3_code_config_is_accepted_by_every_provider(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -52,11 +56,29 @@ def test_default_i3_code_config_is_accepted_by_every_provider(
     _provider(name, monkeypatch).check_config(config)
 
 
-def test_explicit_settings_reach_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = _config(memory_mb=4096, cpu=2, docker_image="python:3.12")
+# One case per provider, so each runs in the venv that has its SDK.
+EXPLICIT_SETTINGS = {"memory_mb": 4096, "cpu": 2, "docker_image": "python:3.12"}
+EXPLICIT = [
+    pytest.param("e2b", EXPLICIT_SETTINGS, "memory_mb=4096", id="e2b"),  # resources come from the template
+    pytest.param("daytona", EXPLICIT_SETTINGS, None, id="daytona",
+                 marks=pytest.mark.daytona),  # whole CPUs and GiB: accepted
+    pytest.param("modal", {"disk_size_gb": 2}, "disk_size_gb", id="modal"),  # Modal has no disk limit
+]  # fmt: skip
+
+
+def test_explicit_settings_reach_the_provider() -> None:
+    config = _config(**EXPLICIT_SETTINGS)
     assert config.model_fields_set == {"name", "timeout_seconds", "memory_mb", "cpu", "image"}
-    with pytest.raises(SandboxConfigError, match="memory_mb=4096"):  # E2B: resources come from the template
-        _provider("e2b", monkeypatch).check_config(config)
-    _provider("daytona", monkeypatch).check_config(config)  # whole CPUs and GiB: accepted
-    with pytest.raises(SandboxConfigError, match="disk_size_gb"):  # Modal has no disk limit
-        _provider("modal", monkeypatch).check_config(_config(disk_size_gb=2))
+    assert (config.memory_mb, config.cpu, config.image) == (4096, 2, "python:3.12")
+
+
+@pytest.mark.parametrize(("name", "settings", "error"), EXPLICIT)
+def test_explicit_settings_are_checked_by_the_provider(
+    name: str, settings: dict[str, Any], error: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = _provider(name, monkeypatch)
+    if error is None:
+        provider.check_config(_config(**settings))
+    else:
+        with pytest.raises(SandboxConfigError, match=error):
+            provider.check_config(_config(**settings))

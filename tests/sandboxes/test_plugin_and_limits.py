@@ -50,6 +50,7 @@ def test_missing_sdk_makes_a_provider_unavailable_with_the_fix(monkeypatch: pyte
     assert "pip install 'telescope-sandboxes[daytona]'" in (component.unavailable or "")
 
 
+@pytest.mark.daytona  # also in .venv-daytona, where Daytona's SDK is installed
 def test_plugin_import_is_light() -> None:
     code = (
         "import sys, telescope.sandboxes.plugin, telescope.core.sandbox\n"
