@@ -25,7 +25,8 @@ test: lint typecheck
 
 # The tests marked `daytona`, in the venv that has Daytona's SDK (no torch or Ray there).
 # `import daytona` first: with the SDK missing they would only skip.
-test-daytona: bootstrap
+test-daytona:
+	@bash scripts/bootstrap.sh --daytona
 	$(DAYTONA_VENV)/bin/python -c "import daytona"
 	$(DAYTONA_VENV)/bin/python -m pytest -q -rs -m daytona tests/sandboxes
 

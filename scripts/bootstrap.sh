@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install every Telescope package (editable) with the dev tools, and
-# .venv-daytona, a small second environment for Daytona's SDK and its tests.
+# Create .venv and install every Telescope package (editable) with the dev tools; with --daytona,
+# .venv-daytona instead: a small second environment for Daytona's SDK and its tests (make test-daytona).
 # Idempotent: re-runs only when a pyproject.toml changed. Used by `make quickstart` and `make test`.
 #   PYTHON=python3.12 make test                     # pick the interpreter
 #   TELESCOPE_TORCH_SPEC="torch==2.9.1" make test   # pick the torch build to install
@@ -29,7 +29,13 @@ up_to_date() {
   [ -f "$1/.telescope-install-stamp" ] && [ "$(cat "$1/.telescope-install-stamp")" = "$want" ]
 }
 
-if ! up_to_date "$VENV"; then
+if [ "${1:-}" = "--daytona" ]; then
+  only_daytona=1
+else
+  only_daytona=0
+fi
+
+if [ "$only_daytona" = 0 ] && ! up_to_date "$VENV"; then
   echo "bootstrap: installing Telescope into $VENV (first run takes a few minutes)" >&2
   # vLLM pins its own torch build: let it choose unless a torch spec was given explicitly.
   if [[ ",$EXTRAS," == *",vllm,"* && -z "${TELESCOPE_TORCH_SPEC:-}" ]]; then
@@ -46,7 +52,7 @@ fi
 
 # Daytona's SDK pins OpenTelemetry below what Ray's dashboard needs (telescope-sandboxes/README.md),
 # so it lives apart from Ray and torch; `make test-daytona` runs the tests marked `daytona` here.
-if ! up_to_date "$DAYTONA_VENV"; then
+if [ "$only_daytona" = 1 ] && ! up_to_date "$DAYTONA_VENV"; then
   echo "bootstrap: installing Daytona's SDK into $DAYTONA_VENV (about a minute)" >&2
   "$DAYTONA_VENV/bin/pip" install --quiet -e ./telescope-core -e ./telescope-envs \
     -e "./telescope-sandboxes[daytona]" "pytest>=8" "pytest-timeout>=2.3"
