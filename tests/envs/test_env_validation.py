@@ -7,6 +7,7 @@ whose kwargs model derives from plain ``BaseModel`` (the old snippet) must be re
 
 from __future__ import annotations
 
+import linecache
 import re
 import sys
 import types
@@ -45,7 +46,11 @@ class PuzzleEnvironment(SingleTurnEnvironment):
 def _plugin(source: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """The snippet as a module; ``acme_envs.env`` (its factory's module) is this test module's class."""
     module = types.ModuleType("acme_envs.plugin")
-    exec(compile(source, "README.md", "exec"), module.__dict__)
+    # A name of its own, its source in linecache: pydantic reads field docstrings through
+    # inspect, which would otherwise read README.md's lines at the snippet's line numbers.
+    filename = "<README.md plugin snippet>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), module.__dict__)
     env_module = types.ModuleType("acme_envs.env")
     env_module.PuzzleEnvironment = PuzzleEnvironment  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "acme_envs", types.ModuleType("acme_envs"))
