@@ -96,3 +96,11 @@ def test_json_round_trips_the_run_directory_records(tmp_path: Path) -> None:
     # step_rows: 8 kept, 2 max_async, 1 off_policy per step
     assert got["rollout_outcomes"] == {"kept": 24, "max_async": 6, "off_policy": 3}
     assert got["samples"] == [r for r in run.rollouts(3) if r["kept"]][:2]
+
+
+def test_only_built_in_folders_map_back_to_a_name() -> None:
+    from telescope.core.models.tiny import builtin_model_name
+
+    assert builtin_model_name(RESOLVED) == "telescope/tiny-reverse"
+    for other in ("Qwen/Qwen2.5-0.5B", "/models/telescope--no-such-model", "/models/my--tiny-reverse"):
+        assert builtin_model_name(other) == other
