@@ -10,14 +10,14 @@ from telescope.cli.commands import eval as eval_cmd
 from telescope.cli.commands import plugins as plugins_cmd
 from telescope.cli.commands import train as train_cmd
 from telescope.cli.commands import ui as ui_cmd
+from telescope.cli.style import new_app
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(
+app = new_app(
     name="telescope",
     help="Post-train LLMs with reinforcement learning. Start with: telescope train RUN.yaml",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 

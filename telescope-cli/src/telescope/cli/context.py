@@ -39,7 +39,6 @@ def plugin_specs(path: Path | None, overrides: list[str], files: list[str]) -> l
 def load_run(path: Path, overrides: list[str], plugin_files: list[str] | None = None) -> RunContext:
     """Load plugins (installed ones and the run's local ones), then merge and validate the run
     config against them; ``cfg.plugins`` holds the local plugins' absolute names."""
-    overrides = strip_cli_flags(overrides)
     specs = plugin_specs(path, overrides, list(plugin_files or []))
     pset, registry = load_plugins(files=specs)
     cfg, layers = load_config_with_sources(path, overrides, registry)

@@ -40,9 +40,34 @@ def say(label: str, text: object, *, style: str = "bold red", console: Console |
     (console or err_console).print(Text.assemble((label, style), " ", str(text)))
 
 
-def debug_enabled(flag: object = False) -> bool:
-    """True when the command's --debug flag is set (or TELESCOPE_DEBUG=1)."""
-    return bool(flag) or os.environ.get("TELESCOPE_DEBUG") == "1"
+def debug_enabled(flag: object = False, overrides: list[str] | None = None) -> bool:
+    """True when the command's --debug flag is set, the overrides set the ``debug`` field
+    (commands that read a run config take ``--debug`` as that field), or TELESCOPE_DEBUG=1."""
+    return bool(flag) or debug_override(overrides or []) or os.environ.get("TELESCOPE_DEBUG") == "1"
+
+
+def debug_override(args: list[str]) -> bool:
+    """Whether ``--debug`` / ``--debug VALUE`` / ``--debug=VALUE`` in ``args`` sets ``debug`` true,
+    read before the config is (its errors should show a traceback too)."""
+    from telescope.core.config.loader import parse_yaml_value
+
+    value: object = False
+    for i, arg in enumerate(args):
+        if arg == "--debug":
+            nxt = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "true"
+            value = _yaml_or_none(parse_yaml_value, nxt)
+        elif arg.startswith("--debug="):
+            value = _yaml_or_none(parse_yaml_value, arg.partition("=")[2])
+    return value is True
+
+
+def _yaml_or_none(parse: Callable[[str], Any], text: str) -> Any:
+    import yaml
+
+    try:
+        return parse(text)
+    except yaml.YAMLError:  # the config loader reports it, naming the field
+        return None
 
 
 def user_errors(func: F) -> F:
@@ -53,7 +78,8 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except USER_ERRORS as exc:
-            debug = debug_enabled(kwargs.get("debug"))
+            ctx = kwargs.get("ctx")
+            debug = debug_enabled(kwargs.get("debug"), list(getattr(ctx, "args", None) or []))
             if debug:
                 err_console.print_exception()
             say("error:", exc)

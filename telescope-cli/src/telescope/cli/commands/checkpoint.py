@@ -15,10 +15,11 @@ import typer
 from rich.console import Console
 
 from telescope.cli.errors import debug_enabled, err_console, escape, say
+from telescope.cli.style import new_app
 
 __all__ = ["app", "convert"]
 
-app = typer.Typer(help="Work with training checkpoints.", no_args_is_help=True)
+app = new_app(help="Work with training checkpoints.", no_args_is_help=True)
 console = Console(highlight=False)
 
 
@@ -41,7 +42,7 @@ def convert(
         ..., "--out", "-o", help="Output folder (for a folder of checkpoints: one step_N each)."
     ),
     max_shard_size: str = typer.Option(
-        "5GB", "--max-shard-size", help="Largest safetensors file, e.g. 5GB, 500MB."
+        "5GB", "--max_shard_size", "--max-shard-size", help="Largest safetensors file, e.g. 5GB, 500MB."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace outputs that already exist."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),

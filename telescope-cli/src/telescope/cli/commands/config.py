@@ -9,9 +9,10 @@ import yaml
 
 from telescope.cli.context import load_run
 from telescope.cli.errors import user_errors
+from telescope.cli.style import new_app
 from telescope.core.config import config_to_yaml
 
-app = typer.Typer(help="Show or validate a run configuration.", no_args_is_help=True)
+app = new_app(help="Show or validate a run configuration.", no_args_is_help=True)
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -21,9 +22,9 @@ def show(
     ctx: typer.Context,
     run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
     sources: bool = typer.Option(False, "--sources", help="Show which layer set each value."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Print the merged config (defaults -> RUN_YAML -> --field value overrides)."""
+    """Print the merged config (defaults -> RUN_YAML -> --field value overrides; --debug is the
+    config's debug field, and shows tracebacks)."""
     run = load_run(run_yaml, list(ctx.args))
     if not sources:
         typer.echo(config_to_yaml(run.cfg), nl=False)
@@ -42,7 +43,6 @@ def validate(
     plugins: list[str] = typer.Option(
         [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Validate a run config against the schema and the installed plugins."""
     run = load_run(run_yaml, list(ctx.args), plugins)

@@ -13,12 +13,13 @@ from rich.markup import escape
 
 from telescope.cli.commands.env_check import check
 from telescope.cli.errors import user_errors
+from telescope.cli.style import new_app
 from telescope.core.plugins import load_plugins
 from telescope.core.registry import Component
 
 __all__ = ["app", "environment_listing"]
 
-app = typer.Typer(help="Inspect environments and evals.", no_args_is_help=True)
+app = new_app(help="Inspect environments and evals.", no_args_is_help=True)
 
 
 @app.callback()

@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from telescope.cli.errors import user_errors
+from telescope.cli.style import new_app
 from telescope.core.plugins import load_plugins
 from telescope.core.registry import KINDS
 
-app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True)
+app = new_app(help="Inspect installed plugins.", no_args_is_help=True)
 
 
 def plugin_listing() -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from telescope.cli.errors import say
+from telescope.cli.style import new_app
 from telescope.core.observe.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
 
-app = typer.Typer(help="Inspect run directories.", no_args_is_help=True)
+app = new_app(help="Inspect run directories.", no_args_is_help=True)
 
 
 @app.callback()
@@ -30,6 +32,34 @@ HIGHLIGHT_KEYS = (
     "max_off_policy_steps", "seq_len", "seed",
 )  # fmt: skip
 _BARS = "▁▂▃▄▅▆▇█"
+#: Step metrics a reader looks for first, in this order (those missing are skipped).
+HEADLINE_METRICS = ("reward/mean", "loss", "entropy", "kl_divergence_inference", "grad_norm")
+
+
+def _is_timing(key: str) -> bool:
+    return key.startswith(("timing_", "timing/"))
+
+
+def metric_order(keys: list[str]) -> list[str]:
+    """Headline metrics first, then the rest by section (``General`` first, the others A-Z),
+    group and name; timing rows last, so they never push reward and loss off the screen."""
+
+    def rank(key: str) -> tuple[int, int, str, str, str]:
+        if key in HEADLINE_METRICS:
+            return (0, HEADLINE_METRICS.index(key), "", "", "")
+        section, group, metric = split_metric_key(key) if key else ("", "", "")
+        return (2 if _is_timing(key) else 1, section != "General", section, group, metric)
+
+    return sorted(keys, key=rank)
+
+
+def display_model(run: RunDirReader, cfg: dict[str, Any]) -> str:
+    """The model as the user named it: run.json's ``info.model``, else config.yaml's value with
+    a built-in model's folder mapped back to its name (run dirs written before ``info.model``)."""
+    from telescope.core.models.tiny import builtin_model_name
+
+    named = run.meta.get("info", {}).get("model")
+    return str(named) if named else builtin_model_name(str(cfg.get("model", "")))
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
@@ -70,11 +100,11 @@ def _header(console: Console, run: RunDirReader, steps: list[dict[str, Any]]) ->
     console.print(f"  steps logged {len(steps)}  last step {last}")
 
 
-def _config(console: Console, cfg: dict[str, Any]) -> None:
+def _config(console: Console, cfg: dict[str, Any], model: str) -> None:
     table = Table(title="Config highlights", show_header=False, title_justify="left")
     for key in HIGHLIGHT_KEYS:
         if key in cfg:
-            table.add_row(key, _fmt(cfg[key]))
+            table.add_row(key, model if key == "model" else _fmt(cfg[key]))
     console.print(table)
 
 
@@ -95,10 +125,15 @@ def _latest(console: Console, steps: list[dict[str, Any]], limit: int) -> None:
     if not steps:
         return
     rec = steps[-1]
+    keys = metric_order(list(rec.get("metrics", {})))
+    if limit <= 0:
+        console.print(
+            f"[bold]Latest step metrics[/] (step {rec['step']}): {len(keys)} not listed (use --metrics N)"
+        )
+        return
     table = Table(title=f"Latest step metrics (step {rec['step']})", title_justify="left")
     for col in ("section", "group", "metric", "value"):
         table.add_column(col)
-    keys = sorted(rec.get("metrics", {}), key=lambda k: split_metric_key(k) if k else ("", "", ""))
     for key in keys[:limit]:
         section, group, metric = split_metric_key(key)
         table.add_row(section, group, metric, _fmt(rec["metrics"][key]))
@@ -111,6 +146,11 @@ def _evals(console: Console, run: RunDirReader, limit: int) -> None:
     """The latest record of each eval: its step and up to ``limit`` metrics."""
     latest = run.latest_evals()
     if not latest:
+        return
+    if limit <= 0:
+        console.print(
+            f"[bold]Latest evals[/]: {', '.join(sorted(latest))} (metrics not listed; use --metrics N)"
+        )
         return
     table = Table(title="Latest evals", title_justify="left")
     hidden = 0
@@ -147,6 +187,14 @@ def _discards(console: Console, rows: list[dict[str, Any]]) -> None:
         console.print(f"  zero_advantage samples by kind: {parts}")
 
 
+def sample_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` kept rollouts of the last step that has rollouts."""
+    if not rows or n <= 0:
+        return []
+    last_step = max(r["step"] for r in rows)
+    return [r for r in rows if r["step"] == last_step and r.get("kept")][:n]
+
+
 def _samples(console: Console, rows: list[dict[str, Any]], n: int, width: int) -> None:
     if not rows or n <= 0:
         return
@@ -162,12 +210,32 @@ def _samples(console: Console, rows: list[dict[str, Any]], n: int, width: int) -
         console.print(f"    completion: {_clip(r.get('completion_text', ''), width)}", markup=False)
 
 
+def summary_json(
+    run: RunDirReader, cfg: dict[str, Any], steps: list[dict[str, Any]], rows: list[dict[str, Any]], n: int
+) -> dict[str, Any]:
+    """What ``show`` prints, as data: the records as the run directory holds them (every step,
+    not only the latest), so scripts need not parse the tables."""
+    return {
+        "run_dir": str(run.path),
+        "run": run.meta,
+        "model": display_model(run, cfg),
+        "config": cfg,
+        "steps": steps,
+        "latest_evals": run.latest_evals(),
+        "rollout_outcomes": dict(Counter(r.get("discard_reason") or "kept" for r in rows)),
+        "samples": sample_rows(rows, n),
+    }
+
+
 @app.command("show")
 def show(
     run_dir: Path = typer.Argument(..., help="Run directory (holds run.json)."),
     rollouts: int = typer.Option(3, "--rollouts", help="Sample rollouts to print."),
-    metrics: int = typer.Option(40, "--metrics", help="Latest-step metrics to print."),
-    reward_key: str = typer.Option("reward/mean", "--reward-key", help="Step metric drawn as the curve."),
+    metrics: int = typer.Option(40, "--metrics", help="Latest-step metrics to print (0: none)."),
+    reward_key: str = typer.Option(
+        "reward/mean", "--reward_key", "--reward-key", help="Step metric drawn as the curve."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object instead."),
 ) -> None:
     """Summarise a run: config highlights, reward curve, latest metrics and evals, discards, sample rollouts."""
     try:
@@ -178,8 +246,12 @@ def show(
     console = Console(highlight=False, soft_wrap=False)
     steps = run.steps()
     rows = run.rollouts()
+    cfg = run.config()
+    if as_json:
+        typer.echo(json.dumps(summary_json(run, cfg, steps, rows, rollouts), default=str))
+        return
     _header(console, run, steps)
-    _config(console, run.config())
+    _config(console, cfg, display_model(run, cfg))
     _reward_curve(console, run, reward_key)
     _latest(console, steps, metrics)
     _evals(console, run, metrics)

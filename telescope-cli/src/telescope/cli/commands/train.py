@@ -23,20 +23,23 @@ def train(
     ),
     dry_run: bool = typer.Option(
         False,
+        "--dry_run",
         "--dry-run",
         help="Check everything the run needs (env check, resources, ports, model); train nothing.",
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Train: resolve the config, start the runtime and run the RL loop.
 
-    Any config field can be overridden: --learning_rate 5e-7 --environments '[{name: countdown}]'.
+    Any config field can be overridden: --learning_rate 5e-7 --environments '[{name: countdown}]',
+    into lists and dicts too: --environments.0.kwargs.seed 3. --debug is the config's debug field
+    (tracebacks and DEBUG logs in every process, recorded in config.yaml).
     """
     from telescope.core.inference.auto import resolve_inference_engine, startup_notes
 
     run = load_run(run_yaml, list(ctx.args), plugins)
     cfg = run.cfg
-    debug = debug or cfg.debug  # the config's debug: tracebacks and DEBUG logs in every process
+    # --debug is an override of the config field, so config.yaml and every Ray worker get it too
+    debug = cfg.debug
     if debug:
         from telescope.core.observe.debuglog import enable_debug_logging
 

@@ -60,7 +60,7 @@ def ui(
     paths: list[Path] = typer.Argument(None, help="Run directories, or folders of runs (default: ./runs)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (no auth: keep it local)."),
     port: int = typer.Option(8005, "--port", help="Port to listen on."),
-    no_browser: bool = typer.Option(False, "--no-browser", help="Do not open a browser tab."),
+    no_browser: bool = typer.Option(False, "--no_browser", "--no-browser", help="Do not open a browser tab."),
     wandb: str = typer.Option(
         "",
         "--wandb",

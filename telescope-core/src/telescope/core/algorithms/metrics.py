@@ -55,22 +55,15 @@ def _kl_sum(logprobs: torch.Tensor, inference_logprobs: torch.Tensor, mask: torc
 
 
 def base_metrics(inputs: LossInputs, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Statistics every algorithm reports: token count, KL to the rollout policy, advantages, entropy."""
-    adv = as_float(inputs.advantages.detach())
-    on = mask > 0
+    """Statistics every algorithm reports: token count, KL to the rollout policy, entropy."""
+    # No advantage statistics here: ``advantage/{mean,std,min,max}`` come from the rollout
+    # records (``telescope.core.observe.rollout_metrics``), one value per sample as the
+    # environment group produced it; a token-weighted copy from the trainer disagreed with them.
     stats = {
         "loss_tokens": mask.sum(),
         "kl_divergence_inference_sum": inputs.kl_sum.detach()
         if inputs.kl_sum is not None
         else _kl_sum(inputs.logprobs, inputs.inference_logprobs, mask),
-        "advantage_sum": (adv * mask).sum(),
-        "advantage_sq_sum": (adv * adv * mask).sum(),
-        "advantage_min": torch.where(on, adv, torch.full_like(adv, math.inf)).min()
-        if adv.numel()
-        else _inf(1),
-        "advantage_max": torch.where(on, adv, torch.full_like(adv, -math.inf)).max()
-        if adv.numel()
-        else _inf(-1),
     }
     if inputs.entropy is not None:
         stats["entropy_sum"] = (as_float(inputs.entropy.detach()) * mask).sum()
@@ -92,10 +85,6 @@ def clip_metrics(
     if high is not None:
         stats["clip_high_frac_sum"] = (high.float() * mask).sum()
     return stats
-
-
-def _inf(sign: int) -> torch.Tensor:
-    return torch.tensor(sign * math.inf)
 
 
 def _reduction(key: str) -> str:
@@ -148,8 +137,7 @@ class StepMetrics:
     def result(self) -> dict[str, float]:
         """Final values (one device sync): ``X_sum`` becomes ``X`` = sum / loss_tokens.
 
-        ``advantage_mean``/``advantage_std`` are token-weighted (population std from the first
-        two moments); ``loss`` is the sum of the added shares, i.e. the minibatch loss (the
+        ``loss`` is the sum of the added shares, i.e. the minibatch loss (the
         sum over minibatches when several were added). Min/max and means are left out when
         there were no loss tokens.
         """
@@ -162,8 +150,4 @@ class StepMetrics:
                     out[key[: -len("_sum")]] = value / tokens
             elif math.isfinite(value) or _reduction(key) == "sum":
                 out[key] = value
-        if tokens > 0 and "advantage_sq" in out:
-            mean = out["advantage"]
-            out["advantage_std"] = math.sqrt(max(out.pop("advantage_sq") - mean * mean, 0.0))
-            out["advantage_mean"] = out.pop("advantage")
         return out

@@ -1,7 +1,9 @@
 """Three-layer loading: packaged defaults -> run YAML -> CLI overrides.
 
 Top-level keys of a later layer replace those of an earlier one (the schema is flat; a
-list such as ``environments`` is replaced whole, never merged element by element).
+list such as ``environments`` is replaced whole, never merged element by element), except a
+dotted override (``--environments.0.kwargs.seed 3``), which sets one value inside the field
+as the earlier layers left it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from telescope.core.config.dotted import apply_overrides, split_override_key
 from telescope.core.config.errors import ConfigError
 from telescope.core.registry import did_you_mean
 
@@ -110,6 +113,8 @@ def parse_overrides(args: list[str], known_fields: list[str]) -> dict[str, Any]:
     """Parse ``--field value`` / ``--field=value`` pairs (dashes in names become underscores).
 
     A ``--field`` followed by another ``--field`` or by nothing sets it to true (``--overwrite``).
+    ``--field.key.0 value`` is kept as the key ``"field.key.0"``: ``apply_overrides`` sets it
+    inside the field.
     """
     out: dict[str, Any] = {}
     i = 0
@@ -118,9 +123,10 @@ def parse_overrides(args: list[str], known_fields: list[str]) -> dict[str, Any]:
         if not arg.startswith("--") or arg == "--":
             raise ConfigError(f"override '{arg}': expected --field value (e.g. --learning_rate 5e-7)")
         key, eq, value = arg[2:].partition("=")
-        key = key.replace("-", "_")
-        if key not in known_fields:
-            raise ConfigError(f"override --{key}: unknown field.{did_you_mean(key, known_fields)}".rstrip())
+        name, path = split_override_key(key)
+        key = ".".join([name, *path])
+        if name not in known_fields:
+            raise ConfigError(f"override --{key}: unknown field.{did_you_mean(name, known_fields)}".rstrip())
         if not eq and (i + 1 >= len(args) or args[i + 1].startswith("--")):
             out[key] = True  # a bare --flag (--overwrite); a field that is not a bool rejects it by name
             i += 1
@@ -164,6 +170,10 @@ def resolve_layers(
     elif overrides:
         stack.append((CLI_SOURCE, parse_overrides(list(overrides), known_fields)))
     for source, data in stack:
+        if source == CLI_SOURCE:  # only the command line has dotted keys (a YAML key is a field)
+            layers.merged = apply_overrides(layers.merged, data)
+            layers.sources.update({split_override_key(key)[0]: source for key in data})
+            continue
         for key, value in data.items():
             layers.merged[key] = value
             layers.sources[key] = source

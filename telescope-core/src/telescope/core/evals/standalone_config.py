@@ -102,9 +102,10 @@ class EvalRunConfig(BaseModel):
 
 def load_eval_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EvalRunConfig:
     """Read and validate an eval YAML; any problem is one ``ConfigError`` naming field and value."""
+    from telescope.core.config.dotted import apply_overrides
     from telescope.core.config.loader import load_yaml_file
 
-    data = {**load_yaml_file(path), **(overrides or {})}
+    data = apply_overrides(load_yaml_file(path), overrides or {})
     try:
         return EvalRunConfig.model_validate(data)
     except ValidationError as exc:

@@ -20,7 +20,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TINY_MODEL_SPECS", "TinyModelSpec", "build_tiny_model", "cache_dir", "resolve_model_path"]
+__all__ = [
+    "TINY_MODEL_SPECS", "TinyModelSpec", "build_tiny_model", "builtin_model_name", "cache_dir",
+    "resolve_model_path",
+]  # fmt: skip
 
 PREFIX = "telescope/"
 EOS_TOKEN = "<|im_end|>"
@@ -95,6 +98,17 @@ def resolve_model_path(name: str) -> str:
         if not _is_built(marker):  # another process may have built it while we waited
             build_tiny_model(name, target)
     return str(target)
+
+
+def builtin_model_name(model: str) -> str:
+    """The name a user wrote for ``model``: a folder ``resolve_model_path`` built maps back to
+    its built-in name (``.../telescope--tiny-reverse`` -> ``telescope/tiny-reverse``); any
+    other value is returned unchanged. Workers get the resolved folder, people read the name."""
+    folder = Path(model).name
+    name = folder.replace("--", "/", 1)
+    if folder.startswith(PREFIX.rstrip("/") + "--") and name in TINY_MODEL_SPECS:
+        return name
+    return model
 
 
 def _is_built(marker: Path) -> bool:

@@ -41,6 +41,14 @@ __all__ = ["LocalLogger"]
 _DETAILED_FORMAT = "%(asctime)s %(levelname)s %(name)s %(filename)s:%(lineno)d %(message)s"
 
 
+def model_info(cfg: Any) -> dict[str, str]:
+    """``{"model": name}`` as the user wrote it (the driver hands loggers the resolved folder)."""
+    from telescope.core.models.tiny import builtin_model_name
+
+    model = getattr(cfg, "model", None)
+    return {"model": builtin_model_name(str(model))} if model else {}
+
+
 def reward_ranges(cfg: Any) -> dict[str, dict[str, float | None]]:
     """``{env name: {"min", "max"}}`` from the config's reward_min/reward_max (None = observed)."""
     return {
@@ -109,7 +117,7 @@ class LocalLogger(Logger):
             "finished_at": None,
             "starts": int(previous.get("starts", 0)) + 1,
             "layout": block_layout(cfg, previous),
-            "info": {**previous.get("info", {}), "reward_ranges": reward_ranges(cfg)},
+            "info": {**previous.get("info", {}), "reward_ranges": reward_ranges(cfg), **model_info(cfg)},
         }
         write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         self._open_writers(cfg)
