@@ -91,6 +91,12 @@ class _Ref:
 
 
 class _FakeRay:
+    initialized = True
+
+    @classmethod
+    def is_initialized(cls) -> bool:
+        return cls.initialized
+
     @staticmethod
     def wait(refs: list[_Ref], num_returns: int, timeout: float) -> tuple[list[_Ref], list[_Ref]]:
         assert timeout == 0  # never blocks the drain thread
@@ -124,6 +130,14 @@ def test_ray_fetcher_keeps_one_call_in_flight_per_worker() -> None:
     assert len(fast.refs) == 2 and len(busy.refs) == 1
     busy.refs[0].ready = fast.refs[1].ready = True
     assert sorted(s["rank"] for s in fetch()) == [0, 1]
+
+
+def test_ray_fetcher_calls_no_actor_once_ray_is_shut_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A call after ray.shutdown() (a run restarting) would start a new local Ray from the drain thread.
+    actor = _Actor(0)
+    fetch = RayDrainFetcher([actor], ray_module=_FakeRay)
+    monkeypatch.setattr(_FakeRay, "initialized", False)
+    assert fetch() == [] and actor.refs == []
 
 
 class _SystemRecorder(Logger):

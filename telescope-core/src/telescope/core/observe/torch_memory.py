@@ -188,6 +188,10 @@ class RayDrainFetcher:
         self._pending: dict[int, Any] = {}
 
     def __call__(self) -> list[dict[str, Any]]:
+        if not self._ray.is_initialized():
+            # Ray is shut down (a run restarting or ending): a call now would start a new local
+            # Ray from this thread, and the restart's own ray.init would then fail.
+            return []
         for i, actor in enumerate(self._actors):
             if i not in self._pending:
                 self._pending[i] = getattr(actor, self._method).remote()

@@ -142,8 +142,10 @@ class RunCheckpointer:
                 final = Path(self.mgr.commit(partial, step, meta=self._meta()))
                 log.info("checkpoint step %d saved to %s in %.1f s", step, final, time.perf_counter() - start)
                 return final
-            except Exception as exc:  # noqa: BLE001 - retried once, then checkpoint_failure decides
+            except Exception as exc:  # retried once, then checkpoint_failure decides
                 self.mgr.abort(partial)
+                if _trainer_died(exc):
+                    raise  # not a storage fault: the driver's trainer recovery decides
                 log.warning("checkpoint step %d, attempt %d failed: %s", step, attempt, exc)
                 error = exc
         self.failures += 1
@@ -183,3 +185,12 @@ class RunCheckpointer:
             "backend": self.cfg.train_backend,
             "training_state": bool(self.cfg.checkpoint_save_training_state),
         }
+
+
+def _trainer_died(exc: BaseException) -> bool:
+    """Whether a save failed because a trainer rank's process died (a Ray actor error)."""
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # no Ray: trainers are in this process
+        return False
+    return isinstance(exc, RayActorError)
