@@ -201,7 +201,7 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
         k.removeprefix("timing_").removesuffix("_total"): statistics.median(r.get(k, 0.0) for r in rows)
         for k in sorted({k for r in rows for k in r if k.startswith("timing_") and k.endswith("_total")})
     }
-    length_key = next((k for k in rows[0] if "completion" in k and "len" in k and k.endswith("mean")), None)
+    length_key = "tokens/completion/mean" if "tokens/completion/mean" in rows[0] else None
     return RunResult(
         [r["timing_step_total"] for r in rows], load,
         statistics.mean(r[length_key] for r in rows) if length_key else float("nan"), phases,
