@@ -44,24 +44,25 @@ def plotly_js_path() -> Path | None:
     return path if path.exists() else None
 
 
-def _int(request: web.Request, name: str, default: int | None = None) -> int | None:
-    raw = request.query.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter {name}={raw!r} is not an integer") from None
-
-
-def _float(request: web.Request, name: str) -> float | None:
+def _query_number(request: web.Request, name: str, kind: type[int] | type[float], what: str) -> Any:
+    """Query parameter ``name`` as ``kind``, None when absent or empty; a clear 400 when it is not one."""
     raw = request.query.get(name, "")
     if raw == "":
         return None
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
-        raise BadRequest(f"query parameter {name}={raw!r} is not a number") from None
+        raise BadRequest(f"query parameter {name}={raw!r} is not {what}") from None
+
+
+def _int(request: web.Request, name: str, default: int | None = None) -> int | None:
+    value = _query_number(request, name, int, "an integer")
+    return default if value is None else int(value)
+
+
+def _float(request: web.Request, name: str) -> float | None:
+    value: float | None = _query_number(request, name, float, "a number")
+    return value
 
 
 async def _call(request: web.Request, fn: Callable[[], Any]) -> web.Response:
