@@ -137,6 +137,25 @@ def test_a_save_failing_twice_stops_the_run_naming_the_folder_and_the_cause(tmp_
     assert (root / "step_2" / "weights.bin").read_text() == "weights after step 2"
 
 
+def test_a_trainer_rank_dying_in_a_save_is_a_worker_failure_not_a_storage_fault(tmp_path: Path) -> None:
+    # The driver restarts a run after a dead rank (max_run_restarts) but never after a storage fault.
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+
+    class DyingTrainer(FileTrainer):
+        async def save_checkpoint(self, directory: str, training_state: bool) -> None:
+            self.attempts[self.step] = self.attempts.get(self.step, 0) + 1
+            raise ray_exceptions.ActorDiedError()
+
+    cfg = config(tmp_path / "run")
+    orch, trainer, failed = Orchestrator(), DyingTrainer(), []
+    hook = RunCheckpointer(cfg, trainer, lambda: IDS, lambda msg: None, failed.append)
+    orch.step = trainer.step = 2
+    with pytest.raises(ray_exceptions.ActorDiedError):
+        asyncio.run(hook.after_step(orch, 2))
+    assert trainer.attempts == {2: 1} and failed == []  # no retry, no StorageError
+    assert not (tmp_path / "run" / "checkpoints" / "step_2").exists()
+
+
 def test_a_save_failing_twice_is_a_warning_with_checkpoint_failure_warn(tmp_path: Path) -> None:
     cfg = config(tmp_path / "run", checkpoint_keep_last=1, checkpoint_failure="warn")
     orch, trainer, warnings = Orchestrator(), FileTrainer(fail=((4, 1), (4, 2), (2, 1))), []
