@@ -9,8 +9,9 @@ DAYTONA_VENV ?= .venv-daytona
 bootstrap:
 	@bash scripts/bootstrap.sh
 
+# --overwrite: running the demo again replaces runs/quickstart (a run directory is never appended to).
 quickstart: bootstrap
-	$(BIN)/telescope train examples/quickstart.yaml
+	$(BIN)/telescope train examples/quickstart.yaml --overwrite
 
 lint: bootstrap
 	$(BIN)/ruff check .
