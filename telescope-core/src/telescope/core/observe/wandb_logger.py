@@ -11,7 +11,6 @@ its own system stats).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -24,31 +23,11 @@ from telescope.core.observe.code_files import select_code_files
 from telescope.core.observe.layout import LOGS_DIR, config_to_dict
 from telescope.core.observe.periodic import IntervalBuffer
 from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord
+from telescope.core.observe.scalars import import_for
+from telescope.core.observe.tables import ROLLOUT_TABLE_COLUMNS, eval_scalars, eval_table, rollout_table_row
 from telescope.core.observe.wandb_uploads import BlockUploader
 
 __all__ = ["ROLLOUT_TABLE_COLUMNS", "WandbLogger", "log_files_to_upload"]
-
-#: Columns of the ``rollouts`` table (token ids stay in the local rollouts.jsonl).
-ROLLOUT_TABLE_COLUMNS = [
-    "step", "group_id", "sample_id", "env", "prompt", "completion", "reward", "advantage", "kept",
-    "discard_reason", "stop_reason", "model_version", "prompt_tokens", "completion_tokens", "server",
-    "lane", "sample_metrics",
-]  # fmt: skip
-
-
-def _table_row(r: RolloutRecord) -> list[Any]:
-    return [
-        r.step, r.group_id, r.sample_id, r.env, r.prompt_text, r.completion_text, r.reward, r.advantage,
-        r.kept, r.discard_reason or "", r.stop_reason, r.model_version, r.prompt_tokens,
-        r.completion_tokens, r.server, r.lane, json.dumps(r.sample_metrics, sort_keys=True),
-    ]  # fmt: skip
-
-
-def _cell(value: Any) -> Any:
-    """A table cell: scalars and text as they are, anything else as JSON text."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def log_files_to_upload(run_dir: Path, *, logs: bool, detailed: bool, stdout: bool) -> list[Path]:
@@ -70,15 +49,6 @@ def log_files_to_upload(run_dir: Path, *, logs: bool, detailed: bool, stdout: bo
         if ok:
             out.append(path)
     return out
-
-
-def eval_scalars(name: str, metrics: dict[str, float]) -> dict[str, float]:
-    """``{"eval/<name>/<metric>": value}`` for the numeric metrics of one eval."""
-    return {
-        f"eval/{name}/{key}": float(value)
-        for key, value in metrics.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    }
 
 
 class WandbLogger(Logger):
@@ -111,12 +81,7 @@ class WandbLogger(Logger):
         self._run_lock = threading.RLock()  # one W&B call at a time (caller and tick threads)
 
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
-        try:
-            import wandb
-        except ImportError:
-            raise ImportError(
-                "use_wandb is true but wandb is not installed: pip install wandb, or set use_wandb: false"
-            ) from None
+        wandb = import_for("use_wandb", "wandb", "wandb")
         self._cfg, self._run_dir = cfg, Path(run_dir)
         resume_id = (resume_ids or {}).get("id")
         tags = list(getattr(cfg, "wandb_tags", []) or []) + [f"schema_version:{SCHEMA_VERSION}"]
@@ -176,7 +141,9 @@ class WandbLogger(Logger):
             return
         import wandb
 
-        table = wandb.Table(columns=list[Any](ROLLOUT_TABLE_COLUMNS), data=[_table_row(r) for r in rows])
+        table = wandb.Table(
+            columns=list[Any](ROLLOUT_TABLE_COLUMNS), data=[rollout_table_row(r) for r in rows]
+        )
         self._queue({"rollouts": table}, step)
 
     def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
@@ -184,8 +151,7 @@ class WandbLogger(Logger):
         if rows and self.upload_rollouts:
             import wandb
 
-            columns = sorted({key for row in rows for key in row})
-            data = [[_cell(row.get(c)) for c in columns] for row in rows]
+            columns, data = eval_table(rows)
             payload[f"eval/{name}/samples"] = wandb.Table(columns=list[Any](columns), data=data)
         if payload:
             self._queue(payload, step)
