@@ -32,7 +32,7 @@ RUN pip install "${VLLM_SPEC}"
 
 # Every package, every extra (the vllm extra adds the OpenTelemetry exporter and NVML).
 RUN pip install \
-      -e "./telescope-core[torch,inference,ray,math,wandb,system,gpu,vllm]" \
+      -e "./telescope-core[torch,inference,ray,math,wandb,tensorboard,mlflow,system,gpu,vllm]" \
       -e ./telescope-fsdp \
       -e "./telescope-megatron[megatron]" \
       -e "./telescope-envs[datasets,math,code]" \

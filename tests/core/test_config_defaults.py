@@ -28,6 +28,11 @@ ADDED_FIELDS = {
     "inference_dtype": None,
     "inference_max_restarts": 3,
     "max_run_restarts": 2,
+    "use_tensorboard": False,
+    "tensorboard_dir": None,
+    "use_mlflow": False,
+    "mlflow_tracking_uri": None,
+    "mlflow_experiment_name": "telescope",
 }
 
 

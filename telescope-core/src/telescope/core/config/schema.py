@@ -226,6 +226,16 @@ class TelescopeConfig(BaseModel):
     """Max file size for code upload."""
     wandb_code_exclude_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_CODE_EXCLUDE))
     """Glob patterns to exclude from code upload."""
+    use_tensorboard: bool = False
+    """Write TensorBoard event files: step metrics and per-step span durations as scalars, rollouts and eval samples as text (needs `pip install tensorboard`)."""
+    tensorboard_dir: str | None = None
+    """TensorBoard log directory. null = RUN_DIR/tensorboard (view with `tensorboard --logdir RUN_DIR/tensorboard`)."""
+    use_mlflow: bool = False
+    """Log to MLflow: step metrics, the config as params, rollouts, evals and run info as artifacts (needs `pip install mlflow-skinny`)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI (`http://host:5000`, `sqlite:///mlflow.db`, a folder ...). null = $MLFLOW_TRACKING_URI when set, else a file store in RUN_DIR/mlruns."""
+    mlflow_experiment_name: str = "telescope"
+    """MLflow experiment the run is logged under (created when missing); the run is named wandb_run_name."""
     system_metrics_collection_interval_seconds: float = Field(default=1.0, gt=0)
     """System metrics collection interval."""
     torch_memory_sample_interval_seconds: float = Field(default=0.1, gt=0)

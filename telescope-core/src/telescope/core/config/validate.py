@@ -34,6 +34,17 @@ def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
         problems += _entry_problems(registry, ("environment",), env.name, env.kwargs, f"environments[{i}]")
     for i, ev in enumerate(cfg.evals):
         problems += _entry_problems(registry, ("eval", "environment"), ev.name, ev.kwargs, f"evals[{i}]")
+    return problems + _logger_problems(cfg, registry)
+
+
+def _logger_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
+    """A logger turned on by its config bool (``use_tensorboard`` ...) whose package is missing."""
+    problems = []
+    for comp in registry.components("logger"):
+        field = comp.meta.get("enabled_by")
+        if field and getattr(cfg, field, False) and not comp.available:
+            problems.append(f"{field}: true but the '{comp.name}' logger is unavailable ({comp.unavailable}); "
+                            f"install it or set {field}: false")  # fmt: skip
     return problems
 
 
