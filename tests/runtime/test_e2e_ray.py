@@ -26,6 +26,12 @@ def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from telescope.core.runtime import run_training
@@ -44,6 +50,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "evals": [{"name": "reverse_text", "eval_every": 2, "num_samples": 4, "separate_eval_samples": True,
                    "pass_k": [1, 2]}],
         "eval_before_training": True, "eval_after_training": True, "run_dir": str(run_dir), "seed": 3,
+        "use_tensorboard": _installed("tensorboard"), "use_mlflow": _installed("mlflow"),
     }, registry)  # fmt: skip
     assert run_training(cfg, pset, registry) == 0
     return run_dir
@@ -160,3 +167,33 @@ def test_step_metrics_carry_the_seed_names(run_dir: Path) -> None:
     for metrics in steps:
         missing = (seed_step | seed_timing | seed_rollout) - set(metrics)
         assert not missing, missing
+
+
+def test_tensorboard_and_mlflow_hold_the_steps_and_evals(run_dir: Path) -> None:
+    """The optional loggers, on in this run when installed, saw every step and eval the run directory has."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = {
+        int(s["step"]): s["metrics"] if "metrics" in s else s for s in read_jsonl(run_dir / "metrics.jsonl")
+    }
+    evals = {
+        r["step"]: r["metrics"]["pass@1/reward"] for r in read_jsonl(run_dir / "evals" / "metrics.jsonl")
+    }
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tb = {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"]}
+    assert tb["reward/mean"] == pytest.approx({k: m["reward/mean"] for k, m in steps.items()}, rel=1e-6)
+    assert tb["eval/reverse_text/pass@1/reward"] == pytest.approx(evals, rel=1e-6)
+    assert tb["timeline/trainer/train_step/count"] == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert sorted(e.step for e in acc.Tensors("rollouts/text_summary")) == [1, 2, 3]
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    [run] = client.search_runs([client.get_experiment_by_name("telescope").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["number_of_steps"] == "3"
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "reward/mean")}
+    assert history == pytest.approx({k: m["reward/mean"] for k, m in steps.items()})
+    assert {
+        m.step for m in client.get_metric_history(run.info.run_id, "eval/reverse_text/pass_1/reward")
+    } == set(evals)
