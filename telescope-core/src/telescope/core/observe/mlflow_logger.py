@@ -234,8 +234,9 @@ class MlflowLogger(ScalarLogger):
         self._put(_Artifact("info.json", json.loads(json.dumps(self._info, default=str))))
 
     def tick(self) -> None:
-        if self._queue is not None:
-            self._queue.tick()
+        queue = self._queue  # finish() may clear it from the caller's thread meanwhile
+        if queue is not None:
+            queue.tick()
 
     def finish(self, status: str) -> None:
         if self.run_id is None or self._queue is None:
