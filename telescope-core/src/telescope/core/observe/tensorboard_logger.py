@@ -7,8 +7,8 @@ that step). Text: the config (``config``), each step's rollouts (``rollouts``, a
 table), each eval's samples (``eval/<name>/samples``), run info (``info``) and, at finish,
 the run's span totals (``timeline/summary``) and status (``run/status``).
 
-torch's ``SummaryWriter`` buffers and flushes from its own thread every ``flush_secs``, so
-no call here waits on the disk. On resume the writer opens at the first step logged with
+torch's ``SummaryWriter`` buffers and flushes from its own thread every
+``metrics_logger_interval_seconds``, so no call here waits on the disk. On resume the writer opens at the first step logged with
 ``purge_step`` set to it: TensorBoard then hides what the crashed run wrote past the
 checkpoint, and the resumed steps replace it.
 """
@@ -42,12 +42,14 @@ class TensorBoardLogger(ScalarLogger):
     Args:
         with_rollouts: write each step's rollouts and each eval's samples as text.
         max_rows: rows per rollout/sample table (the run directory keeps them all).
-        flush_secs: how often the writer's thread flushes to disk.
+        flush_secs: how often the writer's thread flushes to disk (None: ``metrics_logger_interval_seconds``).
     """
 
     name = "tensorboard"
 
-    def __init__(self, *, with_rollouts: bool = True, max_rows: int = 64, flush_secs: int = 10) -> None:
+    def __init__(
+        self, *, with_rollouts: bool = True, max_rows: int = 64, flush_secs: float | None = None
+    ) -> None:
         self.with_rollouts = with_rollouts
         self.max_rows = max_rows
         self.flush_secs = flush_secs
@@ -65,6 +67,8 @@ class TensorBoardLogger(ScalarLogger):
             "use_tensorboard", "torch.utils.tensorboard", "tensorboard"
         ).SummaryWriter
         self.log_dir = Path(getattr(cfg, "tensorboard_dir", None) or Path(run_dir) / TENSORBOARD_DIR)
+        if self.flush_secs is None:
+            self.flush_secs = float(getattr(cfg, "metrics_logger_interval_seconds", 2.0))
         self._resuming = bool(resume_ids)
         self._text("config", _code_block(config_to_dict(cfg)))  # at step 0, or the resumed run's first
 
