@@ -215,6 +215,8 @@ def test_tty_at_80_columns_keeps_the_step_counter_and_eta(tmp_path: Path) -> Non
     history = [ln for ln in lines if ln.startswith("step ")]
     assert [ln.split(" | ")[:2] for ln in history][-1] == ["step 4/4", "ETA 0s"]
     assert len(history) == 4 and all(len(ln) <= 80 and "ETA" in ln for ln in history)
+    starts = ("telescope run", "(TrainerWorker", "step ", "━", "run finished")
+    assert all(ln.startswith(starts) for ln in lines), lines  # fitted: no row wrapped onto a second one
     status = [ln for ln in status_lines(raw) if "step 3/4" in ln]
     assert status and all(len(ln) <= 80 and "ETA" in ln and "|" in ln for ln in status)
 
