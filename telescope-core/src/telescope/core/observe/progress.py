@@ -115,9 +115,10 @@ class StepProgress:
     """Counts steps, discarded and cancelled samples, and the ETA, from ``log_step`` calls.
 
     Steps are taken as 1-based unless a step 0 is logged (then ``step + 1`` steps are done).
-    The ETA uses step times only (start-up, loading the model and the first step's warm-up
-    are excluded): the mean wall time between the step completions seen in this process;
-    after the first completion only, the step's own ``perf/step_time_s``.
+    The ETA uses step times only: the mean wall time between the step completions seen in
+    this process, so it is unknown (``?``) until the second one. Start-up (Ray, servers,
+    loading the model) is excluded; the first step's own ``perf/step_time_s`` would not be
+    (it counts from the start of the run: 117 s of a 2-minute quickstart).
     """
 
     def __init__(self, total: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -127,19 +128,15 @@ class StepProgress:
         self._clock = clock
         self._zero_based = False
         self._first: tuple[int, float] | None = None  # (steps done, time) at the first completion seen
-        self._first_step_time: float | None = None
 
     def eta_seconds(self, done: int, now: float) -> float | None:
         """Seconds left after ``done`` steps at ``now`` (None = not known yet)."""
         if self._first is None or not self.total:
             return None
         first_done, first_at = self._first
-        if done > first_done:
-            per_step = (now - first_at) / (done - first_done)
-        elif self._first_step_time is not None:
-            per_step = self._first_step_time
-        else:
+        if done <= first_done:
             return None
+        per_step = (now - first_at) / (done - first_done)
         return per_step * max(self.total - done, 0)
 
     def update(self, step: int, metrics: dict[str, float]) -> StepLine:
@@ -149,7 +146,6 @@ class StepProgress:
         done = step + 1 if self._zero_based else step
         if self._first is None:
             self._first = (done, now)
-            self._first_step_time = _first(metrics, STEP_TIME_KEYS)
         self.discarded += int(metrics.get("discarded/count", 0) or 0)
         self.cancelled += int(metrics.get("cancelled/count", 0) or 0)
         eta = self.eta_seconds(done, now)
