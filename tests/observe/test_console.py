@@ -170,10 +170,11 @@ LIVE_RUN = """
     metrics = {"reward/mean": 0.5, "perf/step_time_s": 0.2, "perf/tokens_per_s": 12345.0, "perf/async_level": 1}
     for step in range(1, 5):
         time.sleep(0.3)
-        print("(TrainerWorker pid=9) worker line", step, file=sys.stderr)
+        print(f"\\x1b[36m(TrainerWorker pid=9)\\x1b[0m \\rbar 0%\\rworker line {step}", file=sys.stderr)
         logger.log_step(step, {**metrics, "discarded/count": 1})
         time.sleep(0.6)  # the status line refreshes twice a second
     logger.finish("finished")
+    assert sys.stderr.__class__.__name__ == "TextIOWrapper", sys.stderr  # every wrapper removed
 """
 
 

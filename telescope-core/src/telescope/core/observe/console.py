@@ -122,18 +122,18 @@ class ConsoleLogger(Logger):
         self._t0 = self._clock()
         self._print(f"telescope run '{getattr(cfg, 'wandb_run_name', '')}' -> {run_dir}")
         self._attach_warning_handler()
-        if self.plain:
-            self._stdio = PlainStdio()
-            self._stdio.start()
-            return
-        from rich.live import Live
+        if not self.plain:
+            from rich.live import Live
 
-        self._status = LiveStatus(self.total, self._clock)
-        # redirect: what the process prints (Ray's worker lines) goes above the status line,
-        # through rich's ANSI decoder, which keeps only the last state of a '\r' redraw
-        self._live = Live(self._status, console=self.console, refresh_per_second=2, transient=True,
-                          redirect_stdout=True, redirect_stderr=True)  # fmt: skip
-        self._live.start()
+            self._status = LiveStatus(self.total, self._clock)
+            # redirect: what the process prints (Ray's worker lines) goes above the status line
+            self._live = Live(self._status, console=self.console, refresh_per_second=2, transient=True,
+                              redirect_stdout=True, redirect_stderr=True)  # fmt: skip
+            self._live.start()
+        # cleaned in both modes: on a terminal, rich alone would keep only the text after the last
+        # '\r' of a worker's progress bar, dropping Ray's "(TrainerWorker pid=..)" in front of it
+        self._stdio = PlainStdio()
+        self._stdio.start()
 
     def _attach_warning_handler(self) -> None:
         """Show WARNING+ records of 'telescope.*' Python loggers (not those the hub already sent)."""
@@ -181,12 +181,12 @@ class ConsoleLogger(Logger):
         if self._handler is not None:
             logging.getLogger("telescope").removeHandler(self._handler)
             self._handler = None
+        if self._stdio is not None:  # first: rich restores the streams only if its proxies are on top
+            self._stdio.stop()
+            self._stdio = None
         if self._live is not None:
             self._live.stop()
             self._live = None
-        if self._stdio is not None:
-            self._stdio.stop()
-            self._stdio = None
         elapsed = format_duration(self._clock() - self._t0)
         self._print(
             f"run {status} after {elapsed}", style="bold green" if status == "finished" else "bold red"
