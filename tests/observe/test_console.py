@@ -130,7 +130,7 @@ def test_live_status_line_counts_down_and_fits() -> None:
     wide, narrow = status.text(160).plain, status.text(80).plain
     assert "step 2/10 | ETA 30s | reward 0.5123" in wide and "async 1" in wide
     assert len(narrow) <= 80 and "step 2/10 | ETA 30s" in narrow and "async" not in narrow
-    assert narrow.startswith("━" * 20)  # a bar of 80 // 4 columns, 2/10 filled
+    assert narrow.startswith("━" * 4 + "─" * 16 + " step 2/10")  # a bar of 80 // 4 columns, 2/10 filled
 
 
 def run_in_pty(script: str, columns: int, tmp_path: Path) -> str:
@@ -191,7 +191,7 @@ def screen_lines(raw: str) -> list[str]:
 def status_lines(raw: str) -> list[str]:
     """Every drawing of the status line (each redraw starts after a \\r; the bar leads it)."""
     segments = re.split(r"[\r\n]", ANSI.sub("", raw))
-    return [seg.rstrip() for seg in segments if seg.startswith("━")]
+    return [seg.rstrip() for seg in segments if seg.startswith(("━", "─"))]
 
 
 def test_tty_keeps_a_step_history_above_a_status_line(tmp_path: Path) -> None:
@@ -215,7 +215,7 @@ def test_tty_at_80_columns_keeps_the_step_counter_and_eta(tmp_path: Path) -> Non
     history = [ln for ln in lines if ln.startswith("step ")]
     assert [ln.split(" | ")[:2] for ln in history][-1] == ["step 4/4", "ETA 0s"]
     assert len(history) == 4 and all(len(ln) <= 80 and "ETA" in ln for ln in history)
-    starts = ("telescope run", "(TrainerWorker", "step ", "━", "run finished")
+    starts = ("telescope run", "(TrainerWorker", "step ", "━", "─", "run finished")
     assert all(ln.startswith(starts) for ln in lines), lines  # fitted: no row wrapped onto a second one
     status = [ln for ln in status_lines(raw) if "step 3/4" in ln]
     assert status and all(len(ln) <= 80 and "ETA" in ln and "|" in ln for ln in status)

@@ -51,7 +51,7 @@ def format_eval(step: int, name: str, metrics: dict[str, float], samples: int, l
 
 
 class LiveStatus:
-    """The status line under the step history: ``━━━━━╺━━━ step 3/10 | ETA 1m05s | reward ...``.
+    """The status line under the step history: ``━━━━━━────── step 3/10 | ETA 1m05s | reward ...``.
 
     Rendered at the console's width on every refresh: the ETA counts down from the last
     step's estimate; the bar is dropped below 50 columns, fields by rank (``fit_fields``).
@@ -80,7 +80,7 @@ class LiveStatus:
         if bar_width:
             filled = round(bar_width * done / self.total) if self.total else 0
             line.append("━" * filled, style="magenta")
-            line.append("━" * (bar_width - filled), style="grey35")
+            line.append("─" * (bar_width - filled), style="grey35")  # thinner: readable without colours
             line.append(" ")
         line.append(fit_fields(fields, room), style="bold")
         return line
