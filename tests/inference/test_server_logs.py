@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from telescope.core.inference.launcher import ServerStartError, cause_line
+from telescope.core.inference.launcher import ServerCommand, ServerProcess, ServerStartError, cause_line
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.engine import TransformersEngine
 from telescope.core.inference.transformers_engine.requestlog import RequestSummary
@@ -25,7 +26,32 @@ from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg
 
+STAND_IN_SERVER = """
+import sys
+print("\\rLoading 0%\\rLoading 100%", flush=True)
+try:
+    raise ValueError("max_model_len: 8192 exceeds the 4096 positions of model 'm'")
+finally:
+    print("server 0: cleaning up", file=sys.stderr)
+"""
 
+
+def test_the_start_error_carries_the_cause_line_first_then_the_log_tail(tmp_path: Path) -> None:
+    """The real launcher around a stand-in server process (a Python script that fails as a server would)."""
+    command = ServerCommand([sys.executable, "-c", STAND_IN_SERVER], {}, f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ServerStartError) as info:
+        ServerProcess(command, tmp_path / "server_0.log").wait_ready(timeout_s=30, interval_s=0.05)
+    first, *rest = str(info.value).splitlines()
+    cause = "ValueError: max_model_len: 8192 exceeds the 4096 positions of model 'm'"
+    assert first == f"inference server {command.url} exited with code 1 before it was ready: {cause}"
+    assert rest[0] == f"last log lines ({tmp_path / 'server_0.log'}):"
+    # one line per line: the progress bar in its last state; the cause is the last exception line
+    assert set(rest[1:]) == {"Loading 100%", "server 0: cleaning up", "Traceback (most recent call last):",
+                             '  File "<string>", line 5, in <module>', cause}  # fmt: skip
+    assert rest[-1] == cause and info.value.log_tail == tuple(rest[1:])
+
+
+@pytest.mark.slow
 def test_a_server_that_cannot_start_reports_the_cause_from_its_log(tmp_path: Path, tiny_path: str) -> None:
     engine = TransformersEngine(
         make_cfg(model=tiny_path, max_model_len=8192), TransformersEngineKwargs(num_threads=1)

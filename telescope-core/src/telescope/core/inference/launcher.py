@@ -130,12 +130,12 @@ class ServerProcess:
         """The last ``lines`` lines of the server's log (empty when it cannot be read)."""
         from telescope.core.observe.stdio import plain_line  # progress bars: their last state only
 
-        try:
-            return [
-                plain_line(line) for line in self.log_path.read_text(errors="replace").splitlines()[-lines:]
-            ]
+        try:  # newline="": a progress bar's '\r' redraws stay on their line (universal newlines split them)
+            with open(self.log_path, encoding="utf-8", errors="replace", newline="") as f:
+                text = f.read()
         except OSError:
             return []
+        return [plain_line(line) for line in text.rstrip("\n").split("\n")[-lines:]] if text else []
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the server's log."""
