@@ -20,7 +20,7 @@ from rich.console import Console
 
 from telescope.core.observe.console import ConsoleLogger, LiveStatus, format_duration, format_progress
 from telescope.core.observe.progress import StepProgress, fit_fields, progress_fields
-from telescope.core.observe.stdio import PlainStdio
+from telescope.core.observe.stdio import PlainStdio, StdioCapture
 from telescope.core.testing import make_config
 
 METRICS = {
@@ -104,6 +104,22 @@ def test_plain_mode_cleans_what_else_the_process_prints(tmp_path: Path) -> None:
         "tqdm 100%",
         "no newline at the end",
     ]
+
+
+def test_on_a_terminal_what_the_process_prints_still_reaches_the_stdout_copy(tmp_path: Path) -> None:
+    """The live display shows worker lines itself (rich's redirect): the run directory's copy gets them too."""
+    shown = io.StringIO()
+    capture = StdioCapture(tmp_path / "telescope.stdout.log")
+    capture.start()
+    try:
+        logger = ConsoleLogger(console=Console(file=shown, width=120, force_terminal=True))
+        logger.start(make_config(number_of_steps=2, use_wandb=False), tmp_path)
+        print("\x1b[36m(TrainerWorker pid=7)\x1b[0m \rbar 0%\rbar 100%", file=sys.stderr)
+        logger.finish("finished")
+    finally:
+        capture.stop()
+    assert (tmp_path / "telescope.stdout.log").read_text() == "(TrainerWorker pid=7) bar 100%\n"
+    assert "(TrainerWorker pid=7) bar 100%" in ANSI.sub("", shown.getvalue())
 
 
 def test_eta_counts_step_times_not_start_up() -> None:

@@ -85,10 +85,14 @@ class StreamTee(_Wrapper):
 
     def write(self, text: str) -> int:
         written = self.inner.write(text)
+        self.copy(text)
+        return written
+
+    def copy(self, text: str) -> None:
+        """Append ``text`` to the file only (what a proxy in front of this tee shows elsewhere)."""
         if self.active and text:
             with contextlib.suppress(Exception):  # the copy must never break printing
                 self._sink.write(text)
-        return written
 
 
 def _unwrap_inactive(stream: Any) -> Any:
@@ -145,6 +149,7 @@ class PlainLines(_Wrapper):
         super().__init__(inner)
         self._pending = ""
         self._lock = threading.Lock()
+        self._tee = _tee_behind_proxy(inner)
 
     def write(self, text: str) -> int:
         if not self.active:
@@ -152,7 +157,10 @@ class PlainLines(_Wrapper):
         with self._lock:
             *lines, self._pending = (self._pending + text).split("\n")
             if lines:
-                self.inner.write("".join(plain_line(line) + "\n" for line in lines))
+                cleaned = "".join(plain_line(line) + "\n" for line in lines)
+                self.inner.write(cleaned)
+                if self._tee is not None:
+                    self._tee.copy(cleaned)
         return len(text)
 
     def flush_pending(self) -> None:
@@ -162,6 +170,17 @@ class PlainLines(_Wrapper):
         if pending and plain_line(pending):
             self.inner.write(plain_line(pending) + "\n")
             self.inner.flush()
+
+
+def _tee_behind_proxy(stream: Any) -> StreamTee | None:
+    """The run directory's tee behind a rich ``FileProxy`` (the live display's redirect prints to the
+    terminal itself, so what passes would miss telescope.stdout.log); None otherwise."""
+    proxied = getattr(stream, "rich_proxied_file", None)
+    while isinstance(proxied, _Wrapper):
+        if isinstance(proxied, StreamTee) and proxied.active:
+            return proxied
+        proxied = proxied.inner
+    return None
 
 
 class PlainStdio:
