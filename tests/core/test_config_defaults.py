@@ -33,6 +33,7 @@ ADDED_FIELDS = {
     "use_mlflow": False,
     "mlflow_tracking_uri": None,
     "mlflow_experiment_name": "telescope",
+    "inference_access_log": False,
 }
 
 

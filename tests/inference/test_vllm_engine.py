@@ -58,6 +58,15 @@ def test_defaults_follow_the_seed_table_and_tracing_off_drops_the_endpoint() -> 
     )
 
 
+def test_uvicorn_access_log_is_off_unless_inference_access_log() -> None:
+    quiet = build_vllm_args(make_cfg(), VllmEngineKwargs(), model_path="m", index=0, host="h", port=1)
+    loud = build_vllm_args(make_cfg(inference_access_log=True), VllmEngineKwargs(), model_path="m", index=0,
+                           host="h", port=1)  # fmt: skip
+    assert "--disable-uvicorn-access-log" in quiet and "--disable-uvicorn-access-log" not in loud
+    with pytest.raises(ValueError, match="--disable-uvicorn-access-log"):  # set by the config field only
+        VllmEngine(make_cfg(), VllmEngineKwargs(extra_args=["--disable-uvicorn-access-log"]))
+
+
 def test_settings_vllm_cannot_honour_are_rejected() -> None:
     with pytest.raises(ValueError, match="top_p: 0.9 .* set top_p: null"):
         VllmEngine(make_cfg(top_p=0.9), VllmEngineKwargs())

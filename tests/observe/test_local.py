@@ -94,6 +94,31 @@ def test_log_files_capture_telescope_loggers(tmp_path: Path, cfg) -> None:
     assert RunDirReader(tmp_path).meta["status"] == "failed"
 
 
+def test_step_lines_and_start_up_summary_reach_telescope_log(tmp_path: Path, capsys) -> None:
+    from telescope.core.testing import make_config
+
+    cfg = make_config(number_of_steps=3, inference_num_workers=1, trainer_num_workers=2, use_wandb=False)
+    hub = LoggerHub([LocalLogger()])
+    hub.start(cfg, tmp_path, system_metrics=False)
+    hub.log_info({"setup": {"inference_engine": "transformers", "why": "set in the config", "plugins": []}})
+    for step in (1, 2, 3):
+        hub.log_step(step, {"reward/mean": step / 10, "discarded/count": 1})
+    hub.finish("finished")
+    lines = (tmp_path / "logs" / "telescope.log").read_text().splitlines()
+    start = [
+        ln.split(" telescope.progress ", 1)[1] for ln in lines if " INFO telescope.progress start: " in ln
+    ]
+    assert start == [f"start: model {cfg.model}, algorithm {cfg.algorithm}, backend {cfg.train_backend}, engine "
+                     f"transformers (set in the config), 1 inference + 2 trainer workers, 3 steps, run dir "
+                     f"{cfg.resolved_run_dir}"]  # fmt: skip
+    assert any(" INFO telescope.progress note: dtypes: master weights" in ln for ln in lines)
+    steps = [ln.split(" telescope.progress ", 1)[1] for ln in lines if "telescope.progress step " in ln]
+    assert [s.split(" | ")[0] for s in steps] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert steps[1].startswith("step 2/3 | ETA ") and "reward 0.2000" in steps[1]
+    assert steps[2].endswith("discarded 3 | cancelled 0") and "ETA 0s" in steps[2]
+    assert "step 1/3" not in capsys.readouterr().err  # telescope.log only: the console prints its own
+
+
 def test_system_samples_written(tmp_path: Path) -> None:
     from telescope.core.testing import make_config
 

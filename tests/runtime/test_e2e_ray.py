@@ -197,3 +197,20 @@ def test_tensorboard_and_mlflow_hold_the_steps_and_evals(run_dir: Path) -> None:
     assert {
         m.step for m in client.get_metric_history(run.info.run_id, "eval/reverse_text/pass_1/reward")
     } == set(evals)
+
+
+def test_progress_reaches_telescope_log_and_server_logs_hold_no_access_lines(run_dir: Path) -> None:
+    lines = (run_dir / "logs" / "telescope.log").read_text().splitlines()
+    progress = [
+        ln.split(" INFO telescope.progress ", 1)[1] for ln in lines if " INFO telescope.progress " in ln
+    ]
+    assert (
+        progress[0].startswith("start: model telescope/tiny, algorithm grpo, ") and "3 steps" in progress[0]
+    )
+    steps = [p for p in progress if p.startswith("step ")]
+    assert [s.split(" | ")[0] for s in steps] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert steps[-1].startswith("step 3/3 | ETA 0s | reward ")
+    for server in sorted((run_dir / "logs" / "inference").glob("server_*.log")):
+        text = server.read_text()
+        # inference_access_log false: no line per request (hundreds), one summary when the server stops
+        assert "aiohttp.access" not in text and "requests in the last" in text, server

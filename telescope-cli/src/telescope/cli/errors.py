@@ -107,8 +107,10 @@ def run_reporting_failures(
     except Exception as exc:
         if debug:
             raise
-        from telescope.core.runtime.errors import describe_failure
+        from telescope.core.runtime.errors import describe_failure, failure_log_tail
 
         say(f"{what} failed:", describe_failure(exc))
+        for line in failure_log_tail(exc):  # e.g. the server's traceback that ends in the cause
+            err_console.print(Text(f"  | {line}", style="dim"))
         say("logs:", f"{logs} — run with --debug for the full traceback", style="dim")
         raise typer.Exit(code=1) from None

@@ -34,7 +34,7 @@ def train(
     into lists and dicts too: --environments.0.kwargs.seed 3. --debug is the config's debug field
     (tracebacks and DEBUG logs in every process, recorded in config.yaml).
     """
-    from telescope.core.inference.auto import resolve_inference_engine, startup_notes
+    from telescope.core.inference.auto import resolve_inference_engine, run_summary, startup_notes
 
     run = load_run(run_yaml, list(ctx.args), plugins)
     cfg = run.cfg
@@ -45,10 +45,7 @@ def train(
 
         enable_debug_logging()
     engine, why = resolve_inference_engine(cfg.inference_engine)  # auto on a GPU without vLLM: refused here
-    say("telescope train", f"{run_yaml}: model {cfg.model}, algorithm {cfg.algorithm}, backend "
-        f"{cfg.train_backend}, engine {engine} ({why}), {cfg.inference_num_workers} inference + "
-        f"{cfg.trainer_num_workers} trainer workers, {cfg.number_of_steps} steps, run dir {cfg.resolved_run_dir}",
-        style="bold")  # fmt: skip
+    say("telescope train", f"{run_yaml}: {run_summary(cfg, engine, why)}", style="bold")
     for line in startup_notes(cfg, engine):
         say("note:", line, style="bold yellow")
     if dry_run:

@@ -166,6 +166,8 @@ class TelescopeConfig(BaseModel):
     """Host address for inference servers."""
     inference_base_port: int = Field(default=8100, ge=1, le=65535)
     """Base port for inference servers (taken by another run or program: the next free block, logged)."""
+    inference_access_log: bool = False
+    """Log every HTTP request in logs/inference/server_N.log; false = one summary line per minute instead."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of GPU memory allocated to vLLM. Range: (0, 1]."""
     max_model_len: int = Field(default=4096, ge=1)

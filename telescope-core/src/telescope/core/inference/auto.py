@@ -16,6 +16,7 @@ from telescope.core.config.errors import ConfigError
 __all__ = [
     "VLLM_INSTALL",
     "resolve_inference_engine",
+    "run_summary",
     "startup_notes",
     "tracing_unavailable_reason",
     "vllm_unavailable_reason",
@@ -90,6 +91,22 @@ def resolve_inference_engine(
         choice, why = "transformers", f"inference_engine: auto chose transformers ({missing})"
     log.info(why)
     return choice, why
+
+
+def run_summary(cfg: object, engine: str, why: str) -> str:
+    """The start-up summary's line: model (as the user named it), algorithm, backend, engine and
+    why, workers, steps, run directory (printed by ``telescope train`` and kept in telescope.log)."""
+    from telescope.core.models.tiny import builtin_model_name
+
+    def get(name: str) -> object:
+        return getattr(cfg, name, "?")
+
+    return (
+        f"model {builtin_model_name(str(get('model')))}, algorithm {get('algorithm')}, backend "
+        f"{get('train_backend')}, engine {engine} ({why}), {get('inference_num_workers')} inference + "
+        f"{get('trainer_num_workers')} trainer workers, {get('number_of_steps')} steps, run dir "
+        f"{get('resolved_run_dir')}"
+    )
 
 
 def startup_notes(cfg: object, engine: str) -> list[str]:

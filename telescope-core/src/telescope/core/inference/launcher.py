@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -21,7 +22,7 @@ from typing import Any
 
 from telescope.core.inference.settings import num_servers, server_port
 
-__all__ = ["InferenceEngine", "ServerCommand", "ServerProcess"]
+__all__ = ["InferenceEngine", "ServerCommand", "ServerProcess", "ServerStartError", "cause_line"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,33 @@ class ServerCommand:
     argv: list[str]
     env: dict[str, str]
     url: str
+
+
+#: The last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def cause_line(lines: list[str]) -> str:
+    """The line of a server log that says why it ended: its last exception line, else its last line."""
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line):
+            return line.strip()
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
+class ServerStartError(RuntimeError):
+    """A server process ended before it was ready.
+
+    The first line of the message carries the cause read from the server's log (a failed
+    run reports only that line), the rest the log's last lines; ``log_tail`` keeps them too.
+    """
+
+    def __init__(self, message: str, log_tail: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.log_tail = tuple(log_tail)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray (pickled) with its log lines
+        return (type(self), (str(self), self.log_tail))
 
 
 def check_port_free(url: str) -> None:
@@ -74,10 +102,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"inference server {self.url} exited with code {self.process.returncode} before it was "
-                    f"ready; last log lines ({self.log_path}):\n{self.log_tail()}"
-                )
+                raise self._start_error()
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
                     if resp.status == 200 and self.process.poll() is None:
@@ -90,12 +115,31 @@ class ServerProcess:
             f"inference server {self.url} not ready after {timeout_s:.0f}s; log: {self.log_path}"
         )
 
+    def _start_error(self) -> ServerStartError:
+        """The process exited: its cause, then the log's last lines."""
+        tail = self.log_lines()
+        cause = cause_line(tail) or "its log is empty"
+        shown = "\n".join(tail) or "(no log lines)"
+        return ServerStartError(
+            f"inference server {self.url} exited with code {self.process.returncode} before it was ready: "
+            f"{cause}\nlast log lines ({self.log_path}):\n{shown}",
+            tuple(tail),
+        )
+
+    def log_lines(self, lines: int = 30) -> list[str]:
+        """The last ``lines`` lines of the server's log (empty when it cannot be read)."""
+        from telescope.core.observe.stdio import plain_line  # progress bars: their last state only
+
+        try:  # newline="": a progress bar's '\r' redraws stay on their line (universal newlines split them)
+            with open(self.log_path, encoding="utf-8", errors="replace", newline="") as f:
+                text = f.read()
+        except OSError:
+            return []
+        return [plain_line(line) for line in text.rstrip("\n").split("\n")[-lines:]] if text else []
+
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the server's log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return "\n".join(self.log_lines(lines)) if self.log_path.exists() else "(no log)"
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL after ``grace_s``."""

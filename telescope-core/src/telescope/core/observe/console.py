@@ -1,4 +1,14 @@
-"""``console`` logger: live progress with rich on a terminal, plain lines elsewhere (CI logs)."""
+"""``console`` logger: a live status line under the step history on a terminal, plain lines elsewhere.
+
+Plain mode (not a terminal: CI, ``nohup``, a scheduler's log): one line per step, never
+wrapped, no ANSI codes, no carriage returns; what else the process prints (Ray's copies of
+the workers' output included) is cleaned the same way (``PlainStdio``).
+
+Live mode (a terminal): every finished step is printed as a line (the history stays in the
+scrollback) and a status line with a bar stays below it, redrawn with a counting-down ETA.
+Both fit the terminal's width by dropping the least important fields; the step counter and
+the ETA always stay.
+"""
 
 from __future__ import annotations
 
@@ -10,56 +20,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.text import Text
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.logfilter import shared_repeat_filter
+from telescope.core.observe.progress import (
+    Field,
+    StepLine,
+    StepProgress,
+    fit_fields,
+    format_duration,
+    format_progress,
+    progress_fields,
+)
+from telescope.core.observe.stdio import PlainStdio
 
-__all__ = ["ConsoleLogger", "format_duration", "format_eval", "format_progress"]
-
-#: Step-metric keys the progress line reads (first one present wins).
-REWARD_KEYS = ("reward/mean",)
-STEP_TIME_KEYS = ("perf/step_time_s", "timing_step_total")
-TOKENS_PER_S_KEYS = ("perf/tokens_per_s",)
-ASYNC_KEYS = ("perf/async_level",)
-
-
-def _first(metrics: dict[str, float], keys: tuple[str, ...]) -> float | None:
-    for key in keys:
-        value = metrics.get(key)
-        if isinstance(value, int | float):
-            return float(value)
-    return None
-
-
-def format_duration(seconds: float | None) -> str:
-    """``1h02m``, ``3m05s`` or ``42s``; ``?`` when unknown."""
-    if seconds is None or seconds < 0:
-        return "?"
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
-
-
-def format_progress(
-    step: int, total: int, metrics: dict[str, float], discarded: int, cancelled: int, eta_s: float | None
-) -> str:
-    """The one-line step summary (shared by the live display and plain mode)."""
-    parts = [f"step {step}/{total}", f"ETA {format_duration(eta_s)}"]
-    reward = _first(metrics, REWARD_KEYS)
-    parts.append(f"reward {reward:.4f}" if reward is not None else "reward -")
-    step_time = _first(metrics, STEP_TIME_KEYS)
-    parts.append(f"step {step_time:.2f}s" if step_time is not None else "step -")
-    tps = _first(metrics, TOKENS_PER_S_KEYS)
-    parts.append(f"{tps:,.0f} tok/s" if tps is not None else "- tok/s")
-    async_level = _first(metrics, ASYNC_KEYS)
-    parts.append(f"async {async_level:.0f}" if async_level is not None else "async -")
-    parts.append(f"discarded {discarded}")
-    parts.append(f"cancelled {cancelled}")
-    return " | ".join(parts)
+__all__ = ["ConsoleLogger", "LiveStatus", "format_duration", "format_eval", "format_progress"]
 
 
 def format_eval(step: int, name: str, metrics: dict[str, float], samples: int, limit: int = 8) -> str:
@@ -73,12 +50,47 @@ def format_eval(step: int, name: str, metrics: dict[str, float], samples: int, l
     return f"eval {name} @ step {step}: {body}{more} ({samples} samples)"
 
 
-class ConsoleLogger(Logger):
-    """Progress and warnings for people. ``plain=None`` picks rich live mode only on a TTY.
+class LiveStatus:
+    """The status line under the step history: ``━━━━━━────── step 3/10 | ETA 1m05s | reward ...``.
 
-    ETA = mean wall time per step logged in this process x steps left. Steps are taken as
-    1-based unless a step 0 is logged (then ``step + 1`` steps are done).
+    Rendered at the console's width on every refresh: the ETA counts down from the last
+    step's estimate; the bar is dropped below 50 columns, fields by rank (``fit_fields``).
     """
+
+    def __init__(self, total: int, clock: Callable[[], float]) -> None:
+        self.total = total
+        self.last: StepLine | None = None
+        self._clock = clock
+        self._t0 = clock()
+
+    def text(self, width: int) -> Text:
+        now = self._clock()
+        bar_width = min(30, width // 4) if width >= 50 else 0
+        room = width - bar_width - 1 if bar_width else width
+        if self.last is None:
+            done = 0
+            waiting = Field(f"starting {format_duration(now - self._t0)}", 1)
+            fields = [*progress_fields(0, self.total, {}, 0, 0, None)[:2], waiting]
+        else:
+            done = self.last.done
+            eta = None if self.last.eta_s is None else max(self.last.eta_s - (now - self.last.at), 0.0)
+            counting = Field(f"ETA {format_duration(eta)}", 0)
+            fields = [counting if f.text.startswith("ETA ") else f for f in self.last.fields]
+        line = Text()
+        if bar_width:
+            filled = round(bar_width * done / self.total) if self.total else 0
+            line.append("━" * filled, style="magenta")
+            line.append("─" * (bar_width - filled), style="grey35")  # thinner: readable without colours
+            line.append(" ")
+        line.append(fit_fields(fields, room), style="bold")
+        return line
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text(options.max_width)
+
+
+class ConsoleLogger(Logger):
+    """Progress and warnings for people. ``plain=None`` picks live mode only on a TTY."""
 
     name = "console"
 
@@ -90,34 +102,38 @@ class ConsoleLogger(Logger):
     ) -> None:
         self._clock = clock
         # Bound to the stderr of now, before the local logger tees sys.stderr into
-        # logs/telescope.stdout.log: live redraws would flood that file, and every fact shown
-        # here is in metrics.jsonl and telescope.log already.
+        # logs/telescope.stdout.log: live redraws would flood that file, and the step lines
+        # and warnings shown here go to telescope.log already.
         self.console = console or Console(file=sys.stderr, highlight=False)
         self.plain = (not self.console.is_terminal) if plain is None else plain
-        self.total = 0
-        self.discarded = 0
-        self.cancelled = 0
-        self._zero_based = False
+        self.progress = StepProgress(0, clock)
         self._t0 = self._clock()
-        self._first_done: int | None = None
-        self._progress: Any = None
-        self._task: Any = None
+        self._status: LiveStatus | None = None
+        self._live: Any = None
+        self._stdio: PlainStdio | None = None
         self._handler: logging.Handler | None = None
 
+    @property
+    def total(self) -> int:
+        return self.progress.total
+
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
-        self.total = int(getattr(cfg, "number_of_steps", 0))
+        self.progress = StepProgress(int(getattr(cfg, "number_of_steps", 0)), self._clock)
         self._t0 = self._clock()
         self._print(f"telescope run '{getattr(cfg, 'wandb_run_name', '')}' -> {run_dir}")
         self._attach_warning_handler()
         if not self.plain:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from rich.live import Live
 
-            self._progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                console=self.console, transient=False,
-            )  # fmt: skip
-            self._task = self._progress.add_task("", total=self.total or None)
-            self._progress.start()
+            self._status = LiveStatus(self.total, self._clock)
+            # redirect: what the process prints (Ray's worker lines) goes above the status line
+            self._live = Live(self._status, console=self.console, refresh_per_second=2, transient=True,
+                              redirect_stdout=True, redirect_stderr=True)  # fmt: skip
+            self._live.start()
+        # cleaned in both modes: on a terminal, rich alone would keep only the text after the last
+        # '\r' of a worker's progress bar, dropping Ray's "(TrainerWorker pid=..)" in front of it
+        self._stdio = PlainStdio()
+        self._stdio.start()
 
     def _attach_warning_handler(self) -> None:
         """Show WARNING+ records of 'telescope.*' Python loggers (not those the hub already sent)."""
@@ -137,31 +153,23 @@ class ConsoleLogger(Logger):
         logging.getLogger("telescope").addHandler(self._handler)
 
     def _print(self, text: str, style: str | None = None) -> None:
-        target = self._progress.console if self._progress is not None else self.console
-        target.print(text, style=None if self.plain else style, markup=False, highlight=False)
-
-    def eta_seconds(self, done: int) -> float | None:
-        """Seconds left from the mean time of the steps logged so far."""
-        if self._first_done is None or done <= self._first_done - 1 or not self.total:
-            return None
-        steps_here = done - self._first_done + 1
-        per_step = (self._clock() - self._t0) / steps_here
-        return per_step * max(self.total - done, 0)
+        if self.plain:  # no rich: no wrapping at 80 columns, no escape codes
+            stream = self.console.file
+            stream.write(text.replace("\r", "") + "\n")
+            stream.flush()
+            return
+        self.console.print(text, style=style, markup=False, highlight=False)
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        self._zero_based = self._zero_based or step == 0
-        done = step + 1 if self._zero_based else step
-        if self._first_done is None:
-            self._first_done = done
-        self.discarded += int(metrics.get("discarded/count", 0) or 0)
-        self.cancelled += int(metrics.get("cancelled/count", 0) or 0)
-        line = format_progress(
-            done, self.total, metrics, self.discarded, self.cancelled, self.eta_seconds(done)
-        )
-        if self._progress is not None:
-            self._progress.update(self._task, completed=done, description=line.split(" | ", 1)[1])
-        else:
-            self._print(line)
+        line = self.progress.update(step, metrics)
+        if self.plain:
+            self._print(line.text())
+            return
+        self._print(line.text(self.console.width))  # history: fitted, so one row per step
+        if self._status is not None:
+            self._status.last = line
+            if self._live is not None:
+                self._live.refresh()
 
     def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
         self._print(format_eval(step, name, metrics, len(rows)), style="bold cyan")
@@ -173,9 +181,12 @@ class ConsoleLogger(Logger):
         if self._handler is not None:
             logging.getLogger("telescope").removeHandler(self._handler)
             self._handler = None
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._stdio is not None:  # first: rich restores the streams only if its proxies are on top
+            self._stdio.stop()
+            self._stdio = None
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
         elapsed = format_duration(self._clock() - self._t0)
         self._print(
             f"run {status} after {elapsed}", style="bold green" if status == "finished" else "bold red"

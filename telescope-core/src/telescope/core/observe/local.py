@@ -31,12 +31,16 @@ from telescope.core.observe.layout import (
 )
 from telescope.core.observe.logfilter import shared_repeat_filter
 from telescope.core.observe.periodic import IntervalBuffer, IntervalGate
+from telescope.core.observe.progress import StepProgress
 from telescope.core.observe.reader import read_run_meta
 from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord, TimelineEvent
 from telescope.core.observe.stdio import STDOUT_LOG_NAME, StdioCapture
 from telescope.core.observe.storage import StorageError, describe_os_error
 
 __all__ = ["LocalLogger"]
+
+#: The logger name of the step lines and the start-up summary in telescope.log.
+PROGRESS_LOGGER = "telescope.progress"
 
 _DETAILED_FORMAT = "%(asctime)s %(levelname)s %(name)s %(filename)s:%(lineno)d %(message)s"
 
@@ -98,6 +102,8 @@ class LocalLogger(Logger):
         self._samples: IntervalBuffer[dict[str, Any]] | None = None
         self._tail_gate: IntervalGate | None = None
         self._stdio: StdioCapture | None = None
+        self._progress = StepProgress(0)
+        self._cfg: Any = None
 
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
@@ -122,6 +128,8 @@ class LocalLogger(Logger):
         write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         self._open_writers(cfg)
         self._attach_log_files(self.run_dir / LOGS_DIR)
+        self._progress = StepProgress(int(getattr(cfg, "number_of_steps", 0)))
+        self._cfg = cfg
 
     def _open_writers(self, cfg: Any) -> None:
         assert self.run_dir is not None
@@ -174,8 +182,15 @@ class LocalLogger(Logger):
             raise RuntimeError(f"local logger: {fname} written before start(): call LoggerHub.start first")
         return self._writers[fname]
 
+    def _log_line(self, message: str) -> None:
+        """One INFO line into telescope.log and the detailed log only (not the console: it shows its own)."""
+        record = logging.LogRecord(PROGRESS_LOGGER, logging.INFO, __file__, 0, message, None, None)
+        for handler in self._handlers:
+            handler.handle(record)
+
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         self._writer(METRICS_FILE).write({"step": step, "time": time.time(), "metrics": metrics})
+        self._log_line(self._progress.update(step, metrics).text())  # progress reaches the run directory
 
     def log_rollouts(self, step: int, rows: list[RolloutRecord]) -> None:
         self._started(self._rollouts).write(step, [r.to_dict() for r in rows])
@@ -204,9 +219,22 @@ class LocalLogger(Logger):
             self._events.write_tail()
 
     def log_info(self, info: dict[str, Any]) -> None:
+        setup = info.get("setup")
+        if isinstance(setup, dict) and "inference_engine" in setup:
+            self._log_startup_summary(str(setup["inference_engine"]), str(setup.get("why", "")))
         self._meta.setdefault("info", {}).update(info)
         if self.run_dir is not None:
             self._write_meta()
+
+    def _log_startup_summary(self, engine: str, why: str) -> None:
+        """The summary ``telescope train`` prints at start, kept in telescope.log too."""
+        from telescope.core.inference.auto import run_summary, startup_notes
+
+        if self._cfg is None:
+            return
+        self._log_line(f"start: {run_summary(self._cfg, engine, why)}")
+        for note in startup_notes(self._cfg, engine):
+            self._log_line(f"note: {note}")
 
     def _write_meta(self) -> None:
         assert self.run_dir is not None

@@ -10,17 +10,23 @@ subprocesses) is not seen; inference servers have their own files under ``logs/`
 ``stop`` restores the streams it replaced when they are still in place. When something
 wrapped them later (W&B's console capture, a test harness), the tee stays in that chain as
 a plain pass-through and the next capture unwraps it.
+
+``PlainStdio`` (the console's plain mode, output that is not a terminal) cleans what passes:
+ANSI colour codes are removed and a carriage-return redraw (a progress bar) is reduced to its
+last state, one line per line. Ray's copies of the workers' output (``(TrainerWorker pid=..)``
+in cyan, transformers' loading bars) are Python-level writes too, so they are cleaned as well.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["STDOUT_LOG_NAME", "StdioCapture", "StreamTee"]
+__all__ = ["STDOUT_LOG_NAME", "PlainLines", "PlainStdio", "StdioCapture", "StreamTee", "plain_line"]
 
 #: File name under ``RUN_DIR/logs`` (the ``*.stdout.log`` files follow ``wandb_upload_logs_stdout``).
 STDOUT_LOG_NAME = "telescope.stdout.log"
@@ -45,24 +51,19 @@ class _Sink:
             self._file.close()
 
 
-class StreamTee:
-    """A text stream that forwards to ``inner`` and, while active, appends to the sink.
+class _Wrapper:
+    """A text stream in front of ``inner``; inactive, a plain pass-through.
 
     Every other attribute (``isatty``, ``fileno``, ``encoding`` ...) is the inner stream's,
     so terminal detection and the like behave as before.
     """
 
-    def __init__(self, inner: TextIO, sink: _Sink) -> None:
+    def __init__(self, inner: TextIO) -> None:
         self.inner = inner
-        self._sink = sink
         self.active = True
 
     def write(self, text: str) -> int:
-        written = self.inner.write(text)
-        if self.active and text:
-            with contextlib.suppress(Exception):  # the copy must never break printing
-                self._sink.write(text)
-        return written
+        return self.inner.write(text)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -75,11 +76,129 @@ class StreamTee:
         return getattr(self.inner, name)
 
 
+class StreamTee(_Wrapper):
+    """A text stream that forwards to ``inner`` and, while active, appends to the sink."""
+
+    def __init__(self, inner: TextIO, sink: _Sink) -> None:
+        super().__init__(inner)
+        self._sink = sink
+
+    def write(self, text: str) -> int:
+        written = self.inner.write(text)
+        self.copy(text)
+        return written
+
+    def copy(self, text: str) -> None:
+        """Append ``text`` to the file only (what a proxy in front of this tee shows elsewhere)."""
+        if self.active and text:
+            with contextlib.suppress(Exception):  # the copy must never break printing
+                self._sink.write(text)
+
+
 def _unwrap_inactive(stream: Any) -> Any:
-    """Drop pass-through tees a previous capture had to leave in place."""
-    while isinstance(stream, StreamTee) and not stream.active:
+    """Drop pass-through wrappers a previous capture had to leave in place."""
+    while isinstance(stream, _Wrapper) and not stream.active:
         stream = stream.inner
     return stream
+
+
+def _replace_streams(make: Any) -> dict[str, _Wrapper]:
+    """Put ``make(stream)`` in place of ``sys.stdout`` and ``sys.stderr``; the wrappers by name."""
+    wrappers: dict[str, _Wrapper] = {}
+    for name in ("stdout", "stderr"):
+        stream = _unwrap_inactive(getattr(sys, name))
+        if stream is None:  # e.g. pythonw: nothing is printed, nothing to wrap
+            continue
+        wrappers[name] = make(stream)
+        setattr(sys, name, wrappers[name])
+    return wrappers
+
+
+def _restore_streams(wrappers: dict[str, _Wrapper]) -> None:
+    """Undo ``_replace_streams``: a wrapper still in place is removed, one wrapped since stays inactive."""
+    for name, wrapper in wrappers.items():
+        wrapper.active = False
+        if getattr(sys, name) is wrapper:
+            setattr(sys, name, _unwrap_inactive(wrapper.inner))
+    wrappers.clear()
+
+
+#: CSI (colours, cursor moves), OSC (titles, links) and two-character escape sequences.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+#: The prefix Ray puts before a worker's line: ``(TrainerWorker pid=123, ip=10.0.0.2) ``.
+_RAY_PREFIX = re.compile(r"^\([^()]*pid=[^()]*\) ")
+
+
+def plain_line(line: str) -> str:
+    """``line`` as a log file should hold it: no ANSI codes, a ``\\r`` redraw reduced to its last
+    state (Ray's ``(Worker pid=..)`` prefix in front of it is kept)."""
+    line = _ANSI.sub("", line)
+    prefix = _RAY_PREFIX.match(line)
+    head = prefix.group(0) if prefix else ""
+    segments = line[len(head) :].split("\r")
+    return head + next((seg for seg in reversed(segments) if seg.strip()), "")
+
+
+class PlainLines(_Wrapper):
+    """Passes whole lines on, each through ``plain_line``; a partial line waits for its newline
+    (a progress bar redrawn with ``\\r`` becomes one line, in its final state)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        super().__init__(inner)
+        self._pending = ""
+        self._lock = threading.Lock()
+        self._tee = _tee_behind_proxy(inner)
+
+    def write(self, text: str) -> int:
+        if not self.active:
+            return self.inner.write(text)
+        with self._lock:
+            *lines, self._pending = (self._pending + text).split("\n")
+            if lines:
+                cleaned = "".join(plain_line(line) + "\n" for line in lines)
+                self.inner.write(cleaned)
+                if self._tee is not None:
+                    self._tee.copy(cleaned)
+        return len(text)
+
+    def flush_pending(self) -> None:
+        """Write out a last line that never got its newline."""
+        with self._lock:
+            pending, self._pending = self._pending, ""
+        if pending and plain_line(pending):
+            self.inner.write(plain_line(pending) + "\n")
+            self.inner.flush()
+
+
+def _tee_behind_proxy(stream: Any) -> StreamTee | None:
+    """The run directory's tee behind a rich ``FileProxy`` (the live display's redirect prints to the
+    terminal itself, so what passes would miss telescope.stdout.log); None otherwise."""
+    proxied = getattr(stream, "rich_proxied_file", None)
+    while isinstance(proxied, _Wrapper):
+        if isinstance(proxied, StreamTee) and proxied.active:
+            return proxied
+        proxied = proxied.inner
+    return None
+
+
+class PlainStdio:
+    """Clean ``sys.stdout`` and ``sys.stderr`` (``PlainLines``) between ``start`` and ``stop``."""
+
+    def __init__(self) -> None:
+        self._wrappers: dict[str, _Wrapper] = {}
+
+    def start(self) -> None:
+        if not self._wrappers:
+            self._wrappers = _replace_streams(PlainLines)
+
+    def stop(self) -> None:
+        for wrapper in self._wrappers.values():
+            if isinstance(wrapper, PlainLines):
+                with contextlib.suppress(Exception):
+                    wrapper.flush_pending()
+        _restore_streams(self._wrappers)
 
 
 class StdioCapture:
@@ -88,26 +207,16 @@ class StdioCapture:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._sink: _Sink | None = None
-        self._tees: dict[str, StreamTee] = {}
+        self._tees: dict[str, _Wrapper] = {}
 
     def start(self) -> None:
         if self._sink is not None:
             raise RuntimeError(f"stdout capture into {self.path} is already running: call stop() first")
-        self._sink = _Sink(self.path)
-        for name in ("stdout", "stderr"):
-            stream = _unwrap_inactive(getattr(sys, name))
-            if stream is None:  # e.g. pythonw: nothing is printed, nothing to copy
-                continue
-            tee = StreamTee(stream, self._sink)
-            self._tees[name] = tee
-            setattr(sys, name, tee)
+        sink = self._sink = _Sink(self.path)
+        self._tees = _replace_streams(lambda stream: StreamTee(stream, sink))
 
     def stop(self) -> None:
-        for name, tee in self._tees.items():
-            tee.active = False
-            if getattr(sys, name) is tee:
-                setattr(sys, name, _unwrap_inactive(tee.inner))
-        self._tees.clear()
+        _restore_streams(self._tees)
         if self._sink is not None:
             self._sink.close()
             self._sink = None

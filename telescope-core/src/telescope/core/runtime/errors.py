@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["root_cause", "describe_failure"]
+__all__ = ["describe_failure", "failure_log_tail", "root_cause"]
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -31,3 +31,11 @@ def describe_failure(exc: BaseException) -> str:
     message = str(cause).strip().splitlines()
     first = message[0] if message else ""
     return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+
+
+def failure_log_tail(exc: BaseException, lines: int = 12) -> list[str]:
+    """The last log lines the root cause carries (``log_tail``: a server that failed to start), or []."""
+    tail = getattr(root_cause(exc), "log_tail", None)
+    if not isinstance(tail, list | tuple):
+        return []
+    return [str(line) for line in tail][-lines:]

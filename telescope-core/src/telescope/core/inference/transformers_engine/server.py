@@ -20,6 +20,7 @@ from aiohttp import web
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.app import build_app
 from telescope.core.inference.transformers_engine.core import EngineOptions, GenerationEngine
+from telescope.core.inference.transformers_engine.requestlog import server_logging
 from telescope.core.inference.transformers_engine.weights import ServerWeightSync
 from telescope.core.runtime.threads import ThreadChoice, choose_torch_threads
 from telescope.core.weights.settings import serving_dtype
@@ -183,7 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     kwargs = TransformersEngineKwargs.model_validate_json(args.engine_kwargs)
     state = load_server_state(cfg, kwargs, args.index)
     log.info("serving %s on %s:%d (server %d)", cfg.model, args.host, args.port, args.index)
-    web.run_app(build_app(state), host=args.host, port=args.port, handler_cancellation=True, print=None)
+    app = build_app(state)
+    quiet = server_logging(app, access_log=cfg.inference_access_log)  # a summary line per minute when off
+    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None, **quiet)
 
 
 if __name__ == "__main__":

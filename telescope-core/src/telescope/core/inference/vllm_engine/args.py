@@ -26,7 +26,7 @@ MANAGED_FLAGS = (
     "--host", "--port", "--served-model-name", "--tensor-parallel-size", "--gpu-memory-utilization",
     "--max-model-len", "--scheduling-policy", "--dtype", "--seed", "--logprobs-mode", "--worker-extension-cls",
     "--generation-config", "--enable-prefix-caching", "--no-enable-prefix-caching", "--otlp-traces-endpoint",
-    "--max-num-seqs", "--max-num-batched-tokens",
+    "--max-num-seqs", "--max-num-batched-tokens", "--disable-uvicorn-access-log",
 )  # fmt: skip
 
 
@@ -75,6 +75,8 @@ def build_vllm_args(
         "--generation-config", "vllm",
         "--enable-prefix-caching" if kwargs.enable_prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
+    if not cfg.inference_access_log:  # a line per request buries the server's own log lines
+        args.append("--disable-uvicorn-access-log")
     if otlp_endpoint is not None:
         args += ["--otlp-traces-endpoint", otlp_endpoint]
     if kwargs.max_num_seqs is not None:
