@@ -122,6 +122,35 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
     assert not tab.errors
 
 
+def test_charts_show_a_preview_before_plotly_then_the_plotly_chart(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("metrics?runs=done")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    marks = p.evaluate(
+        "Object.fromEntries(performance.getEntriesByType('mark').map(m => [m.name, m.startTime]))"
+    )
+    # the page loads plotly only once its charts are drawn as previews (app.js)
+    assert marks["metrics-data"] <= marks["first-preview"] < marks["plotly-ready"] <= marks["first-chart"]
+    assert not p.query_selector(".chart .preview-svg")  # every preview was replaced by plotly's chart
+    # the preview's geometry, against coordinates computed here: margins l=48 r=12 t=28 b=32
+    path = p.evaluate("""async () => {
+        const { drawPreview } = await import('/static/preview.js');
+        const el = document.createElement('div');
+        el.style.cssText = 'width:460px;height:260px';
+        document.body.append(el);
+        drawPreview(el, [{ x: [0, 1, 2, 3], y: [0, 2, null, 1], line: { color: 'red' } }], { yaxis: { range: [0, 4] } });
+        return el.querySelector('path').getAttribute('d');
+    }""")
+    sx = [48 + i / 3 * (460 - 60) for i in range(4)]
+    sy = [260 - 32 - v / 4 * (260 - 60) for v in (0, 2, 0, 1)]
+    # the null at x=2 breaks the line: a new segment starts at x=3
+    assert path == f"M{sx[0]:.1f},{sy[0]:.1f}L{sx[1]:.1f},{sy[1]:.1f}M{sx[3]:.1f},{sy[3]:.1f}"
+    assert not tab.errors
+
+
 def test_filtering_rollouts_by_reward(browser: Any, live: tuple[ServerThread, Any]) -> None:
     srv, _ = live
     tab = Page(browser, srv.url)

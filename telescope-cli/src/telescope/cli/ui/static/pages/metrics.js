@@ -5,6 +5,7 @@
 import { COLORS, drawWhenVisible, empty, h, plot, runApi, setParams, smooth } from '../common.js';
 
 const CUSTOM_KEY = 'telescope.metrics.custom';
+const MARKERS_UP_TO = 200;
 let ctx = null;   // {runs, options, catalog: Map key -> item, series: {run: data}, charts: [{el, key}]}
 
 export function loadCustom() {
@@ -32,7 +33,9 @@ function traces(key) {
     const xs = x === 'time' ? data.time.map(t => t - (data.created_at || data.time[0] || 0)) : data.step;
     const color = COLORS[i % COLORS.length];
     if (smoothing > 0) out.push({ x: xs, y: data.values[key], name: `${run} raw`, mode: 'lines', line: { color, width: 1 }, opacity: 0.25, hoverinfo: 'skip' });
-    out.push({ x: xs, y: smooth(data.values[key], smoothing), name: run, mode: 'lines+markers', marker: { size: 3 }, line: { color, width: 1.5 } });
+    // a marker per point helps on short runs; on long ones it only costs drawing time (SVG nodes)
+    out.push({ x: xs, y: smooth(data.values[key], smoothing), name: run, mode: xs.length > MARKERS_UP_TO ? 'lines' : 'lines+markers',
+               marker: { size: 3 }, line: { color, width: 1.5 } });
   });
   return out;
 }
@@ -132,6 +135,7 @@ export async function render(main, { params, selected }) {
           options: { view: params.view || 'sections', smoothing: Number(params.smooth || 0), x: params.x || 'step', filter: params.q || '' } };
   main.append(ctx.root);
   Object.assign(ctx, await fetchData(selected));
+  performance.mark('metrics-data');
   draw();
 }
 
