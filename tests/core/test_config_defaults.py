@@ -28,6 +28,7 @@ ADDED_FIELDS = {
     "inference_dtype": None,
     "inference_max_restarts": 3,
     "max_run_restarts": 2,
+    "rollout_token_view_max_tokens": 512,
 }
 
 

@@ -235,27 +235,34 @@ def test_evals_page_charts_each_metric_and_shows_samples(
 
 
 def test_token_view_colours_by_logprob_when_the_record_has_them(
-    browser: Any, live: tuple[ServerThread, Any]
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
 ) -> None:
     srv, _ = live
-    # records have no per-token logprobs today; a row that carries them gets coloured tokens
+    # a record with the token view's fields (rollout_token_view_max_tokens): texts and logprobs,
+    # null for a token the environment wrote
     row = {
         **step_rows(4)[0].to_dict(),
         "group_id": 9,
-        "completion_ids": [5, 6, 7],
-        "completion_logprobs": [0.0, -0.7, -5.0],
+        "completion_ids": [5, 6, 7, 8],
+        "completion_token_texts": ["Hel", "lo", "\n", " world"],
+        "completion_logprobs": [0.0, -0.7, None, -5.0],
     }
     append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
     tab = Page(browser, srv.url)
     p = tab.open("rollouts?runs=done&step=4&group=9&sample=0")
-    p.wait_for_selector("#rollout-detail .tokens span")
-    styles = [s.get_attribute("style") for s in p.query_selector_all("#rollout-detail .tokens span")]
-    # hue = 120 * probability: green for p=1, ~60 for p=0.5, red for p~0
-    assert styles == [
+    p.wait_for_selector("#token-view span")
+    spans = p.query_selector_all("#token-view span")
+    assert [s.inner_text() for s in spans] == ["Hel", "lo", "↵", " world"]
+    # hue = 120 * probability: green for p=1, ~60 for p=0.5, red for p~0; the environment's token grey
+    assert [s.get_attribute("style") for s in spans] == [
         "background:hsl(120, 70%, 85%)",
         "background:hsl(60, 70%, 85%)",
+        None,
         "background:hsl(1, 70%, 85%)",
     ]
+    assert spans[2].get_attribute("class") == "tok env"
+    assert "logprob -0.700" in (spans[1].get_attribute("title") or "")
+    p.query_selector("#token-view").screenshot(path=str(tmp_path / "token-view.png"))
     assert not tab.errors
 
 
