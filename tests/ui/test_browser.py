@@ -115,6 +115,13 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
     p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
     y_range = p.evaluate("document.querySelector('.chart[data-key=\"reward/mean\"]').layout.yaxis.range")
     assert y_range == pytest.approx([-0.03, 1.03])
+    # a constant series (0.5 at every step) is centred on its value, not drawn on [-0.5, 1.5]
+    p.evaluate("document.querySelector('.chart[data-key=\"timing_forward_total\"]').scrollIntoView()")
+    p.wait_for_selector('.chart[data-key="timing_forward_total"] .main-svg')
+    y_range = p.evaluate(
+        "document.querySelector('.chart[data-key=\"timing_forward_total\"]').layout.yaxis.range"
+    )
+    assert y_range == pytest.approx([0.25, 0.75])
     p = tab.open("metrics?runs=done,live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
@@ -286,3 +293,72 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
     sources = [d.get_attribute("data-source") for d in p.query_selector_all("details[data-source]")]
     assert sources == ["system n1", "vllm server 0"]
     assert not tab.errors
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_dashboard_follows_a_real_quickstart_run(browser: Any, tmp_path: Path) -> None:
+    """The quickstart (real Ray, transformers engine, FSDP trainer; 30 steps) served while it
+    trains (12 steps: 1 to 3 min here): new steps reach the Metrics chart and new lines the Logs
+    page without a reload; then every page of the finished run, screenshots under ``<tmp>/shots``."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = tmp_path / "runs" / "quickstart"
+    run_dir.parent.mkdir()
+    exe = Path(sys.executable).parent / "telescope"
+    cmd = [str(exe), "train", str(root / "examples" / "quickstart.yaml"), "--number_of_steps", "12", "--run_dir", str(run_dir)]  # fmt: skip
+    with open(tmp_path / "train.out", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    srv = ServerThread(Workspace([run_dir.parent])).start()
+    try:
+        deadline = time.monotonic() + 400
+        while _lines(run_dir / "metrics.jsonl") < 2:
+            assert proc.poll() is None, (tmp_path / "train.out").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the quickstart logged no 2 steps within 400 s"
+            time.sleep(0.5)
+        tab = Page(browser, srv.url)
+        p = tab.open("metrics?runs=quickstart")
+        p.wait_for_selector('.chart[data-key="reward/mean"]')
+        p.evaluate(
+            "document.querySelector('.chart[data-key=\"reward/mean\"]').scrollIntoView()"
+        )  # drawn when in view
+        p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
+        shown = tab.points("reward/mean")
+        # a later step appears in the open page (no reload): the page polls every second
+        p.wait_for_function(
+            f"document.querySelector('.chart[data-key=\"reward/mean\"]').data[0].x.length > {shown}",
+            timeout=120_000,
+        )
+        logs = tab.open("logs?runs=quickstart")
+        logs.wait_for_selector("#log-lines div")
+        before = len(logs.query_selector_all("#log-lines div"))
+        if proc.poll() is None:  # the run still writes its logs: the page follows them
+            logs.wait_for_function(
+                f"document.querySelectorAll('#log-lines div').length > {before}", timeout=120_000
+            )
+        assert proc.wait(600) == 0, (tmp_path / "train.out").read_text()[-3000:]
+        shots = tmp_path / "shots"
+        shots.mkdir()
+        for page in PAGES:
+            p = tab.open(f"{page}?runs=quickstart")
+            p.wait_for_timeout(1500)
+            p.screenshot(path=str(shots / f"{page}.png"))
+            assert not p.query_selector("p.error"), f"{page}: {p.inner_text('main')}"
+        # the real records carry the token view (completions of <= 24 tokens): coloured spans
+        p = tab.open("rollouts?runs=quickstart")
+        p.click("#rollout-table tr.clickable >> nth=0")
+        p.wait_for_selector("#token-view span[style*=hsl]")
+        p.screenshot(path=str(shots / "rollout-sample.png"), full_page=True)
+        assert not tab.errors
+    finally:
+        srv.stop()
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)

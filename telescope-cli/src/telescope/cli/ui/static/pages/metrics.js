@@ -40,14 +40,26 @@ function traces(key) {
   return out;
 }
 
+// A constant non-zero series (a fixed learning rate) on plotly's automatic [v-1, v+1] reads as
+// zero: centre it on its value instead.
+function constantRange(data) {
+  const values = data.flatMap(t => t.y).filter(v => typeof v === 'number' && Number.isFinite(v));
+  if (!values.length || values.some(v => v !== values[0]) || values[0] === 0) return null;
+  const v = values[0];
+  return [v - Math.abs(v) / 2, v + Math.abs(v) / 2];
+}
+
 function drawChart(el, key) {
   const item = ctx.catalog.get(key);
   const range = item && item.range;
   const pad = range ? (range[1] - range[0]) * 0.03 : 0;
-  return plot(el, traces(key), {
+  const data = traces(key);
+  const flat = range ? null : constantRange(data);
+  return plot(el, data, {
     title: { text: key + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
     xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds' : 'step' } },
-    yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false } : { autorange: true },
+    yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false }
+      : flat ? { range: flat, autorange: false } : { autorange: true },
   });
 }
 
