@@ -244,7 +244,7 @@ class TelescopeConfig(BaseModel):
     """Block size for rollout event grouping."""
     rollout_token_view_max_tokens: int = Field(default=512, ge=0)
     """Rollout records of completions up to this many tokens also hold each token's text and
-    sampler logprob (the dashboard's token view; about 17 bytes a token). 0 = never."""
+    sampler logprob (the dashboard's token view; about 21 bytes a token). 0 = never."""
     track_gpu_events: bool = True
     """Track GPU utilization events."""
 
