@@ -34,6 +34,7 @@ ADDED_FIELDS = {
     "mlflow_tracking_uri": None,
     "mlflow_experiment_name": "telescope",
     "inference_access_log": False,
+    "rollout_token_view_max_tokens": 512,
 }
 
 

@@ -187,3 +187,20 @@ def test_reward_details_and_errors_reach_the_records(tiny_tokenizer: Any) -> Non
 def test_environment_stop_reason_reaches_the_records(tiny_tokenizer: Any) -> None:
     row = _record(tiny_tokenizer, _Game(MultiTurnKwargs(max_turns=3)), "move")
     assert row["env_stop_reason"] == "solved" and row["reward"] == 0.5
+
+
+def test_runner_decodes_each_token_for_the_token_view_up_to_the_limit(tiny_tokenizer: Any) -> None:
+    tok = tiny_tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    answer = tok.encode("REVIR", add_special_tokens=False) + [im_end]
+    settings = GenerationSettings(1.0, None, 16, 512, [im_end], False, token_view_max_tokens=len(answer))
+    task = SampleTask("r", _Seen(), Sample("q", "REVIR"), [1, 2], "p", None, None)
+    sample = asyncio.run(RolloutRunner(tok, settings, None).run(_Client([answer]), task, lambda: None))
+    # each id decoded on its own, by the tokenizer (an independent decode per id)
+    assert sample.completion_token_texts == [tok.decode([i]) for i in answer]
+    assert "".join(sample.completion_token_texts) == tok.decode(answer)
+    (row,) = records_from_group(RolloutGroup(0, "e", 0, [sample]), step=1)
+    assert row.completion_logprobs == [0.0] * len(answer)  # the fake server's logprobs
+    shorter = GenerationSettings(1.0, None, 16, 512, [im_end], False, token_view_max_tokens=len(answer) - 1)
+    sample = asyncio.run(RolloutRunner(tok, shorter, None).run(_Client([answer]), task, lambda: None))
+    assert sample.completion_token_texts is None  # longer than the limit: no token view

@@ -49,3 +49,17 @@ def test_discarded_group_carries_reason_and_kind() -> None:
     assert rollout_metrics(rows)["discarded/zero_advantage/all_zero_groups"] == 1.0
     cancelled = records_from_group(group, step=2, discard_reason="off_policy")
     assert all(r.cancelled and r.zero_advantage_kind is None for r in cancelled)
+
+
+def test_token_view_fields_only_when_the_runtime_decoded_tokens() -> None:
+    plain = _sample(1.0, 3)
+    multi = _sample(1.0, 4)
+    multi.completion_token_texts = ["a", "b", "\n", "c"]
+    multi.inference_logprobs = [-0.123456, -1.0, 0.0, -2.5]
+    multi.loss_mask = [1, 1, 0, 1]  # the third token was written by the environment
+    group = groups.RolloutGroup(group_id=1, env_name="e", sample_idx=0, samples=[plain, multi])
+    rows = records_from_group(group, step=1)
+    assert rows[0].completion_token_texts is None and "completion_logprobs" not in rows[0].to_dict()
+    assert rows[1].completion_token_texts == ["a", "b", "\n", "c"]
+    assert rows[1].completion_logprobs == [-0.1235, -1.0, None, -2.5]
+    assert rows[1].to_dict()["completion_logprobs"] == [-0.1235, -1.0, None, -2.5]

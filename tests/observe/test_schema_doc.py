@@ -52,8 +52,11 @@ def _regex(name: str) -> re.Pattern[str]:
 
 def test_rollout_fields_match_the_document() -> None:
     documented = set(_first_column_names(_section("rollouts/block_{k}.jsonl")))
-    written = set(RolloutRecord(step=1, group_id=0, env="e", sample_id=0).to_dict())
+    # the token view's fields are written only when set: a record with them has every field
+    token_view = {"completion_token_texts": ["a"], "completion_logprobs": [-0.1]}
+    written = set(RolloutRecord(step=1, group_id=0, env="e", sample_id=0, **token_view).to_dict())
     assert documented == written
+    assert written - set(RolloutRecord(step=1, group_id=0, env="e", sample_id=0).to_dict()) == set(token_view)
 
 
 def test_run_json_fields_match_the_document(synthetic_run: Path) -> None:

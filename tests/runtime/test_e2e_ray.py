@@ -123,9 +123,20 @@ def test_every_run_file_follows_the_documented_schema(run_dir: Path) -> None:
 
     reader = RunDirReader(run_dir)
     # Field sets come from the record classes (tests/observe/test_schema_doc.py ties them to the doc).
-    rollout_fields = set(RolloutRecord(step=1, group_id=0, env="e", sample_id=0).to_dict())
+    token_view = {"completion_token_texts", "completion_logprobs"}  # written only when set
+    rollout_fields = set(
+        RolloutRecord(step=1, group_id=0, env="e", sample_id=0, **dict.fromkeys(token_view, [])).to_dict()
+    )
     rows = reader.rollouts()
-    assert rows and all(set(r) == rollout_fields for r in rows)
+    assert rows and all(set(r) in (rollout_fields, rollout_fields - token_view) for r in rows)
+    # completions within rollout_token_view_max_tokens (every trained one here) carry a text and
+    # a logprob per token
+    assert all("completion_token_texts" in r for r in rows if r["kept"])
+    viewed = [r for r in rows if "completion_token_texts" in r]
+    assert all(
+        len(r["completion_token_texts"]) == len(r["completion_logprobs"]) == len(r["completion_ids"])
+        for r in viewed
+    )
     assert all({"generation_s", "reward_s"} <= set(r["timings"]) for r in rows)
     event_fields = set(TimelineEvent(type="run").to_dict())
     events = reader.events()

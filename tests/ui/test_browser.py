@@ -115,10 +115,46 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
     p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
     y_range = p.evaluate("document.querySelector('.chart[data-key=\"reward/mean\"]').layout.yaxis.range")
     assert y_range == pytest.approx([-0.03, 1.03])
+    # a constant series (0.5 at every step) is centred on its value, not drawn on [-0.5, 1.5]
+    p.evaluate("document.querySelector('.chart[data-key=\"timing_forward_total\"]').scrollIntoView()")
+    p.wait_for_selector('.chart[data-key="timing_forward_total"] .main-svg')
+    y_range = p.evaluate(
+        "document.querySelector('.chart[data-key=\"timing_forward_total\"]').layout.yaxis.range"
+    )
+    assert y_range == pytest.approx([0.25, 0.75])
     p = tab.open("metrics?runs=done,live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
     assert p.query_selector('details[data-section="debug"] .group-title').inner_text() == "grads"
+    assert not tab.errors
+
+
+def test_charts_show_a_preview_before_plotly_then_the_plotly_chart(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    tab = Page(browser, srv.url)
+    p = tab.open("metrics?runs=done")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    marks = p.evaluate(
+        "Object.fromEntries(performance.getEntriesByType('mark').map(m => [m.name, m.startTime]))"
+    )
+    # the page loads plotly only once its charts are drawn as previews (app.js)
+    assert marks["metrics-data"] <= marks["first-preview"] < marks["plotly-ready"] <= marks["first-chart"]
+    assert not p.query_selector(".chart .preview-svg")  # every preview was replaced by plotly's chart
+    # the preview's geometry, against coordinates computed here: margins l=48 r=12 t=28 b=32
+    path = p.evaluate("""async () => {
+        const { drawPreview } = await import('/static/preview.js');
+        const el = document.createElement('div');
+        el.style.cssText = 'width:460px;height:260px';
+        document.body.append(el);
+        drawPreview(el, [{ x: [0, 1, 2, 3], y: [0, 2, null, 1], line: { color: 'red' } }], { yaxis: { range: [0, 4] } });
+        return el.querySelector('path').getAttribute('d');
+    }""")
+    sx = [48 + i / 3 * (460 - 60) for i in range(4)]
+    sy = [260 - 32 - v / 4 * (260 - 60) for v in (0, 2, 0, 1)]
+    # the null at x=2 breaks the line: a new segment starts at x=3
+    assert path == f"M{sx[0]:.1f},{sy[0]:.1f}L{sx[1]:.1f},{sy[1]:.1f}M{sx[3]:.1f},{sy[3]:.1f}"
     assert not tab.errors
 
 
@@ -206,27 +242,34 @@ def test_evals_page_charts_each_metric_and_shows_samples(
 
 
 def test_token_view_colours_by_logprob_when_the_record_has_them(
-    browser: Any, live: tuple[ServerThread, Any]
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
 ) -> None:
     srv, _ = live
-    # records have no per-token logprobs today; a row that carries them gets coloured tokens
+    # a record with the token view's fields (rollout_token_view_max_tokens): texts and logprobs,
+    # null for a token the environment wrote
     row = {
         **step_rows(4)[0].to_dict(),
         "group_id": 9,
-        "completion_ids": [5, 6, 7],
-        "completion_logprobs": [0.0, -0.7, -5.0],
+        "completion_ids": [5, 6, 7, 8],
+        "completion_token_texts": ["Hel", "lo", "\n", " world"],
+        "completion_logprobs": [0.0, -0.7, None, -5.0],
     }
     append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
     tab = Page(browser, srv.url)
     p = tab.open("rollouts?runs=done&step=4&group=9&sample=0")
-    p.wait_for_selector("#rollout-detail .tokens span")
-    styles = [s.get_attribute("style") for s in p.query_selector_all("#rollout-detail .tokens span")]
-    # hue = 120 * probability: green for p=1, ~60 for p=0.5, red for p~0
-    assert styles == [
+    p.wait_for_selector("#token-view span")
+    spans = p.query_selector_all("#token-view span")
+    assert [s.inner_text() for s in spans] == ["Hel", "lo", "↵", " world"]
+    # hue = 120 * probability: green for p=1, ~60 for p=0.5, red for p~0; the environment's token grey
+    assert [s.get_attribute("style") for s in spans] == [
         "background:hsl(120, 70%, 85%)",
         "background:hsl(60, 70%, 85%)",
+        None,
         "background:hsl(1, 70%, 85%)",
     ]
+    assert spans[2].get_attribute("class") == "tok env"
+    assert "logprob -0.700" in (spans[1].get_attribute("title") or "")
+    p.query_selector("#token-view").screenshot(path=str(tmp_path / "token-view.png"))
     assert not tab.errors
 
 
@@ -250,3 +293,72 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
     sources = [d.get_attribute("data-source") for d in p.query_selector_all("details[data-source]")]
     assert sources == ["system n1", "vllm server 0"]
     assert not tab.errors
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_dashboard_follows_a_real_quickstart_run(browser: Any, tmp_path: Path) -> None:
+    """The quickstart (real Ray, transformers engine, FSDP trainer; 30 steps) served while it
+    trains (12 steps: 1 to 3 min here): new steps reach the Metrics chart and new lines the Logs
+    page without a reload; then every page of the finished run, screenshots under ``<tmp>/shots``."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = tmp_path / "runs" / "quickstart"
+    run_dir.parent.mkdir()
+    exe = Path(sys.executable).parent / "telescope"
+    cmd = [str(exe), "train", str(root / "examples" / "quickstart.yaml"), "--number_of_steps", "12", "--run_dir", str(run_dir)]  # fmt: skip
+    with open(tmp_path / "train.out", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    srv = ServerThread(Workspace([run_dir.parent])).start()
+    try:
+        deadline = time.monotonic() + 400
+        while _lines(run_dir / "metrics.jsonl") < 2:
+            assert proc.poll() is None, (tmp_path / "train.out").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the quickstart logged no 2 steps within 400 s"
+            time.sleep(0.5)
+        tab = Page(browser, srv.url)
+        p = tab.open("metrics?runs=quickstart")
+        p.wait_for_selector('.chart[data-key="reward/mean"]')
+        p.evaluate(
+            "document.querySelector('.chart[data-key=\"reward/mean\"]').scrollIntoView()"
+        )  # drawn when in view
+        p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
+        shown = tab.points("reward/mean")
+        # a later step appears in the open page (no reload): the page polls every second
+        p.wait_for_function(
+            f"document.querySelector('.chart[data-key=\"reward/mean\"]').data[0].x.length > {shown}",
+            timeout=120_000,
+        )
+        logs = tab.open("logs?runs=quickstart")
+        logs.wait_for_selector("#log-lines div")
+        before = len(logs.query_selector_all("#log-lines div"))
+        if proc.poll() is None:  # the run still writes its logs: the page follows them
+            logs.wait_for_function(
+                f"document.querySelectorAll('#log-lines div').length > {before}", timeout=120_000
+            )
+        assert proc.wait(600) == 0, (tmp_path / "train.out").read_text()[-3000:]
+        shots = tmp_path / "shots"
+        shots.mkdir()
+        for page in PAGES:
+            p = tab.open(f"{page}?runs=quickstart")
+            p.wait_for_timeout(1500)
+            p.screenshot(path=str(shots / f"{page}.png"))
+            assert not p.query_selector("p.error"), f"{page}: {p.inner_text('main')}"
+        # the real records carry the token view (completions of <= 24 tokens): coloured spans
+        p = tab.open("rollouts?runs=quickstart")
+        p.click("#rollout-table tr.clickable >> nth=0")
+        p.wait_for_selector("#token-view span[style*=hsl]")
+        p.screenshot(path=str(shots / "rollout-sample.png"), full_page=True)
+        assert not tab.errors
+    finally:
+        srv.stop()
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)

@@ -366,3 +366,21 @@ def test_newer_record_fields_tags_reasons_and_failure(tmp_path: Path) -> None:
         "difficulty": "easy"
     }
     assert run.summary()["failure"] == "reward server unreachable"
+
+
+def test_runs_page_names_a_built_in_model_as_the_user_wrote_it(finished_run: Path) -> None:
+    import yaml
+
+    meta = json.loads((finished_run / "run.json").read_text())
+    assert RunData(finished_run, "run").summary()["highlights"]["model"] == meta["info"]["model"]
+    del meta["info"]["model"]  # a run written before run.json named the model
+    (finished_run / "run.json").write_text(json.dumps(meta))
+    cfg_path = finished_run / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    # config.yaml holds the resolved folder of a built-in model
+    cfg_path.write_text(
+        yaml.safe_dump({**cfg, "model": "/root/.cache/telescope/models/telescope--tiny-reverse"})
+    )
+    assert RunData(finished_run, "run").summary()["highlights"]["model"] == "telescope/tiny-reverse"
+    cfg_path.write_text(yaml.safe_dump({**cfg, "model": "/data/my-model"}))
+    assert RunData(finished_run, "run").summary()["highlights"]["model"] == "/data/my-model"

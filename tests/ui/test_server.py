@@ -59,7 +59,7 @@ def test_errors_name_the_problem(server: ServerThread) -> None:
 
 def test_static_page_and_local_plotly(server: ServerThread) -> None:
     status, body = _get(server, "/")
-    assert status == 200 and b'src="/vendor/plotly.min.js"' in body and b"http" not in body
+    assert status == 200 and b'href="/vendor/plotly.min.js"' in body and b"http" not in body
     assert _get(server, "/static/app.js")[0] == 200
     if plotly_js_path() is not None:
         status, body = _get(server, "/vendor/plotly.min.js")
@@ -83,6 +83,41 @@ def test_background_warming_indexes_every_block(tmp_path: Path) -> None:
     indexes = run.rollouts.all_indexes() + run.events.all_indexes()
     assert indexes and all(len(i) > 0 and not i.pending() for i in indexes)
     assert run.rollouts.all_indexes()[0].step_numbers() == [1, 2, 3]
+
+
+def test_warming_waits_while_requests_are_in_flight(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from telescope.cli.ui.server import Activity, warm_indexes
+
+    write_run(tmp_path / "run", steps=3)
+    ws = Workspace([tmp_path / "run"])
+    activity, stop = Activity(), threading.Event()
+    activity.enter()  # a page's request in flight
+    warm = threading.Thread(
+        target=warm_indexes, args=(ws, threading.Lock(), stop), kwargs={"delay_s": 0, "activity": activity}
+    )
+    warm.start()
+    time.sleep(0.5)
+    assert all(len(i) == 0 for i in ws.runs()[0].rollouts.all_indexes())  # nothing indexed meanwhile
+    activity.leave()
+    warm.join(10)
+    assert not warm.is_alive()
+    assert ws.runs()[0].rollouts.all_indexes()[0].step_numbers() == [1, 2, 3]
+
+
+def test_a_line_longer_than_the_read_limit_is_read_whole(tmp_path: Path) -> None:
+    from telescope.cli.ui.index import StepIndex
+
+    path = tmp_path / "block.jsonl"
+    lines = [json.dumps({"step": s, "text": "x" * n}) for s, n in ((1, 10), (2, 5000), (3, 10))]
+    path.write_text("".join(line + "\n" for line in lines))
+    index = StepIndex(path)
+    for _ in range(20):  # 1 KiB reads: the 5 kB line is read on to its end, not skipped or stuck
+        index.refresh(max_chunks=1, chunk_bytes=1024)
+    assert index.step_numbers() == [1, 2, 3]
+    assert list(index.lengths) == [len(line) for line in lines]  # without the newline
 
 
 def test_telescope_ui_command_serves_and_warns_on_public_host(tmp_path: Path) -> None:

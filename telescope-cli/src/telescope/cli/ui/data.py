@@ -23,6 +23,7 @@ from telescope.cli.ui.logs import LogStore
 from telescope.cli.ui.records import MetricsStore, RecordLog
 from telescope.cli.ui.rollouts import RolloutFilter, RolloutStore
 from telescope.cli.ui.timeline import EventStore, build_spans, trainer_phases
+from telescope.core.models.tiny import builtin_model_name
 from telescope.core.observe.layout import (
     CONFIG_FILE,
     EVAL_METRICS_FILE,
@@ -175,6 +176,9 @@ class RunData:
         status = str(meta.get("status"))
         stale = status == "running" and time.time() - last_write > STALE_AFTER_S
         highlights = {k: cfg[k] for k in HIGHLIGHT_KEYS if k in cfg}
+        if "model" in highlights:  # as the user named it, not the built-in model's cache folder
+            named = (meta.get("info") or {}).get("model")
+            highlights["model"] = str(named) if named else builtin_model_name(str(highlights["model"]))
         if isinstance(highlights.get("environments"), list):
             highlights["environments"] = ", ".join(
                 str(e.get("name", e)) if isinstance(e, dict) else str(e) for e in highlights["environments"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from telescope.cli.ui.tail import FileTail, parse_json_line
+from telescope.cli.ui.tail import READ_CHUNK, FileTail, parse_json_line
 
 __all__ = ["StepIndex", "step_of"]
 
@@ -141,14 +141,14 @@ class StepIndex:
                 first = i
         return len(steps)
 
-    def refresh(self, max_chunks: int | None = None) -> int:
+    def refresh(self, max_chunks: int | None = None, chunk_bytes: int = READ_CHUNK) -> int:
         """Index the lines appended since the last call (at most ``max_chunks`` reads of
-        ``READ_CHUNK`` bytes; ``pending`` tells if more is left); returns how many were added."""
+        ``chunk_bytes``; ``pending`` tells if more is left); returns how many were added."""
         added = 0
         chunks = 0
         while True:
             chunks += 1
-            data, base, reset = self._tail.read_chunk()
+            data, base, reset = self._tail.read_chunk(chunk_bytes)
             if reset:
                 self._clear()
             added += self._index_chunk(data, base)

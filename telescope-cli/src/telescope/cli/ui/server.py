@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,36 @@ STATIC_DIR = Path(__file__).parent / "static"
 WORKSPACE: web.AppKey[Workspace] = web.AppKey("workspace", Workspace)
 LOCK: web.AppKey[threading.Lock] = web.AppKey("lock", threading.Lock)
 WARM_STOP: web.AppKey[threading.Event] = web.AppKey("warm_stop", threading.Event)
+
+
+class Activity:
+    """Counts the data calls in flight, so background indexing runs only while the server is quiet.
+
+    Without it the warming thread re-took the data lock between its chunks ahead of waiting
+    requests (locks are not fair): a 5 ms metrics query took 250 ms while a big run was indexed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._last_end = 0.0
+
+    def enter(self) -> None:
+        with self._lock:
+            self._busy += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._last_end = time.monotonic()
+
+    def quiet(self, for_s: float) -> bool:
+        """No call in flight, and none ended within the last ``for_s`` seconds."""
+        with self._lock:
+            return self._busy == 0 and time.monotonic() - self._last_end >= for_s
+
+
+ACTIVITY: web.AppKey[Activity] = web.AppKey("activity", Activity)
 
 
 class BadRequest(ValueError):
@@ -66,11 +97,13 @@ def _float(request: web.Request, name: str) -> float | None:
 
 
 async def _call(request: web.Request, fn: Callable[[], Any]) -> web.Response:
-    lock = request.app[LOCK]
+    lock, activity = request.app[LOCK], request.app[ACTIVITY]
 
     def locked() -> Any:
         with lock:
             return fn()
+
+    activity.enter()
 
     try:
         result = await asyncio.get_running_loop().run_in_executor(None, locked)
@@ -80,6 +113,8 @@ async def _call(request: web.Request, fn: Callable[[], Any]) -> web.Response:
         return web.json_response({"error": str(exc.args[0] if exc.args else exc)}, status=404)
     except ValueError as exc:
         return web.json_response({"error": str(exc)}, status=400)
+    finally:
+        activity.leave()
     return web.json_response(result, dumps=_dumps)
 
 
@@ -239,22 +274,38 @@ async def plotly_js(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"Cache-Control": "max-age=86400"})
 
 
+#: Warming waits this long after the last data call (a page's first requests come in a burst).
+QUIET_S = 0.25
+#: Bytes indexed per lock hold while warming: a request arriving meanwhile waits for one chunk.
+WARM_CHUNK = 2 * 1024 * 1024
+
+
 def warm_indexes(
-    workspace: Workspace, lock: threading.Lock, stop: threading.Event, delay_s: float = 0.5
-) -> None:
+    workspace: Workspace, lock: threading.Lock, stop: threading.Event, delay_s: float = 0.5,
+    activity: Activity | None = None,
+) -> None:  # fmt: skip
     """Index every run's rollout and event files in the background, one chunk per lock hold, so
-    the first Rollouts or Timeline request of a big run finds its step already indexed while
-    requests keep being answered between chunks."""
+    the first Rollouts or Timeline request of a big run finds its step already indexed; each
+    chunk waits until no request is in flight (``activity``), so pages are answered first."""
     if stop.wait(delay_s):
         return
+
+    def wait_quiet() -> bool:
+        while activity is not None and not activity.quiet(QUIET_S):
+            if stop.wait(0.05):
+                return False
+        return not stop.is_set()
+
     for run in workspace.runs():
+        if not wait_quiet():
+            return
         with lock:
             indexes = run.rollouts.all_indexes() + run.events.all_indexes()
         for index in indexes:
             more = True
-            while more and not stop.is_set():
+            while more and wait_quiet():
                 with lock:
-                    index.refresh(max_chunks=1)
+                    index.refresh(max_chunks=1, chunk_bytes=WARM_CHUNK)
                     more = index.pending()
 
 
@@ -262,7 +313,11 @@ async def _start_warming(app: web.Application) -> None:
     stop = threading.Event()
     app[WARM_STOP] = stop
     threading.Thread(
-        target=warm_indexes, args=(app[WORKSPACE], app[LOCK], stop), name="ui-warm", daemon=True
+        target=warm_indexes,
+        args=(app[WORKSPACE], app[LOCK], stop),
+        kwargs={"activity": app[ACTIVITY]},
+        name="ui-warm",
+        daemon=True,
     ).start()
 
 
@@ -275,6 +330,7 @@ def build_app(workspace: Workspace, *, warm: bool = True) -> web.Application:
     app = web.Application()
     app[WORKSPACE] = workspace
     app[LOCK] = threading.Lock()
+    app[ACTIVITY] = Activity()
     if warm:
         app.on_startup.append(_start_warming)
         app.on_cleanup.append(_stop_warming)

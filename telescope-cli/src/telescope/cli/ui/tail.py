@@ -61,9 +61,12 @@ class FileTail:
         if st.st_size == self.offset:
             self.torn_tail = False
             return b"", self.offset, reset
+        remaining = st.st_size - self.offset
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read(min(st.st_size - self.offset, limit))
+            data = f.read(min(remaining, limit))
+            while b"\n" not in data and len(data) < remaining:  # a line longer than limit: read to its end
+                data += f.read(min(remaining - len(data), limit))
         end = data.rfind(b"\n")
         self.torn_tail = end < len(data) - 1 and self.offset + len(data) == st.st_size
         base = self.offset

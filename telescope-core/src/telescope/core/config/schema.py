@@ -254,6 +254,9 @@ class TelescopeConfig(BaseModel):
     """Interval for draining Ray torch memory metrics."""
     rollout_block_size: int = Field(default=500, ge=1)
     """Block size for rollout event grouping."""
+    rollout_token_view_max_tokens: int = Field(default=512, ge=0)
+    """Rollout records of completions up to this many tokens also hold each token's text and
+    sampler logprob (the dashboard's token view; about 21 bytes a token). 0 = never."""
     track_gpu_events: bool = True
     """Track GPU utilization events."""
 

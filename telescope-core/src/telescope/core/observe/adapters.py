@@ -22,6 +22,20 @@ def _reward_details(info: dict[str, Any]) -> dict[str, Any]:
             "sample_tags": {str(k): str(v) for k, v in dict(info.get("sample_tags") or {}).items()}}  # fmt: skip
 
 
+def _token_view(sample: Any) -> dict[str, Any]:
+    """The token view's fields when the runtime decoded the completion token by token: sampler
+    logprobs rounded to 4 decimals (enough to colour by; half the bytes of a full float), None
+    where the loss mask says the environment wrote the token."""
+    texts = getattr(sample, "completion_token_texts", None)
+    if texts is None:
+        return {}
+    mask = sample.loss_mask or [1] * len(texts)
+    logprobs = [
+        round(float(lp), 4) if m else None for lp, m in zip(sample.inference_logprobs, mask, strict=True)
+    ]
+    return {"completion_token_texts": list(texts), "completion_logprobs": logprobs}
+
+
 def records_from_group(
     group: Any,
     step: int,
@@ -58,6 +72,7 @@ def records_from_group(
                 server=int(getattr(s, "server", -1)), lane=int(getattr(s, "lane", -1)),
                 timings=dict(getattr(s, "timings", {}) or {}), prompt_idx=int(getattr(group, "sample_idx", -1)),
                 num_turns=int(getattr(s, "num_turns", 1)), **_reward_details(getattr(s, "info", None) or {}),
+                **_token_view(s),
             )
         )  # fmt: skip
     return rows

@@ -34,6 +34,7 @@ EVENT_TYPES = ("generation", "reward", "trainer", "weight_sync", "eval", "checkp
 EVENT_PHASES = ("start", "end", "instant")
 
 _DERIVED_ROLLOUT_FIELDS = {"kept", "prompt_tokens", "completion_tokens"}
+_TOKEN_VIEW_FIELDS = ("completion_token_texts", "completion_logprobs")
 
 
 def _shallow_dict(obj: Any) -> dict[str, Any]:
@@ -97,6 +98,15 @@ class RolloutRecord:
     """``RewardResult.info_turns``: extra text (test output, reward error messages ...)."""
     sample_tags: dict[str, str] = field(default_factory=dict)
     """``RewardResult.sample_tags``: string tags a UI can filter on."""
+    completion_token_texts: list[str] | None = None
+    """The dashboard's token view: each completion token decoded on its own (a character split
+    over several byte-level tokens shows as U+FFFD in each). None when the completion is longer
+    than ``rollout_token_view_max_tokens`` or the view is off."""
+    completion_logprobs: list[float | None] | None = None
+    """Sampler (inference) logprob of each completion token, 4 decimals; None for tokens the
+    model did not generate (a multi-turn rollout's environment turns). Set with
+    ``completion_token_texts``. The trainer's logprobs of the same tokens are computed on the
+    trainer ranks after the record is made, so the records hold no per-token mismatch."""
 
     @property
     def kept(self) -> bool:
@@ -128,8 +138,12 @@ class RolloutRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with the derived ``kept``/token-count fields added."""
+        """JSON-ready dict with the derived ``kept``/token-count fields added (the token view's
+        fields only when set: most records do without them)."""
         out = _shallow_dict(self)
+        for name in _TOKEN_VIEW_FIELDS:
+            if out[name] is None:
+                del out[name]
         out["kept"] = self.kept
         out["prompt_tokens"] = self.prompt_tokens
         out["completion_tokens"] = self.completion_tokens

@@ -48,6 +48,9 @@ class RolloutSample:
     num_turns: int = 1
     response_ids: list[str] = field(default_factory=list)
     """The server's response id of each turn (vLLM trace spans are found by it)."""
+    completion_token_texts: list[str] | None = None
+    """Each completion token decoded on its own, for the records' token view (None: not kept,
+    see ``rollout_token_view_max_tokens``)."""
 
 
 @dataclass

@@ -39,11 +39,14 @@ class GenerationSettings:
     max_model_len: int
     stop_token_ids: list[int]
     priority_by_turn: bool
+    token_view_max_tokens: int = 0
+    """Not a sampling setting: completions of at most this many tokens are also decoded token
+    by token for the rollout records' token view (``rollout_token_view_max_tokens``)."""
 
     @classmethod
     def from_config(cls, cfg: Any, stop_ids: list[int]) -> GenerationSettings:
         return cls(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.max_model_len, stop_ids,
-                   cfg.vllm_scheduling_policy == "priority")  # fmt: skip
+                   cfg.vllm_scheduling_policy == "priority", cfg.rollout_token_view_max_tokens)  # fmt: skip
 
 
 @dataclass
@@ -73,6 +76,8 @@ class RolloutRunner:
         self.settings = settings
         self.interleaver = interleaver
         self.eos_text = tokenizer.eos_token or ""
+        self._pieces: dict[int, str] = {}
+        """Token id -> its text decoded alone (the token view decodes each id once per run)."""
 
     def _params(self, prompt_len: int, turn: int, request_id: str, seed: int | None) -> dict[str, Any] | None:
         room = self.settings.max_model_len - prompt_len
@@ -87,6 +92,16 @@ class RolloutRunner:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def token_texts(self, ids: list[int]) -> list[str] | None:
+        """Each token of ``ids`` decoded alone, or None past ``token_view_max_tokens``."""
+        if not ids or len(ids) > self.settings.token_view_max_tokens:
+            return None
+        new = sorted({i for i in ids if i not in self._pieces})
+        if new:
+            texts = self.tokenizer.batch_decode([[i] for i in new], skip_special_tokens=False)
+            self._pieces.update(zip(new, map(str, texts), strict=True))
+        return [self._pieces[i] for i in ids]
 
     def stop_text(self, ids: list[int]) -> str:
         """The text of the stop token that ended ``ids`` (any of the run's stop ids), else the EOS text."""
@@ -205,6 +220,7 @@ class RolloutRunner:
             raw_reward=raw, sample_metrics=dict(result.sample_metrics), prompt_text=task.prompt_text,
             completion_text=text, server=task.server, lane=task.lane, model_version_start=start_version,
             model_version_end=task.model_version(), num_turns=num_turns,
+            completion_token_texts=self.token_texts(completion),
             timings={"generation_start": t0, "generation_end": t1, "reward_end": t2,
                      "generation_s": t1 - t0, "reward_s": t2 - t1},
             info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags,

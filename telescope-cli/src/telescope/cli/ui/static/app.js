@@ -1,6 +1,6 @@
 // The dashboard's shell: routes '#/<page>?...' to a page module, keeps the run picker, and
 // polls /api/poll every second so each page refreshes when its runs change (live runs).
-import { api, currentRoute, h, setParams } from './common.js';
+import { api, currentRoute, drawsSettled, h, loadPlotly, setParams } from './common.js';
 import * as runs from './pages/runs.js';
 import * as metrics from './pages/metrics.js';
 import * as rollouts from './pages/rollouts.js';
@@ -80,10 +80,14 @@ async function poll() {
 }
 
 async function main() {
-  state.runs = (await api('/api/runs')).runs;
-  state.revisions = (await api('/api/poll')).runs;
+  const [runList, revisions] = await Promise.all([api('/api/runs'), api('/api/poll')]);
+  state.runs = runList.runs;
+  state.revisions = revisions.runs;
   window.addEventListener('hashchange', render);
   await render();
+  // plotly compiles only now: until then the page fetched its data and drew previews of its charts
+  await drawsSettled();
+  loadPlotly();
   setTimeout(poll, POLL_MS);
 }
 

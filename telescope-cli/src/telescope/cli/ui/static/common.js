@@ -1,5 +1,6 @@
 // Shared helpers of every page: the API client, a tiny element builder, the hash route,
 // and chart helpers over Plotly (served from the installed plotly package).
+import { drawPreview } from './preview.js';
 
 export async function api(path, params = {}) {
   const query = new URLSearchParams();
@@ -86,19 +87,57 @@ export const LAYOUT = {
 
 export const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ['select2d', 'lasso2d'] };
 
-// Resolves once plotly.min.js (loaded async by index.html) has run, or failed to load.
-const plotlyReady = new Promise(resolve => {
-  const tag = document.getElementById('plotly-js');
-  if (window.Plotly || !tag) resolve();
-  else { tag.addEventListener('load', resolve); tag.addEventListener('error', resolve); }
-});
+// plotly.min.js (preloaded by index.html) runs when loadPlotly() adds its tag: app.js calls it
+// once the page has its data and its first charts are drawn as previews, since compiling 4.8 MB
+// blocks the page's scripts for a second or more. plotlyReady resolves once it has run, or
+// failed to load.
+let plotlyLoaded;
+const plotlyReady = new Promise(resolve => { plotlyLoaded = resolve; }).then(() => performance.mark('plotly-ready'));
 
+export function loadPlotly() {
+  if (document.getElementById('plotly-js')) return plotlyReady;
+  const tag = document.createElement('script');
+  tag.id = 'plotly-js';
+  tag.src = '/vendor/plotly.min.js';
+  tag.addEventListener('load', plotlyLoaded);
+  tag.addEventListener('error', plotlyLoaded);
+  document.head.append(tag);
+  return plotlyReady;
+}
+
+// Draws with plotly; until plotly has run, a static preview of the same traces (preview.js),
+// replaced by the plotly chart (with the latest traces) through the draw queue once it is ready.
 export async function plot(el, traces, layout = {}) {
-  await plotlyReady;
-  if (!window.Plotly) { el.textContent = 'plotly is not installed: pip install "telescope-cli[ui]"'; return; }
   const merged = { ...LAYOUT, ...layout, xaxis: { ...LAYOUT.xaxis, ...(layout.xaxis || {}) },
                    yaxis: { ...LAYOUT.yaxis, ...(layout.yaxis || {}) } };
-  return Plotly.react(el, traces, merged, CONFIG);
+  if (window.Plotly) return react(el, traces, merged);
+  if (!traces.every(previewable)) {
+    await loadPlotly();
+    if (!window.Plotly) { el.textContent = 'plotly is not installed: pip install "telescope-cli[ui]"'; return; }
+    return react(el, traces, merged);
+  }
+  const waiting = el._pending;
+  el._pending = { traces, merged };
+  drawPreview(el, traces, merged);
+  if (!performance.getEntriesByName('first-preview').length) performance.mark('first-preview');
+  if (waiting) return;  // its upgrade is queued already and draws the latest traces
+  plotlyReady.then(() => enqueue(() => {
+    const { traces: t, merged: m } = el._pending;
+    delete el._pending;
+    if (!el.isConnected) return;
+    if (!window.Plotly) { el.textContent = 'plotly is not installed: pip install "telescope-cli[ui]"'; return; }
+    el.replaceChildren();
+    return react(el, t, m);
+  }));
+}
+
+const previewable = t => (!t.type || t.type === 'scatter') && (t.mode || 'lines').includes('lines') && Array.isArray(t.x) && Array.isArray(t.y);
+
+async function react(el, traces, layout) {
+  const drawn = await Plotly.react(el, traces, layout, CONFIG);
+  // bench/ui.py reads these marks: where the page's first seconds went
+  if (!performance.getEntriesByName('first-chart').length) performance.mark('first-chart');
+  return drawn;
 }
 
 // Draw a chart the first time it scrolls into view (pages with hundreds of metrics stay fast),
@@ -116,14 +155,25 @@ async function drain() {
   }
   draining = false;
 }
+function enqueue(draw) {
+  queue.push(draw);
+  if (!draining) drain();
+}
 const observer = new IntersectionObserver(entries => {
   for (const entry of entries) {
     if (!entry.isIntersecting) continue;
     const draw = drawers.get(entry.target);
-    if (draw) { drawers.delete(entry.target); observer.unobserve(entry.target); queue.push(draw); }
+    if (draw) { drawers.delete(entry.target); observer.unobserve(entry.target); enqueue(draw); }
   }
-  if (!draining && queue.length) drain();
 }, { rootMargin: '200px' });
+
+// Resolves once the charts in view have been drawn (previews, before plotly has run).
+export function drawsSettled() {
+  return new Promise(resolve => {
+    const check = () => (draining || queue.length ? setTimeout(check, 10) : resolve());
+    requestAnimationFrame(() => setTimeout(check, 0));
+  });
+}
 
 export function drawWhenVisible(el, draw) {
   if (el.dataset.drawn) { draw(); return; }

@@ -5,6 +5,7 @@
 import { COLORS, drawWhenVisible, empty, h, plot, runApi, setParams, smooth } from '../common.js';
 
 const CUSTOM_KEY = 'telescope.metrics.custom';
+const MARKERS_UP_TO = 200;
 let ctx = null;   // {runs, options, catalog: Map key -> item, series: {run: data}, charts: [{el, key}]}
 
 export function loadCustom() {
@@ -32,19 +33,33 @@ function traces(key) {
     const xs = x === 'time' ? data.time.map(t => t - (data.created_at || data.time[0] || 0)) : data.step;
     const color = COLORS[i % COLORS.length];
     if (smoothing > 0) out.push({ x: xs, y: data.values[key], name: `${run} raw`, mode: 'lines', line: { color, width: 1 }, opacity: 0.25, hoverinfo: 'skip' });
-    out.push({ x: xs, y: smooth(data.values[key], smoothing), name: run, mode: 'lines+markers', marker: { size: 3 }, line: { color, width: 1.5 } });
+    // a marker per point helps on short runs; on long ones it only costs drawing time (SVG nodes)
+    out.push({ x: xs, y: smooth(data.values[key], smoothing), name: run, mode: xs.length > MARKERS_UP_TO ? 'lines' : 'lines+markers',
+               marker: { size: 3 }, line: { color, width: 1.5 } });
   });
   return out;
+}
+
+// A constant non-zero series (a fixed learning rate) on plotly's automatic [v-1, v+1] reads as
+// zero: centre it on its value instead.
+function constantRange(data) {
+  const values = data.flatMap(t => t.y).filter(v => typeof v === 'number' && Number.isFinite(v));
+  if (!values.length || values.some(v => v !== values[0]) || values[0] === 0) return null;
+  const v = values[0];
+  return [v - Math.abs(v) / 2, v + Math.abs(v) / 2];
 }
 
 function drawChart(el, key) {
   const item = ctx.catalog.get(key);
   const range = item && item.range;
   const pad = range ? (range[1] - range[0]) * 0.03 : 0;
-  return plot(el, traces(key), {
+  const data = traces(key);
+  const flat = range ? null : constantRange(data);
+  return plot(el, data, {
     title: { text: key + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
     xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds' : 'step' } },
-    yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false } : { autorange: true },
+    yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false }
+      : flat ? { range: flat, autorange: false } : { autorange: true },
   });
 }
 
@@ -132,6 +147,7 @@ export async function render(main, { params, selected }) {
           options: { view: params.view || 'sections', smoothing: Number(params.smooth || 0), x: params.x || 'step', filter: params.q || '' } };
   main.append(ctx.root);
   Object.assign(ctx, await fetchData(selected));
+  performance.mark('metrics-data');
   draw();
 }
 

@@ -61,24 +61,31 @@ function conversationView(messages) {
     m.parts.map(p => h('div', { class: `part ${p.kind}` }, p.kind === 'text' ? null : h('div', { class: 'role' }, p.kind.replace('_', ' ')), p.text))));
 }
 
-// Per-token colouring when the record carries logprobs (``completion_logprobs``), and the
-// mismatch between inference and trainer logprobs when it carries both.
+// The token view: each completion token (its text when the record holds the token view's
+// fields, else its id), coloured by the sampler's probability (hue 120 * p: green sure, red
+// unlikely) when the record holds logprobs; environment-written tokens (logprob null) stay grey.
+// Mismatch needs the trainer's logprobs, which the records do not hold (see run-directory.md).
 function tokenView(record) {
   const ids = record.completion_ids || [];
-  const lp = record.completion_logprobs || record.logprobs;
+  const texts = record.completion_token_texts;
+  const lp = record.completion_logprobs;
   const trainer = record.trainer_logprobs;
   if (!ids.length) return null;
   const spans = ids.map((id, i) => {
-    let bg = '#eef1fd', title = `id ${id}`;
+    let cls = 'tok', style = null, title = `id ${id}`;
     if (Array.isArray(lp) && typeof lp[i] === 'number') {
       const p = Math.exp(lp[i]);
-      bg = `hsl(${Math.round(120 * p)}, 70%, 85%)`; title += ` logprob ${lp[i].toFixed(3)}`;
-      if (Array.isArray(trainer) && typeof trainer[i] === 'number') title += ` mismatch ${(lp[i] - trainer[i]).toFixed(3)}`;
-    }
-    return h('span', { style: `background:${bg}`, title }, id);
+      style = `background:hsl(${Math.round(120 * p)}, 70%, 85%)`;
+      title += `  logprob ${lp[i].toFixed(3)}  p ${p.toFixed(3)}`;
+      if (Array.isArray(trainer) && typeof trainer[i] === 'number') title += `  mismatch ${(lp[i] - trainer[i]).toFixed(3)}`;
+    } else if (Array.isArray(lp)) { cls += ' env'; title += '  written by the environment'; }
+    const text = Array.isArray(texts) && typeof texts[i] === 'string' ? texts[i] : String(id);
+    // whitespace stays visible: a newline token shows as ↵ and breaks the line after it
+    return [h('span', { class: cls, style, title }, text.replace(/\n/g, '↵')), text.includes('\n') ? h('br') : null];
   });
-  return h('div', {}, h('h3', {}, `completion tokens (${ids.length})` + (lp ? ', coloured by probability' : ': ids (the record holds no logprobs)')),
-    h('div', { class: 'tokens' }, spans));
+  const what = lp ? 'coloured by sampler probability (green p≈1, red p≈0; grey: environment tokens; hover for the logprob)'
+    : `${texts ? 'texts' : 'ids'} (the record holds no logprobs)`;
+  return h('div', {}, h('h3', {}, `completion tokens (${ids.length}), ${what}`), h('div', { class: 'tokens', id: 'token-view' }, spans));
 }
 
 // Unix times (generation_start, ...) read better as clock times with milliseconds.

@@ -39,10 +39,11 @@ function draw(data) {
   if (data.instants.length) traces.push({ type: 'scatter', mode: 'markers', name: 'instant', y: data.instants.map(i => i.row),
     x: data.instants.map(i => i.time - t0), marker: { symbol: 'diamond', size: 9, color: '#000' },
     text: data.instants.map(i => `${i.type} ${i.name} step ${i.step}`), hoverinfo: 'text' });
-  ctx.chart.style.height = `${Math.max(320, rows.length * 16 + 90)}px`;
-  plot(ctx.chart, traces, { barmode: 'overlay', showlegend: true, hovermode: 'closest', legend: { orientation: 'h', y: 1.02, yanchor: 'bottom' },
-    xaxis: { title: { text: `seconds since ${new Date(t0 * 1000).toLocaleTimeString()}` } },
-    yaxis: { categoryorder: 'array', categoryarray: [...rows].reverse(), automargin: true, type: 'category' }, margin: { l: 130, r: 12, t: 40, b: 40 } });
+  ctx.chart.style.height = `${Math.max(320, rows.length * 16 + 110)}px`;
+  // the time axis on top (many lanes make the chart taller than the window), the legend below it
+  plot(ctx.chart, traces, { barmode: 'overlay', showlegend: true, hovermode: 'closest', legend: { orientation: 'h', y: 0, yanchor: 'top' },
+    xaxis: { side: 'top', title: { text: `seconds since ${new Date(t0 * 1000).toLocaleTimeString()}`, standoff: 4 } },
+    yaxis: { categoryorder: 'array', categoryarray: [...rows].reverse(), automargin: true, type: 'category' }, margin: { l: 130, r: 12, t: 60, b: 40 } });
 }
 
 async function load() {
