@@ -229,6 +229,8 @@ def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path)
 def test_logs_filter_by_component_level_text_and_follow(finished_run: Path) -> None:
     logs = finished_run / "logs"
     (logs / "inference").mkdir(parents=True, exist_ok=True)
+    # the logger wrote its own start-up/step lines to the detailed log; this test sets every file it reads
+    (logs / "telescope.detailed.log").unlink(missing_ok=True)
     (logs / "telescope.log").write_text(
         "2026-01-01 10:00:00,001 INFO telescope.runtime starting\n"
         "2026-01-01 10:00:01,000 ERROR telescope.runtime boom\nTraceback (most recent call last):\n  ValueError: x\n"
