@@ -1,4 +1,9 @@
-"""``LoggerHub``: the one object the orchestrator calls; it fans out to every logger.
+"""``LoggerHub``: the built-in plugin that fans a run's hook calls out to every logger.
+
+For a run's lifetime the driver registers it on the plugin manager (``core.logger_hub``); it
+implements the run hooks (``hookspecs.py``) like any other plugin and hands each call to the
+enabled ``Logger`` components. Its ``log_*`` methods are for code that writes a run directory
+without a run (tests, the dashboard's fixtures).
 
 A logger that raises is counted (``failures``) and warned about once per (logger, method);
 the run goes on. A ``required`` logger (the run directory) that fails stops the run: in
@@ -17,8 +22,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from telescope.core import hookimpl
 from telescope.core.observe.base import Logger
-from telescope.core.observe.records import RolloutRecord, TimelineEvent
+from telescope.core.observe.records import RolloutRecord, TimelineEvent, eval_event
 from telescope.core.observe.storage import StorageError, describe_os_error
 
 if TYPE_CHECKING:
@@ -293,12 +299,39 @@ class LoggerHub:
         ``attrs = {"scores": metrics, "samples": len(rows)}``.
         """
         rows = [dict(r) for r in rows]
-        self._call("log_eval", int(step), str(name), dict(metrics), rows)
-        self.event(
-            "eval", name=str(name), step=int(step), attrs={"scores": dict(metrics), "samples": len(rows)}
-        )
+        self.telescope_eval_end(step, name, metrics, rows)
+        self.log_events([eval_event(step, name, metrics, len(rows))])
 
     def warn(self, message: str) -> None:
         """Show ``message`` on the console and record it in the run's log."""
         _log.warning(message, extra=HUB_WARNING)
         self._call("warn", message)
+
+    # --- run hooks: for a run's lifetime the hub is the plugin ``core.logger_hub`` ----------
+    @hookimpl
+    def telescope_run_info(self, info: dict[str, Any]) -> None:
+        self.log_info(info)
+
+    @hookimpl
+    def telescope_event(self, event: TimelineEvent) -> None:
+        self.log_events([event])
+
+    @hookimpl
+    def telescope_step_end(self, step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:
+        self.log_rollouts(step, rollouts)
+        self.log_step(step, metrics)
+
+    @hookimpl
+    def telescope_eval_end(
+        self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]
+    ) -> None:
+        """Hands the result to every logger; its ``eval`` event comes as a ``telescope_event``."""
+        self._call("log_eval", int(step), str(name), dict(metrics), [dict(r) for r in rows])
+
+    @hookimpl
+    def telescope_warning(self, message: str) -> None:
+        self.warn(message)
+
+    @hookimpl
+    def telescope_run_end(self, status: str) -> None:
+        self.finish("finished" if status == "completed" else status)

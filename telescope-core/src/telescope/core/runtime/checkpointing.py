@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.core.observe.records import TimelineEvent
+
 __all__ = ["ResumePoint", "RunCheckpointer", "checkpoint_root", "find_resume_point"]
 
 log = logging.getLogger("telescope.checkpoint")
@@ -114,17 +116,12 @@ class RunCheckpointer:
         if not checkpoint_due(step, self.cfg.checkpoint_every, self.cfg.number_of_steps):
             return
         state = orchestrator.state_dict()
-        orchestrator.observer.on_event({"type": "checkpoint", "phase": "start", "step": step})
+        orchestrator.hook.telescope_event(event=TimelineEvent("checkpoint", "start", step=step))
         path = await self.save(step, state)
-        orchestrator.observer.on_event(
-            {
-                "type": "checkpoint",
-                "phase": "end",
-                "step": step,
-                "path": str(path or ""),
-                "ok": path is not None,
-            }
+        end = TimelineEvent(
+            "checkpoint", "end", step=step, attrs={"path": str(path or ""), "ok": path is not None}
         )
+        orchestrator.hook.telescope_event(event=end)
 
     async def save(self, step: int, state: dict[str, Any]) -> Path | None:
         """Write and commit ``step_<step>``; two attempts, then ``checkpoint_failure`` decides.
