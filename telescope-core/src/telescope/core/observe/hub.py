@@ -28,6 +28,7 @@ from telescope.core.observe.records import RolloutRecord, TimelineEvent, eval_ev
 from telescope.core.observe.storage import StorageError, describe_os_error
 
 if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
     from telescope.core.observe.otlp import OtlpReceiver
 
 __all__ = ["FINISH_STATUSES", "LoggerHub", "LoggerStartError"]
@@ -41,12 +42,9 @@ FINISH_STATUSES = ("finished", "failed", "interrupted")
 HUB_WARNING = {"telescope_hub_warning": True}
 
 
-def tick_seconds(cfg: Any) -> float:
+def tick_seconds(cfg: TelescopeConfig) -> float:
     """Tick period: a quarter of the shortest buffering interval, kept within 0.05..0.5 s."""
-    shortest = min(
-        float(getattr(cfg, "metrics_logger_interval_seconds", 2.0)),
-        float(getattr(cfg, "event_upload_interval_seconds", 5)),
-    )
+    shortest = min(float(cfg.metrics_logger_interval_seconds), float(cfg.event_upload_interval_seconds))
     return min(max(shortest / 4, 0.05), 0.5)
 
 
@@ -66,7 +64,8 @@ class LoggerHub:
         self._scrapers: list[Any] = []
         self._threads: list[Any] = []
         self._stopped: set[int] = set()
-        self._cfg: Any = None
+        self._cfg: TelescopeConfig | None = None
+        """The run's config once ``start`` ran (before it, the sources use the defaults)."""
         self._finished = False
         #: Enabled loggers that could not be built here, ``{name: reason}`` (warned at start).
         self.skipped: dict[str, str] = {}
@@ -120,7 +119,7 @@ class LoggerHub:
     # --- lifecycle -------------------------------------------------------------------
     def start(
         self,
-        cfg: Any,
+        cfg: TelescopeConfig,
         run_dir: str | Path,
         resume_ids: dict[str, dict[str, Any]] | None = None,
         *,
@@ -160,8 +159,8 @@ class LoggerHub:
 
             self._sampler = SystemMetricsSampler(
                 self.log_system,
-                interval_s=float(getattr(cfg, "system_metrics_collection_interval_seconds", 1.0)),
-                gpus=bool(getattr(cfg, "track_gpu_events", True)),
+                interval_s=float(cfg.system_metrics_collection_interval_seconds),
+                gpus=bool(cfg.track_gpu_events),
             )
             self._sampler.start()
         if ticker:

@@ -23,6 +23,8 @@ from telescope.core.runtime.tokens import Interleaver, stop_token_ids
 if TYPE_CHECKING:
     import pluggy
 
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.registry import Registry
     from telescope.core.runtime.driver import RunSession
     from telescope.core.runtime.eval_control import EvalController
 
@@ -38,7 +40,7 @@ __all__ = [
 log = logging.getLogger("telescope.runtime")
 
 
-def load_tokenizer(cfg: Any) -> Any:
+def load_tokenizer(cfg: TelescopeConfig) -> Any:
     """The policy's tokenizer (``chat_template`` from the config overrides the tokenizer's own)."""
     from transformers import AutoTokenizer
 
@@ -48,7 +50,7 @@ def load_tokenizer(cfg: Any) -> Any:
     return tokenizer
 
 
-def load_environments(cfg: Any, registry: Any) -> dict[str, Any]:
+def load_environments(cfg: TelescopeConfig, registry: Registry) -> dict[str, Any]:
     """Every training environment, built through the registry with its datasets loaded.
 
     A config ``reward_min``/``reward_max`` overrides the environment's declared range; null keeps it.
@@ -113,14 +115,16 @@ def sync_backend(trainer_gpus: float, inference_gpus: float) -> str:
     return "nccl" if trainer_gpus > 0 and inference_gpus > 0 else "gloo"
 
 
-def sync_group_spec(cfg: Any, host: str, port: int, world_size: int, backend: str) -> dict[str, Any]:
+def sync_group_spec(
+    cfg: TelescopeConfig, host: str, port: int, world_size: int, backend: str
+) -> dict[str, Any]:
     """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
     the rendezvous and every collective)."""
     return {"host": host, "port": port, "world_size": world_size, "backend": backend,
             "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
 
 
-async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: int = 1) -> None:
+async def init_weight_sync(session: RunSession, clients: list[Any], ranks_per_server: int = 1) -> None:
     """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.weights.settings import choose_broadcast_host
@@ -142,12 +146,12 @@ async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: i
     )
 
 
-def inference_engine(cfg: Any, registry: Any) -> Any:
+def inference_engine(cfg: TelescopeConfig, registry: Registry) -> Any:
     """The run's engine object (clients and group layout are engine specific; nothing is launched)."""
     return registry.create("inference_engine", cfg.inference_engine, cfg.inference_engine_kwargs, cfg=cfg)
 
 
-def eval_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
+def eval_exclusions(cfg: TelescopeConfig, registry: Registry) -> dict[str, frozenset[int]]:
     """Training samples reserved for evals (``separate_eval_samples``)."""
     if not cfg.evals:
         return {}

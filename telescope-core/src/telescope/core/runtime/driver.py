@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from telescope.core.observe.otlp import OtlpReceiver
     from telescope.core.plugins import PluginSet
     from telescope.core.registry import Registry
+    from telescope.core.runtime.checkpointing import ResumePoint
     from telescope.core.runtime.orchestrator import Orchestrator
 
 __all__ = ["LOGGER_HUB_PLUGIN", "run_training"]
@@ -174,6 +175,7 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
         if died is not None:
             raise died from exc
         return None
+    assert point is not None  # ``why`` says so when there is none
     seen.add(sig)
     reason = describe_failure(died or exc)
     log.warning("%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts "
@@ -270,8 +272,8 @@ class RunSession:
         self.trainers: list[Any] = []
         self.trainer_info: list[dict[str, Any]] = []
         self.started_here = True
-        self.resume: Any = None
-        """The ``ResumePoint`` this run continues from, or None."""
+        self.resume: ResumePoint | None = None
+        """The checkpoint this run continues from, or None."""
         self._failure: BaseException | None = None
         self.run_id = ""
         """Names this run's placement groups (the run directory's run id; empty = a random one)."""
