@@ -33,7 +33,7 @@ def test_hook_set() -> None:
         )
     }
     run = {"telescope_run_start", "telescope_run_info", "telescope_group_end", "telescope_event",
-           "telescope_step_end", "telescope_eval_end", "telescope_warning", "telescope_run_end"}  # fmt: skip
+           "telescope_step_end", "telescope_eval_end", "telescope_system_sample", "telescope_warning", "telescope_run_end"}  # fmt: skip
     assert registration | run == set(HOOKS)
     assert len(registration) == len(KINDS)
 
@@ -111,6 +111,10 @@ class RecorderPlugin:
         )
 
     @hookimpl
+    def telescope_system_sample(self, sample):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_system_sample", {"sample": sample}))
+
+    @hookimpl
     def telescope_warning(self, message):  # type: ignore[no-untyped-def]
         self.calls.append(("telescope_warning", {"message": message}))
 
@@ -135,6 +139,7 @@ def test_every_hook_is_called() -> None:
     pset.pm.hook.telescope_event(event="e")
     pset.pm.hook.telescope_step_end(step=1, metrics={"loss": 0.5}, rollouts=[])
     pset.pm.hook.telescope_eval_end(step=1, name="math", metrics={"pass@1": 1.0}, rows=[])
+    pset.pm.hook.telescope_system_sample(sample={"source": "system", "metrics": {}})
     pset.pm.hook.telescope_warning(message="careful")
     pset.pm.hook.telescope_run_end(status="completed", error=None)
     called = {name for name, _ in calls}

@@ -11,7 +11,7 @@ from typing import Any
 from telescope.core import hookimpl
 
 seen: dict[str, Any] = {
-    "start": [], "groups": [], "events": [], "steps": [], "rollouts": {}, "evals": [], "info": {}, "end": []
+    "start": [], "groups": [], "events": [], "steps": [], "rollouts": {}, "evals": [], "info": {}, "system": [], "end": []
 }  # fmt: skip
 
 
@@ -44,6 +44,11 @@ def telescope_step_end(step: int, metrics: dict[str, float], rollouts: list[Any]
 @hookimpl
 def telescope_eval_end(step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
     seen["evals"].append({"step": step, "name": name, "metrics": dict(metrics), "samples": len(rows)})
+
+
+@hookimpl
+def telescope_system_sample(sample: dict[str, Any]) -> None:  # from the samplers' threads
+    seen["system"].append((sample["time"], sample["node"], sample["source"], sorted(sample["metrics"])))
 
 
 @hookimpl

@@ -232,3 +232,13 @@ def test_a_plugin_saw_the_run_info_run_json_holds(run: tuple[Path, dict[str, Any
     info = RunDirReader(run_dir).meta["info"]
     assert {"setup", "environments", "evals", "torch_threads"} <= set(seen["info"])
     assert {k: info[k] for k in seen["info"]} == plain(seen["info"])
+
+
+def test_a_plugin_saw_every_system_sample(run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, seen = run
+    written = [
+        (s["time"], s["node"], s["source"], sorted(s["metrics"]))
+        for s in read_jsonl(run_dir / "system.jsonl")
+    ]
+    assert len(written) >= 2 and "system" in {source for _, _, source, _ in written}
+    assert sorted(plain(seen["system"])) == sorted(plain(written))  # two threads may interleave

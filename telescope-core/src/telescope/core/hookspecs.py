@@ -200,6 +200,20 @@ def telescope_eval_end(step: int, name: str, metrics: dict[str, float], rows: li
 
 
 @hookspec
+def telescope_system_sample(sample: dict[str, Any]) -> None:
+    """One system-metrics sample (``system.jsonl`` in the run directory).
+
+    Called from background threads (the CPU/GPU sampler every
+    ``system_metrics_collection_interval_seconds``, the vLLM ``/metrics`` scraper, the
+    trainers' torch-memory drain), not from the event loop: an implementation that keeps
+    state shared with other hooks needs a lock.
+
+    Args:
+        sample: ``{"time", "node", "source", "metrics": {name: value}}``.
+    """
+
+
+@hookspec
 def telescope_warning(message: str) -> None:
     """Something the user should see while the run goes on (e.g. a checkpoint that failed
     with ``checkpoint_failure: warn``). The console shows it; the run directory records it.

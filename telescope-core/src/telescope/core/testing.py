@@ -59,6 +59,7 @@ class RunRecorder:
     """``telescope_step_end``'s ``rollouts`` by step."""
     evals: list[tuple[int, str, dict[str, float], list[dict[str, Any]]]] = field(default_factory=list)
     infos: list[dict[str, Any]] = field(default_factory=list)
+    system: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ends: list[str] = field(default_factory=list)
     """The ``status`` of every ``telescope_run_end``."""
@@ -85,6 +86,10 @@ class RunRecorder:
     @hookimpl
     def telescope_run_info(self, info: dict[str, Any]) -> None:
         self.infos.append(info)
+
+    @hookimpl
+    def telescope_system_sample(self, sample: dict[str, Any]) -> None:
+        self.system.append(sample)
 
     @hookimpl
     def telescope_warning(self, message: str) -> None:

@@ -73,6 +73,9 @@ class LoggerHub:
         self.on_fatal: Callable[[StorageError], None] | None = None
         #: The first write failure of a required logger (None while every write succeeds).
         self.fatal: StorageError | None = None
+        #: Where the samples of the hub's sources go: its loggers, or in a run the
+        #: ``telescope_system_sample`` hook (which reaches the loggers through the hub's plugin).
+        self.report_system: Callable[[dict[str, Any]], None] = self.log_system
 
     def _call(self, method: str, *args: Any) -> None:
         for lg in list(self.loggers):
@@ -158,7 +161,7 @@ class LoggerHub:
             from telescope.core.observe.system import SystemMetricsSampler
 
             self._sampler = SystemMetricsSampler(
-                self.log_system,
+                self._system_sample,
                 interval_s=float(cfg.system_metrics_collection_interval_seconds),
                 gpus=bool(cfg.track_gpu_events),
             )
@@ -167,6 +170,9 @@ class LoggerHub:
             from telescope.core.observe.periodic import PeriodicThread
 
             self._start_thread(PeriodicThread(self.tick, tick_seconds(cfg), "telescope-logger-tick"))
+
+    def _system_sample(self, sample: dict[str, Any]) -> None:
+        self.report_system(sample)
 
     def _start_thread(self, thread: Any) -> None:
         thread.start()
@@ -188,7 +194,7 @@ class LoggerHub:
 
         if interval_s is None:
             interval_s = float(getattr(self._cfg, "ray_torch_memory_drain_interval_seconds", 0.5))
-        self._start_thread(TorchMemoryDrainer(fetch, self.log_system, interval_s))
+        self._start_thread(TorchMemoryDrainer(fetch, self._system_sample, interval_s))
 
     def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float | None = None) -> None:
         """Scrape each inference server's ``/metrics`` (vLLM) into ``log_system`` until finish.
@@ -201,7 +207,7 @@ class LoggerHub:
 
         if interval_s is None:
             interval_s = float(getattr(self._cfg, "system_metrics_collection_interval_seconds", 1.0))
-        scraper = PrometheusScraper(urls, self.log_system, interval_s=interval_s)
+        scraper = PrometheusScraper(urls, self._system_sample, interval_s=interval_s)
         scraper.start()
         self._scrapers.append(scraper)
 
@@ -326,6 +332,10 @@ class LoggerHub:
     ) -> None:
         """Hands the result to every logger; its ``eval`` event comes as a ``telescope_event``."""
         self._call("log_eval", int(step), str(name), dict(metrics), [dict(r) for r in rows])
+
+    @hookimpl
+    def telescope_system_sample(self, sample: dict[str, Any]) -> None:
+        self.log_system(sample)
 
     @hookimpl
     def telescope_warning(self, message: str) -> None:

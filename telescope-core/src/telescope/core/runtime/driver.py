@@ -83,12 +83,13 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     hub = build_logger_hub(wcfg, registry)
     # a run directory that cannot be written ends the run (the current session: restarts replace it)
     hub.on_fatal = lambda err: sessions[-1].fail(err)
-    hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
-    session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
-    session.logger_ids = hub.run_ids
     hook = pset.pm.hook
-    status, error = "failed", None
+    hub.report_system = lambda sample: hook.telescope_system_sample(sample=sample)
     with registered(pset.pm, hub, LOGGER_HUB_PLUGIN):
+        hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
+        session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
+        session.logger_ids = hub.run_ids
+        status, error = "failed", None
         try:
             hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
             if resume is not None:
