@@ -219,7 +219,7 @@ class LoggerHub:
         """
         from telescope.core.observe.otlp import OtlpReceiver
 
-        if not bool(getattr(self._cfg, "enable_vllm_tracing", False)):
+        if self._cfg is None or not self._cfg.enable_vllm_tracing:  # not started, or tracing off
             return None
         receiver = OtlpReceiver.from_config(self._cfg)
         receiver.start()
