@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from telescope.core.observe.records import TimelineEvent
 from telescope.core.runtime import faults
-from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.runtime.batching import BatchBuilder, TrainBatch
 from telescope.core.runtime.groups import (
     GroupFailure,
     RolloutGroup,
@@ -154,7 +154,7 @@ class Orchestrator:
         self.lanes = Lanes(len(clients), per_server * cfg.group_size)
         self._groups: dict[int, _Group] = {}
         self._bucket: list[RolloutGroup] = []
-        self._batches: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._batches: asyncio.Queue[TrainBatch] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._step_started = time.time()
         self._wait_for_data_s = 0.0
@@ -307,7 +307,8 @@ class Orchestrator:
             self.lanes.enqueue(server, QueuedSample(gid, index))
 
     def _dispatch_queued(self) -> None:
-        for server, slot, queued in self.lanes.pop_ready():
+        for ready in self.lanes.pop_ready():
+            server, slot, queued = ready.server, ready.slot, ready.sample
             group = self._groups.get(queued.group_id)
             if group is None:
                 self.lanes.release(server, slot)
@@ -428,7 +429,7 @@ class Orchestrator:
             batch = self.batches.build(groups, self.trainer.dp_world_size, self.counts.inference_step)
             for group in groups:
                 self._report_group(group)
-            self._batches.put_nowait((self.counts.inference_step, batch))
+            self._batches.put_nowait(batch)  # batch.step == inference_step
             self.counts.inference_step += 1
 
     async def _cancel_group(self, gid: int, reason: str | None, requeue: bool = False) -> None:
@@ -493,12 +494,13 @@ class Orchestrator:
             while self.counts.completed_steps < self.cfg.number_of_steps:
                 self._enter("waiting for a batch")
                 waited = time.time()
-                step, batch = await self._batches.get()
+                batch = await self._batches.get()
+                step = batch.step
                 await self._train_one(step, batch, time.time() - waited)
         except Exception as exc:  # noqa: BLE001 - re-raised with the stage and step named
             raise stage_error(self._stage, exc, step + 1) from None
 
-    async def _train_one(self, step: int, batch: Any, waited_s: float) -> None:
+    async def _train_one(self, step: int, batch: TrainBatch, waited_s: float) -> None:
         self._wait_for_data_s = waited_s
         self._enter("train_step")
         self._event("trainer", "start", step=step + 1, name="train_step")
