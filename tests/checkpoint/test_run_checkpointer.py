@@ -23,25 +23,17 @@ import yaml
 from telescope.core.checkpoint import CheckpointManager, CheckpointNotFoundError
 from telescope.core.config import ConfigError
 from telescope.core.runtime.checkpointing import RunCheckpointer, find_resume_point
-from telescope.core.testing import make_config
+from telescope.core.testing import make_config, recording_hooks
 
 HERE = Path(__file__).parent
 IDS = {"local": {"run_id": "run-abc"}, "wandb": {"id": "w123", "project": "p"}}
 
 
-class Observer:
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def on_event(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-
-
 class Orchestrator:
-    """What the hook reads: ``state_dict()`` (different at every step) and an observer."""
+    """What the hook reads: ``state_dict()`` (different at every step) and the run hooks."""
 
     def __init__(self) -> None:
-        self.observer = Observer()
+        self.hook, self.recorder = recording_hooks()
         self.step = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -98,8 +90,8 @@ def test_each_checkpoint_holds_the_driver_state_and_resume_reads_it_back(tmp_pat
         meta = json.loads((folder / "meta.json").read_text())
         assert (meta["step"], meta["base_model"], meta["backend"]) == (step, cfg.model, cfg.train_backend)
         assert meta["training_state"] is False
-    ends = [e for e in orch.observer.events if e["type"] == "checkpoint" and e["phase"] == "end"]
-    assert [(e["step"], e["ok"], Path(e["path"]).name) for e in ends] == [
+    ends = [e for e in orch.recorder.events if e.type == "checkpoint" and e.phase == "end"]
+    assert [(e.step, e.attrs["ok"], Path(e.attrs["path"]).name) for e in ends] == [
         (2, True, "step_2"), (4, True, "step_4"), (5, True, "step_5")]  # fmt: skip
     assert warnings == [] and hook.failures == 0
 
@@ -167,7 +159,7 @@ def test_a_save_failing_twice_is_a_warning_with_checkpoint_failure_warn(tmp_path
     assert (root / "step_2" / "weights.bin").read_text() == "weights after step 2"
     assert hook.failures == 1 and len(warnings) == 1
     assert "step 4" in warnings[0] and "disk full (ENOSPC)" in warnings[0] and "intact" in warnings[0]
-    ends = [(e["step"], e["ok"], e["path"]) for e in orch.observer.events if e["phase"] == "end"]
+    ends = [(e.step, e.attrs["ok"], e.attrs["path"]) for e in orch.recorder.events if e.phase == "end"]
     assert ends == [(2, True, str(root / "step_2")), (4, False, "")]
     resume = find_resume_point(cfg.model_copy(update={"resume_from_checkpoint": True}))
     assert resume is not None and resume.step == 2
@@ -264,7 +256,7 @@ class Trainer:
         backend.save_checkpoint(directory, training_state=training_state)
 
 class Orchestrator:
-    observer = type("O", (), {{"on_event": lambda self, e: None}})()
+    hook = type("H", (), {{"telescope_event": lambda self, event: None}})()
     def state_dict(self):
         return {{"counts": {{"completed_steps": step}}}}
 

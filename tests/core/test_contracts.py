@@ -32,7 +32,9 @@ def test_hook_set() -> None:
             "loggers",
         )
     }
-    assert registration | {"telescope_run_start", "telescope_step_end", "telescope_run_end"} <= set(HOOKS)
+    run = {"telescope_run_start", "telescope_run_info", "telescope_group_end", "telescope_event",
+           "telescope_step_end", "telescope_eval_end", "telescope_system_sample", "telescope_warning", "telescope_run_end"}  # fmt: skip
+    assert registration | run == set(HOOKS)
     assert len(registration) == len(KINDS)
 
 
@@ -87,8 +89,34 @@ class RecorderPlugin:
         self.calls.append(("telescope_run_start", {"config": config, "run_dir": run_dir}))
 
     @hookimpl
+    def telescope_run_info(self, info):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_run_info", {"info": info}))
+
+    @hookimpl
+    def telescope_group_end(self, group, step):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_group_end", {"group": group, "step": step}))
+
+    @hookimpl
+    def telescope_event(self, event):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_event", {"event": event}))
+
+    @hookimpl
     def telescope_step_end(self, step, metrics):  # type: ignore[no-untyped-def]
         self.calls.append(("telescope_step_end", {"step": step, "metrics": metrics}))
+
+    @hookimpl
+    def telescope_eval_end(self, step, name, metrics, rows):  # type: ignore[no-untyped-def]
+        self.calls.append(
+            ("telescope_eval_end", {"step": step, "name": name, "metrics": metrics, "rows": rows})
+        )
+
+    @hookimpl
+    def telescope_system_sample(self, sample):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_system_sample", {"sample": sample}))
+
+    @hookimpl
+    def telescope_warning(self, message):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_warning", {"message": message}))
 
     @hookimpl
     def telescope_run_end(self, status, error):  # type: ignore[no-untyped-def]
@@ -106,7 +134,13 @@ def test_every_hook_is_called() -> None:
     pset.infos["rec"] = PluginInfo("rec", "tests", "tests", "0")
     build_registry(pset)
     pset.pm.hook.telescope_run_start(config={"x": 1}, run_dir="/tmp/run")
-    pset.pm.hook.telescope_step_end(step=1, metrics={"loss": 0.5})
+    pset.pm.hook.telescope_run_info(info={"setup": {}})
+    pset.pm.hook.telescope_group_end(group="g", step=1)
+    pset.pm.hook.telescope_event(event="e")
+    pset.pm.hook.telescope_step_end(step=1, metrics={"loss": 0.5}, rollouts=[])
+    pset.pm.hook.telescope_eval_end(step=1, name="math", metrics={"pass@1": 1.0}, rows=[])
+    pset.pm.hook.telescope_system_sample(sample={"source": "system", "metrics": {}})
+    pset.pm.hook.telescope_warning(message="careful")
     pset.pm.hook.telescope_run_end(status="completed", error=None)
     called = {name for name, _ in calls}
     assert called == set(HOOKS)

@@ -113,3 +113,67 @@ def test_build_from_registry_honours_config(tmp_path: Path) -> None:
     hub.start(make_config(use_wandb=True), tmp_path, system_metrics=False)
     assert any("needs_missing" in w and "pip install x" in w for w in rec.warnings)
     hub.finish("finished")
+
+
+class EveryCall(Logger):
+    """Keeps every logger call, in order."""
+
+    name = "every"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        self.calls.append(("log_step", step, metrics))
+
+    def log_rollouts(self, step: int, rows: list[RolloutRecord]) -> None:
+        self.calls.append(("log_rollouts", step, [(r.group_id, r.sample_id) for r in rows]))
+
+    def log_events(self, events: list[Any]) -> None:
+        self.calls.append(("log_events", [(e.type, e.phase, e.step) for e in events]))
+
+    def log_system(self, sample: dict[str, Any]) -> None:
+        self.calls.append(("log_system", sample["source"]))
+
+    def log_eval(self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        self.calls.append(("log_eval", step, name, metrics, len(rows)))
+
+    def log_info(self, info: dict[str, Any]) -> None:
+        self.calls.append(("log_info", info))
+
+    def warn(self, message: str) -> None:
+        self.calls.append(("warn", message))
+
+    def finish(self, status: str) -> None:
+        self.calls.append(("finish", status))
+
+
+def test_the_hub_as_a_plugin_hands_every_run_hook_to_its_loggers(tmp_path: Path) -> None:
+    from telescope.core.observe import TimelineEvent
+    from telescope.core.testing import recording_hooks
+
+    every = EveryCall()
+    hub = LoggerHub([every])
+    hub.start(make_config(use_wandb=False), tmp_path, system_metrics=False, ticker=False)
+    hook, recorder = recording_hooks(hub)  # a run's plugin manager: the hub beside another plugin
+    hub.report_system = lambda sample: hook.telescope_system_sample(sample=sample)
+    rows = [RolloutRecord(step=2, group_id=7, env="e", sample_id=i) for i in range(2)]
+    hook.telescope_run_info(info={"setup": {"engine": "transformers"}})
+    hook.telescope_event(event=TimelineEvent("trainer", "start", step=2))
+    hook.telescope_group_end(group=object(), step=2)  # the hub keeps no per-group state: not a logger call
+    hook.telescope_step_end(step=2, metrics={"loss": 0.5}, rollouts=rows)
+    hook.telescope_eval_end(step=2, name="math", metrics={"pass@1": 0.25}, rows=[{"prompt": "q"}])
+    hub._system_sample({"source": "system", "metrics": {}})  # what the sampler thread calls
+    hook.telescope_warning(message="checkpoint at step 2 failed")
+    hook.telescope_run_end(status="interrupted", error=None)
+    assert every.calls == [
+        ("log_info", {"setup": {"engine": "transformers"}}),
+        ("log_events", [("trainer", "start", 2)]),
+        ("log_rollouts", 2, [(7, 0), (7, 1)]),
+        ("log_step", 2, {"loss": 0.5}),
+        ("log_eval", 2, "math", {"pass@1": 0.25}, 1),
+        ("log_system", "system"),
+        ("warn", "checkpoint at step 2 failed"),
+        ("finish", "interrupted"),
+    ]
+    assert len(recorder.system) == 1 and recorder.ends == ["interrupted"]  # the other plugin saw them too

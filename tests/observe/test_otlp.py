@@ -127,19 +127,9 @@ def test_capacity_and_ttl() -> None:
     rx.stop()
 
 
-def test_observer_adds_each_rollouts_vllm_timings_by_response_id() -> None:
+def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
     from telescope.core.runtime.groups import RolloutGroup, RolloutSample
-    from telescope.core.runtime.observer import HubObserver
-
-    class Hub:
-        def __init__(self) -> None:
-            self.rollouts: list = []
-
-        def log_rollouts(self, step: int, rows: list) -> None:
-            self.rollouts += rows
-
-        def log_step(self, step: int, metrics: dict) -> None:
-            pass
+    from telescope.core.runtime.reporting import StepRollouts
 
     def span(request_id: str, queue: float, ttft: float, decode: float) -> dict:
         return {"name": "llm_request", "attributes": {
@@ -152,21 +142,20 @@ def test_observer_adds_each_rollouts_vllm_timings_by_response_id() -> None:
                              finish_reason="stop", reward=1.0, raw_reward=1.0, timings={"generation_s": 1.0},
                              response_ids=ids)  # fmt: skip
 
-    hub = Hub()
-    observer = HubObserver(cfg=None, hub=hub)
+    collected = StepRollouts()
     rx = OtlpReceiver(port=0)
-    observer.traces = rx
+    collected.traces = rx
     try:
         # vLLM names a completion's span "<response id>-<prompt index>"
         rx.ingest(_export([span("cmpl-a-0", 0.5, 0.25, 2.0), span("cmpl-b-0", 0.125, 0.5, 1.0),
                            span("cmpl-c-0", 0.25, 0.75, 3.0)]))  # fmt: skip
         group = RolloutGroup(group_id=0, env_name="e", sample_idx=0,
                              samples=[sample(["cmpl-a"]), sample(["cmpl-b", "cmpl-c"]), sample(["cmpl-none"])])  # fmt: skip
-        observer.on_group(group, step=0)
-        observer.on_step(1, {})
+        collected.add(group, step=1)
+        rollouts = collected.close(1, {})
     finally:
         rx.stop()
-    single, two_turns, unseen = (r.timings for r in hub.rollouts)
+    single, two_turns, unseen = (r.timings for r in rollouts)
     assert single == {"generation_s": 1.0, "vllm_queue_time": 0.5, "vllm_ttft": 0.25, "vllm_decode_time": 2.0}
     # turns add up; time to first token is the first turn's
     assert two_turns == {

@@ -71,19 +71,3 @@ class FakeTrainer:
         self.versions.append(version)
         self.holds.append(set(hold))
         return {"timing_weight_sync_total": 0.0}
-
-
-@dataclass
-class RecordingObserver:
-    groups: list[tuple[int, Any]] = field(default_factory=list)
-    steps: list[dict[str, float]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def on_group(self, group: Any, step: int) -> None:
-        self.groups.append((step, group))
-
-    def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        self.steps.append(metrics)
-
-    def on_event(self, event: dict[str, Any]) -> None:
-        self.events.append(event)

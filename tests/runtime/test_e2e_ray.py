@@ -4,22 +4,29 @@ One run covers: on-policy logprob agreement between engine and trainer (fp32,
 max_async_rollout 0), a fingerprint-verified weight change after every step, multi-environment
 sampling with a multi-turn environment (wordle, exact token reuse across turns), evals before,
 during (on the second server, held at the eval step's weights) and after training with
-held-out samples, and the run directory files. ~1.5 minutes on 2 cores.
+held-out samples, and the run directory files. A third-party plugin file (``run_watcher.py``,
+loaded as a user's ``-p`` plugin) sees every group, event, step, eval and run fact the
+built-in ``local`` logger wrote (one channel: the run hooks). ~1.5 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ports import free_port_block
 
 from telescope.core.config import load_config
 from telescope.core.observe import RunDirReader
-from telescope.core.plugins import load_plugins
+from telescope.core.plugins import load_plugins, local_plugin_name
 
 pytest.importorskip("ray")
+
+
+WATCHER = Path(__file__).with_name("run_watcher.py")
 
 
 def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -33,11 +40,12 @@ def _installed(module: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The run directory, and what a third-party plugin file (``run_watcher.py``) saw of the run."""
     from telescope.core.runtime import run_training
 
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    pset, registry = load_plugins()
+    pset, registry = load_plugins(files=[str(WATCHER)])
     cfg = load_config(None, {
         "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
         "environments": [{"name": "reverse_text", "weight": 1.0}, {"name": "wordle", "weight": 1.0,
@@ -53,7 +61,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "use_tensorboard": _installed("tensorboard"), "use_mlflow": _installed("mlflow"),
     }, registry)  # fmt: skip
     assert run_training(cfg, pset, registry) == 0
-    return run_dir
+    return run_dir, pset.pm.get_plugin(local_plugin_name(str(WATCHER))).seen
+
+
+@pytest.fixture(scope="module")
+def run_dir(run: tuple[Path, dict[str, Any]]) -> Path:
+    return run[0]
 
 
 def test_run_directory_holds_the_resolved_config(run_dir: Path) -> None:
@@ -225,3 +238,72 @@ def test_progress_reaches_telescope_log_and_server_logs_hold_no_access_lines(run
         text = server.read_text()
         # inference_access_log false: no line per request (hundreds), one summary when the server stops
         assert "aiohttp.access" not in text and "requests in the last" in text, server
+
+
+# --- one channel: a third-party plugin sees what the built-in loggers see ------------------------
+
+
+def plain(value: Any) -> Any:
+    """What a value looks like after a JSON round trip (the run directory's files)."""
+    return json.loads(json.dumps(value))
+
+
+def test_a_plugin_saw_every_step_with_the_metrics_the_run_directory_holds(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    run_dir, seen = run
+    written = [{"step": s["step"], "metrics": s["metrics"]} for s in RunDirReader(run_dir).steps()]
+    assert [s["step"] for s in written] == [1, 2, 3]
+    assert plain(seen["steps"]) == written
+    assert seen["start"] == [str(run_dir.resolve())] and seen["end"] == ["completed"]
+
+
+def test_a_plugin_saw_every_group_whose_rollouts_the_run_directory_holds(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    run_dir, seen = run
+    rows = RunDirReader(run_dir).rollouts()
+    written = Counter((r["step"], r["group_id"], r["discard_reason"]) for r in rows)
+    reported = Counter({(step, gid, reason): n for step, gid, n, reason in seen["groups"] if n})
+    assert reported == written and sum(written.values()) >= 3 * 2 * 4  # 3 steps of 2 groups x 4 kept
+    assert len({gid for _, gid, _, _ in seen["groups"]}) == len(seen["groups"]), "a group reported twice"
+    assert sorted(seen["rollouts"]) == [1, 2, 3]
+    for step, pairs in seen["rollouts"].items():  # step_end's records are its groups' records
+        assert sorted(pairs) == sorted((r["group_id"], r["sample_id"]) for r in rows if r["step"] == step)
+
+
+def test_a_plugin_saw_every_event_in_the_order_the_run_directory_holds(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    run_dir, seen = run
+    written = RunDirReader(run_dir).events()
+    assert plain(seen["events"]) == written
+    types = Counter((e["type"], e["phase"]) for e in written)
+    assert types[("trainer", "end")] == 3 and types[("weight_sync", "end")] >= 3
+    assert types[("generation", "start")] >= 24 and types[("eval", "instant")] == 3  # steps 0, 2, 3
+
+
+def test_a_plugin_saw_every_eval_result(run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, seen = run
+    written = [
+        {k: r[k] for k in ("step", "name", "metrics", "samples")} for r in RunDirReader(run_dir).evals()
+    ]
+    assert [e["step"] for e in written] == [0, 2, 3]
+    assert plain(seen["evals"]) == written
+
+
+def test_a_plugin_saw_the_run_info_run_json_holds(run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, seen = run
+    info = RunDirReader(run_dir).meta["info"]
+    assert {"setup", "environments", "evals", "torch_threads"} <= set(seen["info"])
+    assert {k: info[k] for k in seen["info"]} == plain(seen["info"])
+
+
+def test_a_plugin_saw_every_system_sample(run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, seen = run
+    written = [
+        (s["time"], s["node"], s["source"], sorted(s["metrics"]))
+        for s in read_jsonl(run_dir / "system.jsonl")
+    ]
+    assert len(written) >= 2 and "system" in {source for _, _, source, _ in written}
+    assert sorted(plain(seen["system"])) == sorted(plain(written))  # two threads may interleave

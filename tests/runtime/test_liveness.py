@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from fakes import FakeClient, FakeTrainer, RecordingObserver, ToyEnv
+from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
+from telescope.core import hookimpl
 from telescope.core.runtime.liveness import RunStageError, StallError
 from telescope.core.runtime.stall import RolloutsFailingError
+from telescope.core.testing import recording_hooks
 
 
 def run(orch: Any, timeout: float = 20.0) -> Any:
@@ -75,31 +77,35 @@ def test_a_weight_sync_failure_names_the_sync_and_the_likely_cause(tokenizer: An
         run(orch)
 
 
-def test_an_observer_failure_ends_the_run(tokenizer: Any) -> None:
-    class BrokenObserver(RecordingObserver):
-        def on_step(self, step: int, metrics: dict[str, float]) -> None:
-            raise KeyError("reward/mean")
+class BrokenStepPlugin:
+    @hookimpl
+    def telescope_step_end(self, step: int) -> None:
+        raise KeyError("reward/mean")
 
+
+class BrokenGroupPlugin:
+    @hookimpl
+    def telescope_group_end(self, group: Any) -> None:
+        raise ValueError("cannot record")
+
+
+def test_a_failing_step_end_plugin_ends_the_run(tokenizer: Any) -> None:
     orch, _, _ = build(
         tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)), max_async_rollout=0
     )
-    orch.observer = BrokenObserver()
+    orch.hook, _ = recording_hooks(BrokenStepPlugin())
     with pytest.raises(
-        RunStageError, match=r"^step 1: the observer's on_step failed: KeyError: 'reward/mean'"
+        RunStageError, match=r"^step 1: the telescope_step_end hook failed: KeyError: 'reward/mean'"
     ):
         run(orch)
 
 
-def test_a_failing_group_observer_ends_the_run_from_a_rollout_task(tokenizer: Any) -> None:
-    class BrokenObserver(RecordingObserver):
-        def on_group(self, group: Any, step: int) -> None:
-            raise ValueError("cannot record")
-
+def test_a_failing_group_end_plugin_ends_the_run_from_a_rollout_task(tokenizer: Any) -> None:
     def reward(completion: str, sample: Any) -> float:
         return 1.0  # every group zero-advantage: reported (and failing) when it completes
 
     orch, _, _ = build(tokenizer, ToyEnv(reward), FakeClient(varied_reply(tokenizer)))
-    orch.observer = BrokenObserver()
+    orch.hook, _ = recording_hooks(BrokenGroupPlugin())
     with pytest.raises(RunStageError, match=r"the rollout task of group \d+ sample \d failed: ValueError"):
         run(orch)
 

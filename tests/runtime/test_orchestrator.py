@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from fakes import FakeClient, FakeTrainer, RecordingObserver, ToyEnv
+from fakes import FakeClient, FakeTrainer, ToyEnv
 
 from telescope.core.algorithms import get_algorithm
 from telescope.core.env.chat import ChatOptions
@@ -17,12 +17,12 @@ from telescope.core.runtime.prompts import PromptSource
 from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
 from telescope.core.runtime.tokens import stop_token_ids
-from telescope.core.testing import make_config
+from telescope.core.testing import RunRecorder, make_config, recording_hooks
 
 
 def build(
     tokenizer: Any, env: ToyEnv, client: FakeClient | list[FakeClient], **overrides: Any
-) -> tuple[Orchestrator, FakeTrainer, RecordingObserver]:
+) -> tuple[Orchestrator, FakeTrainer, RunRecorder]:
     fields = {"environments": [{"name": "toy"}], "group_size": 4, "prompts_batch_size_for_trainer": 2,
               "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 256, "pad_to_multiple_of": 8,
               "max_concurrent_prompts_per_server": 2, "prompt_prefetch_buffer_size": 4, **overrides}  # fmt: skip
@@ -31,10 +31,10 @@ def build(
     prompts = PromptSource(PromptScheduler([SourceEnv("toy", 1.0, len(env))], cfg.seed), {"toy": env},
                            {"toy": (None, None)}, tokenizer, ChatOptions(), cfg.prompt_prefetch_buffer_size)  # fmt: skip
     runner = RolloutRunner(tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), None)
-    trainer, observer = FakeTrainer(), RecordingObserver()
+    trainer, (hook, recorder) = FakeTrainer(), recording_hooks()
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm), 0)
     clients = client if isinstance(client, list) else [client]
-    return Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer), trainer, observer
+    return Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook), trainer, recorder
 
 
 def varied_reply(tokenizer: Any) -> Any:
@@ -138,8 +138,8 @@ def test_each_sample_has_a_generation_then_a_reward_span(tokenizer: Any) -> None
     asyncio.run(orch.run())
     spans: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for e in observer.events:
-        if e["type"] in ("generation", "reward"):
-            spans.setdefault((e["group_id"], e["sample_id"]), []).append((e["type"], e["phase"]))
+        if e.type in ("generation", "reward"):
+            spans.setdefault((e.group_id, e.sample_id), []).append((e.type, e.phase))
     finished = {(g.group_id, i) for _, g in observer.groups for i in range(len(g.samples))}
     assert finished and finished <= set(spans)
     for key in finished:  # in this order, once each
@@ -149,7 +149,7 @@ def test_each_sample_has_a_generation_then_a_reward_span(tokenizer: Any) -> None
             ("reward", "start"),
             ("reward", "end"),
         ]
-    trainer_spans = [(e["phase"], e["name"]) for e in observer.events if e["type"] == "trainer"]
+    trainer_spans = [(e.phase, e.name) for e in observer.events if e.type == "trainer"]
     assert trainer_spans == [("start", "train_step"), ("end", "train_step")] * 3
 
 
@@ -167,7 +167,7 @@ def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> 
     )
     assert "max_model_len=4" in message and "raise max_model_len" in message
     assert not trainer.batches and orch.counts.discarded["prompt_too_long"] == 200
-    kinds = {(e["type"], e["phase"]) for e in observer.events}  # nothing was scored
+    kinds = {(e.type, e.phase) for e in observer.events}  # nothing was scored
     assert ("generation", "end") in kinds and not {("reward", "start"), ("reward", "end")} & kinds
 
 

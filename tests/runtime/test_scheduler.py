@@ -65,9 +65,9 @@ def test_lanes_reuse_smallest_slot_and_queue_per_server() -> None:
     for i in range(3):
         lanes.enqueue(0, QueuedSample(7, i))
     ready = lanes.pop_ready()
-    assert [(s, slot, q.index) for s, slot, q in ready] == [(0, 0, 0), (0, 1, 1)]
+    assert [(r.server, r.slot, r.sample.index) for r in ready] == [(0, 0, 0), (0, 1, 1)]
     assert lanes.queued_count() == 1 and lanes.pick_server(1) == 1
     lanes.release(0, 0)
-    assert lanes.pop_ready()[0][1] == 0
+    assert lanes.pop_ready()[0].slot == 0
     lanes.enqueue(1, QueuedSample(9, 0))
     assert lanes.drop_group(9) == 1

@@ -3,7 +3,16 @@
 Plugins implement these with ``@telescope.core.hookimpl``. Registration hooks are called
 once per plugin manager, in plugin order (core built-ins first, then entry points), each
 with a ``register`` object bound to the calling plugin so every component records where it
-came from. Lifecycle hooks let plugins observe a run; they return nothing.
+came from.
+
+Run hooks are the one channel through which a run reports: the driver, the orchestrator,
+the checkpointer and the evals call them, and nothing else. The built-in loggers (run
+directory, console, W&B, ...) see the run through them too: the driver registers the run's
+``LoggerHub`` as a plugin for the run's lifetime (``core.logger_hub``), so a third-party
+plugin sees exactly what they see. They are called in the driver process, from its event
+loop (``telescope_run_end`` and a failure's ``telescope_run_info`` from the main thread);
+they return nothing and must be quick (a few are called for every sample). An exception in
+one ends the run, like a failure of the run's own code.
 
 Always call hooks with keyword arguments (pluggy's rule).
 """
@@ -15,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.observe.records import RolloutRecord, TimelineEvent
     from telescope.core.registry import Register
+    from telescope.core.runtime.groups import RolloutGroup
 
 hookspec = pluggy.HookspecMarker("telescope")
 
@@ -102,33 +114,120 @@ def telescope_register_loggers(register: Register) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Run lifecycle: observers, called by the driver process.
+# Run: called by the driver process while a run trains, in this order: ``run_start``, then
+# any number of the others, then ``run_end``.
 # --------------------------------------------------------------------------------------
 
 
 @hookspec
-def telescope_run_start(config: Any, run_dir: str) -> None:
+def telescope_run_start(config: TelescopeConfig, run_dir: str) -> None:
     """Called once after the config is resolved and the run directory exists.
 
     Args:
-        config: the resolved, frozen ``TelescopeConfig``.
+        config: the resolved, frozen ``TelescopeConfig`` every process of the run receives.
         run_dir: absolute path of the run directory.
     """
 
 
 @hookspec
-def telescope_step_end(step: int, metrics: dict[str, float]) -> None:
+def telescope_run_info(info: dict[str, Any]) -> None:
+    """Run-level facts, merged into ``run.json``'s ``info`` (later keys replace earlier ones).
+
+    Args:
+        info: JSON-ready facts, one or a few top-level keys per call: ``setup`` (engine,
+            plugins), ``resume``, ``environments`` and ``evals`` (reward ranges, dataset sizes),
+            ``torch_threads``, ``restarts`` (the run restarted from a checkpoint), ``failure``
+            (why the run failed, with the log's last lines).
+    """
+
+
+@hookspec
+def telescope_group_end(group: RolloutGroup, step: int) -> None:
+    """A rollout group is done with: trained on, discarded, or cancelled in flight.
+
+    Every group the run generated is reported once (a group re-queued from a drained server
+    is reported when its retry ends). ``group.discard_reason`` is None for a kept group, one
+    of ``DISCARD_REASONS`` for a finished one not trained on, or one of ``CANCEL_REASONS``
+    for one stopped in flight (``group.info["cancelled_samples"]`` samples were running; its
+    ``samples`` are the ones that had finished).
+
+    Args:
+        group: the ``RolloutGroup`` (its samples with rewards, advantages and timings).
+        step: the 1-based training step it belongs to: the step that trains it, or the step
+            being filled when it was discarded. Its records are in that step's
+            ``telescope_step_end`` ``rollouts``.
+    """
+
+
+@hookspec
+def telescope_event(event: TimelineEvent) -> None:
+    """One point on the run's timeline (``events/`` in the run directory, the dashboard).
+
+    Spans are a ``start`` and an ``end`` event with the same fields. Core types are
+    ``EVENT_TYPES``: per sample ``generation`` and ``reward`` spans, per step ``trainer`` and
+    ``weight_sync`` spans, ``checkpoint`` spans, ``eval`` instants (``attrs["scores"]``) and
+    ``run`` instants (``inference_restart``, ``inference_drop``).
+
+    Args:
+        event: the ``TimelineEvent``; ``step`` is the 1-based step it belongs to.
+    """
+
+
+@hookspec
+def telescope_step_end(step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:
     """Called after every training step, once its metrics are final.
 
     Args:
         step: the 1-based step that just finished.
-        metrics: that step's metrics (flat ``section/group/metric`` keys).
+        metrics: that step's metrics (flat ``section/group/metric`` keys): trainer, weight
+            sync, batch, timing, rollout (``reward/mean``, ``discarded/<reason>/count`` ...)
+            and throughput metrics.
+        rollouts: one ``RolloutRecord`` per rollout of the groups reported for ``step``
+            (``telescope_group_end``): kept, discarded and cancelled ones.
+    """
+
+
+@hookspec
+def telescope_eval_end(step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+    """One eval finished: its scores and per-sample rows (``evals/`` in the run directory).
+
+    Args:
+        step: the trainer step whose weights were evaluated (0 = before training).
+        name: the eval's name (an ``evals`` entry).
+        metrics: its scores, e.g. ``{"pass@1": 0.4, "avg@2": 0.35}``.
+        rows: one dict per evaluated sample (prompt, completion, reward, ...).
+    """
+
+
+@hookspec
+def telescope_system_sample(sample: dict[str, Any]) -> None:
+    """One system-metrics sample (``system.jsonl`` in the run directory).
+
+    Called from background threads (the CPU/GPU sampler every
+    ``system_metrics_collection_interval_seconds``, the vLLM ``/metrics`` scraper, the
+    trainers' torch-memory drain), not from the event loop: an implementation that keeps
+    state shared with other hooks needs a lock.
+
+    Args:
+        sample: ``{"time", "node", "source", "metrics": {name: value}}``.
+    """
+
+
+@hookspec
+def telescope_warning(message: str) -> None:
+    """Something the user should see while the run goes on (e.g. a checkpoint that failed
+    with ``checkpoint_failure: warn``). The console shows it; the run directory records it.
+
+    Args:
+        message: one line that names the problem and what happens next.
     """
 
 
 @hookspec
 def telescope_run_end(status: str, error: BaseException | None) -> None:
-    """Called once when a run ends, however it ends.
+    """Called once when a run ends, however it ends, after its processes stopped.
+
+    The run's ``LoggerHub`` finishes here (``run.json`` gets its final status).
 
     Args:
         status: ``"completed"``, ``"interrupted"`` or ``"failed"``.

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from telescope.core import hookimpl
 from telescope.core.config import TelescopeConfig
 from telescope.core.plugins import PluginSet, build_registry, get_plugin_manager
 from telescope.core.registry import PluginInfo, Registry
 
-__all__ = ["make_config", "registry_with"]
+if TYPE_CHECKING:
+    import pluggy
+
+    from telescope.core.observe.records import RolloutRecord, TimelineEvent
+    from telescope.core.runtime.groups import RolloutGroup
+
+__all__ = ["RunRecorder", "make_config", "recording_hooks", "registry_with"]
 
 
 def make_config(**overrides: Any) -> TelescopeConfig:
@@ -36,3 +44,74 @@ def _builtin_names() -> tuple[str, ...]:
     from telescope.core.plugins import BUILTIN_PLUGINS
 
     return tuple(name for name, _ in BUILTIN_PLUGINS)
+
+
+@dataclass(eq=False)  # a plugin is registered by identity
+class RunRecorder:
+    """A plugin that keeps every run hook call (``hookspecs.py``), for tests of what a run reports."""
+
+    groups: list[tuple[int, RolloutGroup]] = field(default_factory=list)
+    """``(step, group)`` of every ``telescope_group_end``."""
+    events: list[TimelineEvent] = field(default_factory=list)
+    steps: list[dict[str, float]] = field(default_factory=list)
+    """The ``metrics`` of every ``telescope_step_end``, in order."""
+    rollouts: dict[int, list[RolloutRecord]] = field(default_factory=dict)
+    """``telescope_step_end``'s ``rollouts`` by step."""
+    evals: list[tuple[int, str, dict[str, float], list[dict[str, Any]]]] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    system: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    ends: list[str] = field(default_factory=list)
+    """The ``status`` of every ``telescope_run_end``."""
+
+    @hookimpl
+    def telescope_group_end(self, group: RolloutGroup, step: int) -> None:
+        self.groups.append((step, group))
+
+    @hookimpl
+    def telescope_event(self, event: TimelineEvent) -> None:
+        self.events.append(event)
+
+    @hookimpl
+    def telescope_step_end(self, step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:
+        self.steps.append(metrics)
+        self.rollouts[step] = list(rollouts)
+
+    @hookimpl
+    def telescope_eval_end(
+        self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]
+    ) -> None:
+        self.evals.append((step, name, metrics, rows))
+
+    @hookimpl
+    def telescope_run_info(self, info: dict[str, Any]) -> None:
+        self.infos.append(info)
+
+    @hookimpl
+    def telescope_system_sample(self, sample: dict[str, Any]) -> None:
+        self.system.append(sample)
+
+    @hookimpl
+    def telescope_warning(self, message: str) -> None:
+        self.warnings.append(message)
+
+    @hookimpl
+    def telescope_run_end(self, status: str) -> None:
+        self.ends.append(status)
+
+
+def recording_hooks(*plugins: object) -> tuple[pluggy.HookRelay, RunRecorder]:
+    """The run hooks of a plugin manager holding a ``RunRecorder`` and ``plugins`` (no other plugin).
+
+    Pass the hook relay where a run component wants ``pm.hook`` (e.g. ``Orchestrator(..., hook)``).
+    """
+    import pluggy
+
+    from telescope.core import hookspecs
+
+    pm = pluggy.PluginManager("telescope")
+    pm.add_hookspecs(hookspecs)
+    recorder = RunRecorder()
+    for plugin in (recorder, *plugins):
+        pm.register(plugin)
+    return pm.hook, recorder

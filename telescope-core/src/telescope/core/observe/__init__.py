@@ -1,10 +1,12 @@
 """Observability: loggers (local run directory, console, W&B), step metrics, timeline, system metrics.
 
 Light at import (no torch, rich, wandb): loggers are imported when a run builds them.
-Typical use by the orchestrator::
+A run reports through the run hooks (``hookspecs.py``, docs/run-hooks.md); the driver
+registers its ``LoggerHub`` as a plugin on them, which calls the loggers. Used directly::
 
     hub = build_logger_hub(cfg, registry)                # local + console (+ wandb)
     hub.start(cfg, cfg.resolved_run_dir(), resume_ids)   # resume_ids: hub.run_ids() saved earlier
+    pm.register(hub, name="core.logger_hub")             # what the driver does: run hooks -> loggers
     hub.log_info({"environments": environment_info(envs, cfg)})   # ranges, dataset sizes
     hub.add_prometheus_scraper({0: url0, 1: url1})       # vllm engine only
     receiver = hub.add_otlp_receiver()                   # None unless enable_vllm_tracing

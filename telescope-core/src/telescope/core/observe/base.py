@@ -7,9 +7,12 @@ observer that does not care about, say, system samples needs no code for them).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.records import RolloutRecord, TimelineEvent
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["Logger"]
 
@@ -26,8 +29,9 @@ class Logger:
     name: str = "logger"
     required: bool = False
 
-    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
-        """Open outputs. ``resume_ids`` is what ``run_ids()`` returned in the run being resumed."""
+    def start(self, cfg: TelescopeConfig, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+        """Open outputs for the run configured by ``cfg``. ``resume_ids`` is what ``run_ids()`` returned in
+        the run being resumed."""
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         """Record the step metrics (trainer metrics, rollout metrics, timings) of ``step``."""

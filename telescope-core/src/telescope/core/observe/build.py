@@ -7,15 +7,19 @@ A logger component's registration metadata decides when it is on:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.hub import LoggerHub
 
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.registry import Registry
+
 __all__ = ["build_logger_hub", "enabled_logger_names"]
 
 
-def enabled_logger_names(cfg: Any, registry: Any) -> list[str]:
+def enabled_logger_names(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     """Names of the logger components this config turns on, ``local`` first."""
     names = []
     for comp in registry.components("logger"):
@@ -29,7 +33,9 @@ def enabled_logger_names(cfg: Any, registry: Any) -> list[str]:
     return ["local"] + [n for n in names if n != "local"]
 
 
-def build_logger_hub(cfg: Any, registry: Any = None, *, exclude: tuple[str, ...] = ()) -> LoggerHub:
+def build_logger_hub(
+    cfg: TelescopeConfig, registry: Registry | None = None, *, exclude: tuple[str, ...] = ()
+) -> LoggerHub:
     """Create every enabled logger (not yet started) and wrap them in a hub.
 
     Args:

@@ -1,4 +1,9 @@
-"""``LoggerHub``: the one object the orchestrator calls; it fans out to every logger.
+"""``LoggerHub``: the built-in plugin that fans a run's hook calls out to every logger.
+
+For a run's lifetime the driver registers it on the plugin manager (``core.logger_hub``); it
+implements the run hooks (``hookspecs.py``) like any other plugin and hands each call to the
+enabled ``Logger`` components. Its ``log_*`` methods are for code that writes a run directory
+without a run (tests, the dashboard's fixtures).
 
 A logger that raises is counted (``failures``) and warned about once per (logger, method);
 the run goes on. A ``required`` logger (the run directory) that fails stops the run: in
@@ -17,11 +22,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from telescope.core import hookimpl
 from telescope.core.observe.base import Logger
-from telescope.core.observe.records import RolloutRecord, TimelineEvent
+from telescope.core.observe.records import RolloutRecord, TimelineEvent, eval_event
 from telescope.core.observe.storage import StorageError, describe_os_error
 
 if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
     from telescope.core.observe.otlp import OtlpReceiver
 
 __all__ = ["FINISH_STATUSES", "LoggerHub", "LoggerStartError"]
@@ -35,12 +42,9 @@ FINISH_STATUSES = ("finished", "failed", "interrupted")
 HUB_WARNING = {"telescope_hub_warning": True}
 
 
-def tick_seconds(cfg: Any) -> float:
+def tick_seconds(cfg: TelescopeConfig) -> float:
     """Tick period: a quarter of the shortest buffering interval, kept within 0.05..0.5 s."""
-    shortest = min(
-        float(getattr(cfg, "metrics_logger_interval_seconds", 2.0)),
-        float(getattr(cfg, "event_upload_interval_seconds", 5)),
-    )
+    shortest = min(float(cfg.metrics_logger_interval_seconds), float(cfg.event_upload_interval_seconds))
     return min(max(shortest / 4, 0.05), 0.5)
 
 
@@ -60,7 +64,8 @@ class LoggerHub:
         self._scrapers: list[Any] = []
         self._threads: list[Any] = []
         self._stopped: set[int] = set()
-        self._cfg: Any = None
+        self._cfg: TelescopeConfig | None = None
+        """The run's config once ``start`` ran (before it, the sources use the defaults)."""
         self._finished = False
         #: Enabled loggers that could not be built here, ``{name: reason}`` (warned at start).
         self.skipped: dict[str, str] = {}
@@ -68,6 +73,9 @@ class LoggerHub:
         self.on_fatal: Callable[[StorageError], None] | None = None
         #: The first write failure of a required logger (None while every write succeeds).
         self.fatal: StorageError | None = None
+        #: Where the samples of the hub's sources go: its loggers, or in a run the
+        #: ``telescope_system_sample`` hook (which reaches the loggers through the hub's plugin).
+        self.report_system: Callable[[dict[str, Any]], None] = self.log_system
 
     def _call(self, method: str, *args: Any) -> None:
         for lg in list(self.loggers):
@@ -114,7 +122,7 @@ class LoggerHub:
     # --- lifecycle -------------------------------------------------------------------
     def start(
         self,
-        cfg: Any,
+        cfg: TelescopeConfig,
         run_dir: str | Path,
         resume_ids: dict[str, dict[str, Any]] | None = None,
         *,
@@ -153,15 +161,18 @@ class LoggerHub:
             from telescope.core.observe.system import SystemMetricsSampler
 
             self._sampler = SystemMetricsSampler(
-                self.log_system,
-                interval_s=float(getattr(cfg, "system_metrics_collection_interval_seconds", 1.0)),
-                gpus=bool(getattr(cfg, "track_gpu_events", True)),
+                self._system_sample,
+                interval_s=float(cfg.system_metrics_collection_interval_seconds),
+                gpus=bool(cfg.track_gpu_events),
             )
             self._sampler.start()
         if ticker:
             from telescope.core.observe.periodic import PeriodicThread
 
             self._start_thread(PeriodicThread(self.tick, tick_seconds(cfg), "telescope-logger-tick"))
+
+    def _system_sample(self, sample: dict[str, Any]) -> None:
+        self.report_system(sample)
 
     def _start_thread(self, thread: Any) -> None:
         thread.start()
@@ -183,7 +194,7 @@ class LoggerHub:
 
         if interval_s is None:
             interval_s = float(getattr(self._cfg, "ray_torch_memory_drain_interval_seconds", 0.5))
-        self._start_thread(TorchMemoryDrainer(fetch, self.log_system, interval_s))
+        self._start_thread(TorchMemoryDrainer(fetch, self._system_sample, interval_s))
 
     def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float | None = None) -> None:
         """Scrape each inference server's ``/metrics`` (vLLM) into ``log_system`` until finish.
@@ -196,7 +207,7 @@ class LoggerHub:
 
         if interval_s is None:
             interval_s = float(getattr(self._cfg, "system_metrics_collection_interval_seconds", 1.0))
-        scraper = PrometheusScraper(urls, self.log_system, interval_s=interval_s)
+        scraper = PrometheusScraper(urls, self._system_sample, interval_s=interval_s)
         scraper.start()
         self._scrapers.append(scraper)
 
@@ -208,7 +219,7 @@ class LoggerHub:
         """
         from telescope.core.observe.otlp import OtlpReceiver
 
-        if not bool(getattr(self._cfg, "enable_vllm_tracing", False)):
+        if self._cfg is None or not self._cfg.enable_vllm_tracing:  # not started, or tracing off
             return None
         receiver = OtlpReceiver.from_config(self._cfg)
         receiver.start()
@@ -293,12 +304,43 @@ class LoggerHub:
         ``attrs = {"scores": metrics, "samples": len(rows)}``.
         """
         rows = [dict(r) for r in rows]
-        self._call("log_eval", int(step), str(name), dict(metrics), rows)
-        self.event(
-            "eval", name=str(name), step=int(step), attrs={"scores": dict(metrics), "samples": len(rows)}
-        )
+        self.telescope_eval_end(step, name, metrics, rows)
+        self.log_events([eval_event(step, name, metrics, len(rows))])
 
     def warn(self, message: str) -> None:
         """Show ``message`` on the console and record it in the run's log."""
         _log.warning(message, extra=HUB_WARNING)
         self._call("warn", message)
+
+    # --- run hooks: for a run's lifetime the hub is the plugin ``core.logger_hub`` ----------
+    @hookimpl
+    def telescope_run_info(self, info: dict[str, Any]) -> None:
+        self.log_info(info)
+
+    @hookimpl
+    def telescope_event(self, event: TimelineEvent) -> None:
+        self.log_events([event])
+
+    @hookimpl
+    def telescope_step_end(self, step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:
+        self.log_rollouts(step, rollouts)
+        self.log_step(step, metrics)
+
+    @hookimpl
+    def telescope_eval_end(
+        self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]
+    ) -> None:
+        """Hands the result to every logger; its ``eval`` event comes as a ``telescope_event``."""
+        self._call("log_eval", int(step), str(name), dict(metrics), [dict(r) for r in rows])
+
+    @hookimpl
+    def telescope_system_sample(self, sample: dict[str, Any]) -> None:
+        self.log_system(sample)
+
+    @hookimpl
+    def telescope_warning(self, message: str) -> None:
+        self.warn(message)
+
+    @hookimpl
+    def telescope_run_end(self, status: str) -> None:
+        self.finish("finished" if status == "completed" else status)

@@ -13,9 +13,13 @@ import threading
 import time
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.otlp_wire import OtlpDecodeError, spans_from_json, spans_from_protobuf
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 
 __all__ = ["VLLM_TIMING_ATTRIBUTES", "OtlpReceiver"]
 
@@ -53,9 +57,9 @@ class OtlpReceiver:
         self._thread = threading.Thread(target=self._server.serve_forever, name="telescope-otlp", daemon=True)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> OtlpReceiver:
+    def from_config(cls, cfg: TelescopeConfig) -> OtlpReceiver:
         """Loopback, or every interface when the inference servers do (servers on other nodes send here)."""
-        wildcard = str(getattr(cfg, "inference_host", "127.0.0.1")) in ("0.0.0.0", "::", "")
+        wildcard = str(cfg.inference_host) in ("0.0.0.0", "::", "")
         return cls(port=int(cfg.otlp_receiver_port), host="0.0.0.0" if wildcard else "127.0.0.1")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

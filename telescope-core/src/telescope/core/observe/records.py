@@ -18,6 +18,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RolloutRecord",
     "TimelineEvent",
+    "eval_event",
 ]
 
 #: Version of the run-directory layout and of every record below (bump on breaking change).
@@ -35,6 +36,7 @@ EVENT_PHASES = ("start", "end", "instant")
 
 _DERIVED_ROLLOUT_FIELDS = {"kept", "prompt_tokens", "completion_tokens"}
 _TOKEN_VIEW_FIELDS = ("completion_token_texts", "completion_logprobs")
+_EVENT_FIELDS = ("name", "step", "group_id", "sample_id", "server", "lane", "rank", "time")
 
 
 def _shallow_dict(obj: Any) -> dict[str, Any]:
@@ -178,5 +180,19 @@ class TimelineEvent:
                 f"TimelineEvent phase {self.phase!r} is not valid: use one of {', '.join(EVENT_PHASES)}"
             )
 
+    @classmethod
+    def of(cls, type: str, phase: str = "instant", **fields: Any) -> TimelineEvent:
+        """An event from loose fields: the named ids as they are, anything else into ``attrs``."""
+        known = {k: fields.pop(k) for k in _EVENT_FIELDS if k in fields}
+        attrs = dict(fields.pop("attrs", None) or {})
+        return cls(type=type, phase=phase, **known, attrs={**fields, **attrs})
+
     def to_dict(self) -> dict[str, Any]:
         return _shallow_dict(self)
+
+
+def eval_event(step: int, name: str, metrics: dict[str, float], samples: int) -> TimelineEvent:
+    """The ``eval`` instant of one eval result: ``attrs = {"scores": metrics, "samples": samples}``."""
+    return TimelineEvent(
+        "eval", name=str(name), step=int(step), attrs={"scores": dict(metrics), "samples": samples}
+    )

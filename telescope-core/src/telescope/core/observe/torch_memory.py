@@ -21,9 +21,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.periodic import PeriodicThread
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 
 __all__ = ["RayDrainFetcher", "TorchMemoryDrainer", "TorchMemorySampler", "read_torch_memory"]
 
@@ -107,7 +111,7 @@ class TorchMemorySampler:
         self.dropped = 0
 
     @classmethod
-    def from_config(cls, cfg: Any, *, rank: int | None = None) -> TorchMemorySampler:
+    def from_config(cls, cfg: TelescopeConfig, *, rank: int | None = None) -> TorchMemorySampler:
         """A sampler at ``cfg.torch_memory_sample_interval_seconds``."""
         return cls(float(cfg.torch_memory_sample_interval_seconds), rank=rank)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
@@ -14,9 +15,18 @@ from telescope.core.runtime.healing import RayServerHealer
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.prompts import PromptSource
 from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
+from telescope.core.runtime.reporting import report_evals
 from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
 from telescope.core.runtime.tokens import Interleaver, stop_token_ids
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.registry import Registry
+    from telescope.core.runtime.driver import RunSession
+    from telescope.core.runtime.eval_control import EvalController
 
 __all__ = [
     "add_checkpoints_and_evals",
@@ -30,7 +40,7 @@ __all__ = [
 log = logging.getLogger("telescope.runtime")
 
 
-def load_tokenizer(cfg: Any) -> Any:
+def load_tokenizer(cfg: TelescopeConfig) -> Any:
     """The policy's tokenizer (``chat_template`` from the config overrides the tokenizer's own)."""
     from transformers import AutoTokenizer
 
@@ -40,7 +50,7 @@ def load_tokenizer(cfg: Any) -> Any:
     return tokenizer
 
 
-def load_environments(cfg: Any, registry: Any) -> dict[str, Any]:
+def load_environments(cfg: TelescopeConfig, registry: Registry) -> dict[str, Any]:
     """Every training environment, built through the registry with its datasets loaded.
 
     A config ``reward_min``/``reward_max`` overrides the environment's declared range; null keeps it.
@@ -105,14 +115,16 @@ def sync_backend(trainer_gpus: float, inference_gpus: float) -> str:
     return "nccl" if trainer_gpus > 0 and inference_gpus > 0 else "gloo"
 
 
-def sync_group_spec(cfg: Any, host: str, port: int, world_size: int, backend: str) -> dict[str, Any]:
+def sync_group_spec(
+    cfg: TelescopeConfig, host: str, port: int, world_size: int, backend: str
+) -> dict[str, Any]:
     """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
     the rendezvous and every collective)."""
     return {"host": host, "port": port, "world_size": world_size, "backend": backend,
             "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
 
 
-async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: int = 1) -> None:
+async def init_weight_sync(session: RunSession, clients: list[Any], ranks_per_server: int = 1) -> None:
     """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.weights.settings import choose_broadcast_host
@@ -134,12 +146,12 @@ async def init_weight_sync(session: Any, clients: list[Any], ranks_per_server: i
     )
 
 
-def inference_engine(cfg: Any, registry: Any) -> Any:
+def inference_engine(cfg: TelescopeConfig, registry: Registry) -> Any:
     """The run's engine object (clients and group layout are engine specific; nothing is launched)."""
     return registry.create("inference_engine", cfg.inference_engine, cfg.inference_engine_kwargs, cfg=cfg)
 
 
-def eval_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
+def eval_exclusions(cfg: TelescopeConfig, registry: Registry) -> dict[str, frozenset[int]]:
     """Training samples reserved for evals (``separate_eval_samples``)."""
     if not cfg.evals:
         return {}
@@ -148,14 +160,15 @@ def eval_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
     return dict(training_exclusions(cfg, registry))
 
 
-async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Orchestrator, list[Any]]:
-    """The orchestrator for a started session (servers healthy, trainers initialised)."""
+async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tuple[Orchestrator, list[Any]]:
+    """The orchestrator for a started session (servers healthy, trainers initialised), reporting
+    through ``hook`` (the plugin manager's run hooks)."""
     from telescope.core.algorithms import get_algorithm
 
     cfg, registry = session.cfg, session.registry
     tokenizer = await asyncio.to_thread(load_tokenizer, cfg)
     envs = await asyncio.to_thread(load_environments, cfg, registry)
-    _call(observer, "on_info", lambda info: None)({"environments": environment_info(envs, cfg)})
+    hook.telescope_run_info(info={"environments": environment_info(envs, cfg)})
     await prepare_environments(envs)
     engine = inference_engine(cfg, registry)
     clients = [engine.client(url) for url in session.servers.urls]
@@ -174,8 +187,9 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     trainer = RayTrainerGroup.from_info(session.trainers, session.trainer_info, clients, session.servers.urls)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
-    orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, observer)
+    orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
     orchestrator.tokenizer = tokenizer
+    orchestrator.rollouts.traces = session.traces
     orchestrator.healer = RayServerHealer(
         session.servers.actors, clients, lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
         trainer.excluded,
@@ -183,35 +197,37 @@ async def build_orchestrator(session: Any, observer: Any, pset: Any) -> tuple[Or
     return orchestrator, clients
 
 
-async def add_checkpoints_and_evals(orchestrator: Orchestrator, session: Any, observer: Any) -> Any:
-    """Resume state, the checkpoint hook and the eval controller; returns the controller (or None)."""
+async def add_checkpoints_and_evals(
+    orchestrator: Orchestrator, session: RunSession, logger_ids: Callable[[], dict[str, Any]]
+) -> EvalController | None:
+    """Resume state, the checkpoint hook and the eval controller; returns the controller (or None).
+
+    ``logger_ids`` returns each logger's run ids (stored in every checkpoint).
+    """
     from telescope.core.runtime.checkpointing import RunCheckpointer
     from telescope.core.runtime.eval_control import EvalController
 
-    cfg, resume, trainer = session.cfg, session.resume, orchestrator.trainer
+    cfg, resume, trainer, hook = session.cfg, session.resume, orchestrator.trainer, orchestrator.hook
     assert isinstance(trainer, RayTrainerGroup)
     if resume is not None:
         await trainer.load_checkpoint(str(resume.path))
         orchestrator.load_state_dict(resume.orchestrator_state)
         await orchestrator.sync_weights(resume.step)  # the servers started from the base model
     if cfg.checkpoint_every:
-        orchestrator.hooks.append(RunCheckpointer(cfg, trainer, _call(observer, "logger_ids", dict),
-                                                  _call(observer, "warn", lambda msg: None),
-                                                  getattr(session, "fail", None)))  # fmt: skip
+
+        def warn(message: str) -> None:
+            hook.telescope_warning(message=message)
+
+        orchestrator.hooks.append(RunCheckpointer(cfg, trainer, logger_ids, warn, session.fail))
     if not cfg.evals:
         return None
     from telescope.core.evals import EvalRunner
 
     runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.tokenizer)
     evals_info = eval_info({name: ev.loaded.env for name, ev in runner.evals.items()})
-    _call(observer, "on_info", lambda info: None)({"evals": evals_info})
+    hook.telescope_run_info(info={"evals": evals_info})
     controller = EvalController(
-        cfg, runner, orchestrator.clients, _call(observer, "on_eval", lambda s, r: None)
+        cfg, runner, orchestrator.clients, lambda step, results: report_evals(hook, step, results)
     )
     orchestrator.hooks.append(controller)
     return controller
-
-
-def _call(observer: Any, name: str, default: Any) -> Any:
-    """An optional observer method (test observers may not have it)."""
-    return getattr(observer, name, default)

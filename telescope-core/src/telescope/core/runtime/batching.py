@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.packing import Packer
 from telescope.core.runtime.groups import RolloutGroup
 from telescope.core.trainer import RankBatch, TrainSample
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["BatchBuilder", "TrainBatch"]
 
@@ -25,7 +28,7 @@ class TrainBatch:
 class BatchBuilder:
     """Computes advantages with the run's algorithm and packs batches for the trainer."""
 
-    def __init__(self, cfg: Any, algorithm: Any, pad_token_id: int) -> None:
+    def __init__(self, cfg: TelescopeConfig, algorithm: Any, pad_token_id: int) -> None:
         self.cfg = cfg
         self.algorithm = algorithm
         self.pad_token_id = pad_token_id

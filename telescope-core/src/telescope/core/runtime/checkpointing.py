@@ -21,7 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from telescope.core.observe.records import TimelineEvent
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["ResumePoint", "RunCheckpointer", "checkpoint_root", "find_resume_point"]
 
@@ -32,14 +37,14 @@ RUN_CONFIG = "config.yaml"
 LOGGER_IDS = "loggers.json"
 
 
-def checkpoint_root(cfg: Any) -> Path:
+def checkpoint_root(cfg: TelescopeConfig) -> Path:
     """``checkpoint_dir``, or ``<run_dir>/checkpoints``."""
     if cfg.checkpoint_dir:
         return Path(cfg.checkpoint_dir).expanduser().resolve()
     return Path(cfg.resolved_run_dir).resolve() / "checkpoints"
 
 
-def _manager(cfg: Any) -> Any:
+def _manager(cfg: TelescopeConfig) -> Any:
     from telescope.core.checkpoint import CheckpointManager
 
     return CheckpointManager(checkpoint_root(cfg), cfg.checkpoint_keep_last, cfg.checkpoint_keep_every)
@@ -55,7 +60,7 @@ class ResumePoint:
     logger_ids: dict[str, Any]
 
 
-def find_resume_point(cfg: Any) -> ResumePoint | None:
+def find_resume_point(cfg: TelescopeConfig) -> ResumePoint | None:
     """The checkpoint ``resume_from_checkpoint`` names (None when not resuming); clear error if absent."""
     if cfg.resume_from_checkpoint is False:
         return None
@@ -78,7 +83,7 @@ def find_resume_point(cfg: Any) -> ResumePoint | None:
     )
 
 
-def supersede_later_checkpoints(cfg: Any, resume: ResumePoint) -> list[Path]:
+def supersede_later_checkpoints(cfg: TelescopeConfig, resume: ResumePoint) -> list[Path]:
     """A resume from an older step: move the newer checkpoints aside (they belong to the old history)."""
     moved = _manager(cfg).set_aside_after(resume.step)
     if moved:
@@ -93,7 +98,7 @@ def supersede_later_checkpoints(cfg: Any, resume: ResumePoint) -> list[Path]:
 class RunCheckpointer:
     """Saves a checkpoint after the steps ``checkpoint_every`` names (and the last step)."""
 
-    def __init__(self, cfg: Any, trainer: Any, logger_ids: Callable[[], dict[str, Any]],
+    def __init__(self, cfg: TelescopeConfig, trainer: Any, logger_ids: Callable[[], dict[str, Any]],
                  warn: Callable[[str], None], fail: Callable[[BaseException], None] | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         self.trainer = trainer
@@ -114,17 +119,12 @@ class RunCheckpointer:
         if not checkpoint_due(step, self.cfg.checkpoint_every, self.cfg.number_of_steps):
             return
         state = orchestrator.state_dict()
-        orchestrator.observer.on_event({"type": "checkpoint", "phase": "start", "step": step})
+        orchestrator.hook.telescope_event(event=TimelineEvent("checkpoint", "start", step=step))
         path = await self.save(step, state)
-        orchestrator.observer.on_event(
-            {
-                "type": "checkpoint",
-                "phase": "end",
-                "step": step,
-                "path": str(path or ""),
-                "ok": path is not None,
-            }
+        end = TimelineEvent(
+            "checkpoint", "end", step=step, attrs={"path": str(path or ""), "ok": path is not None}
         )
+        orchestrator.hook.telescope_event(event=end)
 
     async def save(self, step: int, state: dict[str, Any]) -> Path | None:
         """Write and commit ``step_<step>``; two attempts, then ``checkpoint_failure`` decides.

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.config import TelescopeConfig
+from telescope.core.observe import LoggerHub, build_logger_hub
 from telescope.core.runtime.errors import describe_failure
 from telescope.core.runtime.preflight import check_supported
 from telescope.core.runtime.recovery import RestartPlan
 from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
 from telescope.core.runtime.signals import route_sigterm_to_interrupt, sigterm_as_interrupt, teardown_signals
 
-__all__ = ["run_training"]
+if TYPE_CHECKING:
+    import pluggy
+
+    from telescope.core.observe.otlp import OtlpReceiver
+    from telescope.core.plugins import PluginSet
+    from telescope.core.registry import Registry
+    from telescope.core.runtime.checkpointing import ResumePoint
+    from telescope.core.runtime.orchestrator import Orchestrator
+
+__all__ = ["LOGGER_HUB_PLUGIN", "run_training"]
+
+#: The plugin name of a run's ``LoggerHub`` while the run is on.
+LOGGER_HUB_PLUGIN = "core.logger_hub"
 
 log = logging.getLogger("telescope.runtime")
 
@@ -36,20 +51,22 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
                                   "run_dir": str(run_dir)})  # fmt: skip
 
 
-def run_training(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any = None) -> int:
+def run_training(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     """Train ``cfg`` to completion; returns the process exit code (0 on success).
 
-    The run directory is locked for the whole run and must be empty unless resuming or
-    ``overwrite`` is set (``telescope.core.runtime.rundir``).
+    The run reports through ``pset``'s run hooks only (``hookspecs.py``); the run's loggers
+    are the plugin ``core.logger_hub`` on them while it runs. The run directory is locked for
+    the whole run and must be empty unless resuming or ``overwrite`` is set
+    (``telescope.core.runtime.rundir``).
     """
     check_supported(cfg)
     with RunDirLock(Path(cfg.resolved_run_dir).resolve()) as lock:
         resuming = cfg.resume_from_checkpoint is not False
         check_run_dir_free(lock.run_dir, resume=resuming, overwrite=cfg.overwrite)
-        return _run_in(cfg, pset, registry, observer)
+        return _run_in(cfg, pset, registry)
 
 
-def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> int:
+def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     """The run, once its run directory is locked and checked."""
     from telescope.core.inference.auto import resolve_inference_engine
     from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
@@ -63,41 +80,50 @@ def _run_in(cfg: TelescopeConfig, pset: Any, registry: Any, observer: Any) -> in
     session = RunSession(wcfg, pset.names, registry, run_dir)
     session.resume = resume
     sessions = [session]  # a trainer failure replaces the session (recovery from a checkpoint)
-    hub = None
-    if observer is None:
-        from telescope.core.observe import build_logger_hub
-        from telescope.core.runtime.observer import HubObserver
-
-        hub = build_logger_hub(wcfg, registry)
-        # a run directory that cannot be written ends the run (the current session: restarts replace it)
-        hub.on_fatal = lambda err: sessions[-1].fail(err)
+    hub = build_logger_hub(wcfg, registry)
+    # a run directory that cannot be written ends the run (the current session: restarts replace it)
+    hub.on_fatal = lambda err: sessions[-1].fail(err)
+    hook = pset.pm.hook
+    hub.report_system = lambda sample: hook.telescope_system_sample(sample=sample)
+    with registered(pset.pm, hub, LOGGER_HUB_PLUGIN):
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
         session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
-        if resume is not None:
-            hub.log_info({"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
-                                     "superseded": [str(p) for p in superseded]}})  # fmt: skip
-        hub.log_info({"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}})
-        observer = HubObserver(wcfg, hub, pset)
-    status, error = "failed", None
-    pset.pm.hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
-    try:
-        with sigterm_as_interrupt():
-            _train_recovering(sessions, hub, observer, pset, engine)
-        status = "completed"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        with teardown_signals():
-            _end_run(hub, sessions[-1], status, error, run_dir)
-            pset.pm.hook.telescope_run_end(status=status, error=error)
+        session.logger_ids = hub.run_ids
+        status, error = "failed", None
+        try:
+            hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
+            if resume is not None:
+                hook.telescope_run_info(info={"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
+                                                         "superseded": [str(p) for p in superseded]}})  # fmt: skip
+            hook.telescope_run_info(
+                info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}}
+            )
+            with sigterm_as_interrupt():
+                _train_recovering(sessions, hub, pset, engine)
+            status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            with teardown_signals():
+                _end_run(hook, hub, sessions[-1], status, error, run_dir)
     return 0
 
 
-def _train_recovering(sessions: list[RunSession], hub: Any, observer: Any, pset: Any, engine: str) -> None:
+@contextlib.contextmanager
+def registered(pm: pluggy.PluginManager, plugin: object, name: str) -> Iterator[None]:
+    """``plugin`` on ``pm``'s hooks for the block's duration."""
+    pm.register(plugin, name=name)
+    try:
+        yield
+    finally:
+        pm.unregister(plugin)
+
+
+def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSet, engine: str) -> None:
     """Start and train the last session; after a trainer failure, again from the latest checkpoint
     (``max_run_restarts`` times; the same failure at the same step twice ends the run)."""
     from telescope.core.runtime.recovery import FailureSignature
@@ -108,9 +134,9 @@ def _train_recovering(sessions: list[RunSession], hub: Any, observer: Any, pset:
         session = sessions[-1]
         try:
             session.start()
-            if hub is not None and len(sessions) == 1:
-                _add_sources(hub, sessions, engine, observer)
-            asyncio.run(session.train(observer, pset))
+            if len(sessions) == 1:
+                _add_sources(hub, pset.pm.hook, sessions, engine)
+            asyncio.run(session.train(pset))
             return
         except Exception as exc:
             plan = _restart_plan(exc, session, seen, len(restarts))
@@ -120,11 +146,10 @@ def _train_recovering(sessions: list[RunSession], hub: Any, observer: Any, pset:
             restarts.append({"from_step": point.step, "reason": plan.reason, "checkpoint": str(point.path),
                              "time": time.time()})  # fmt: skip
             session.stop()
-            _forget_unfinished_steps(observer)
-            if hub is not None:
-                hub.log_info({"restarts": restarts})
+            pset.pm.hook.telescope_run_info(info={"restarts": restarts})
             again = RunSession(session.cfg, session.plugins, session.registry, session.run_dir)
-            again.resume, again.run_id = point, session.run_id
+            again.resume, again.run_id, again.traces = point, session.run_id, session.traces
+            again.logger_ids = session.logger_ids
             sessions.append(again)
 
 
@@ -151,6 +176,7 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
         if died is not None:
             raise died from exc
         return None
+    assert point is not None  # ``why`` says so when there is none
     seen.add(sig)
     reason = describe_failure(died or exc)
     log.warning("%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts "
@@ -172,14 +198,7 @@ def _from_a_worker(exc: BaseException) -> bool:
     return False
 
 
-def _forget_unfinished_steps(observer: Any) -> None:
-    """Rollouts collected for steps the restart trains again are dropped (they would be logged twice)."""
-    forget = getattr(observer, "forget_unfinished_steps", None)
-    if forget is not None:
-        forget()
-
-
-def _add_sources(hub: Any, sessions: list[RunSession], engine: str, observer: Any) -> None:
+def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSession], engine: str) -> None:
     from telescope.core.observe.torch_memory import RayDrainFetcher
     from telescope.core.runtime.workers import torch_thread_info
 
@@ -195,27 +214,29 @@ def _add_sources(hub: Any, sessions: list[RunSession], engine: str, observer: An
         return fetchers[id(trainers)]()
 
     session = sessions[-1]
-    hub.log_info({"torch_threads": torch_thread_info(session.trainer_info, session.servers)})
+    hook.telescope_run_info(info={"torch_threads": torch_thread_info(session.trainer_info, session.servers)})
     hub.add_torch_memory_source(drain)
     if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
         hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
-        observer.traces = hub.add_otlp_receiver()
+        session.traces = hub.add_otlp_receiver()
 
 
-def _end_run(hub: Any, session: RunSession, status: str, error: BaseException | None, run_dir: Path) -> None:
-    """Stop every process, then close the run directory with its final status (and why it failed)."""
-    if hub is not None:
-        hub.stop_sources()  # the last drain happens before the actors are killed
+def _end_run(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status: str,
+             error: BaseException | None, run_dir: Path) -> None:  # fmt: skip
+    """Stop every process, then end the run (the hub closes the run directory with its final status)."""
+    hub.stop_sources()  # the last drain happens before the actors are killed
     if error is not None:
-        _log_failure(hub, error, run_dir)
+        _log_failure(hook, error, run_dir)
     try:
         session.stop()
     finally:
-        if hub is not None:
-            hub.finish("finished" if status == "completed" else status)
+        try:
+            hook.telescope_run_end(status=status, error=error)
+        finally:
+            hub.finish("finished" if status == "completed" else status)  # done already unless a plugin raised
 
 
-def _log_failure(hub: Any, error: BaseException, run_dir: Path) -> None:
+def _log_failure(hook: pluggy.HookRelay, error: BaseException, run_dir: Path) -> None:
     """The one-line reason into logs/telescope.log, the traceback into the detailed log, both into run.json."""
     from telescope.core.observe.hub import HUB_WARNING
     from telescope.core.runtime.errors import describe_failure, root_cause
@@ -224,11 +245,10 @@ def _log_failure(hub: Any, error: BaseException, run_dir: Path) -> None:
     # HUB_WARNING: the console does not repeat it (the CLI prints the same line once, in red)
     log.error("training failed: %s", reason, extra=HUB_WARNING)
     log.debug("training failed: traceback", exc_info=error)
-    if hub is not None:
-        tail = log_tail(run_dir / "logs" / "telescope.log")
-        hub.log_info(
-            {"failure": {"reason": reason, "type": type(root_cause(error)).__name__, "log_tail": tail}}
-        )
+    tail = log_tail(run_dir / "logs" / "telescope.log")
+    hook.telescope_run_info(
+        info={"failure": {"reason": reason, "type": type(root_cause(error)).__name__, "log_tail": tail}}
+    )
 
 
 def log_tail(path: Path, lines: int = 30) -> list[str]:
@@ -243,7 +263,7 @@ def log_tail(path: Path, lines: int = 30) -> list[str]:
 class RunSession:
     """Owns Ray, the pools and every actor of one run."""
 
-    def __init__(self, cfg: TelescopeConfig, plugins: list[str], registry: Any, run_dir: Path) -> None:
+    def __init__(self, cfg: TelescopeConfig, plugins: list[str], registry: Registry, run_dir: Path) -> None:
         self.cfg = cfg
         self.plugins = plugins
         self.registry = registry
@@ -253,21 +273,25 @@ class RunSession:
         self.trainers: list[Any] = []
         self.trainer_info: list[dict[str, Any]] = []
         self.started_here = True
-        self.resume: Any = None
-        """The ``ResumePoint`` this run continues from, or None."""
+        self.resume: ResumePoint | None = None
+        """The checkpoint this run continues from, or None."""
         self._failure: BaseException | None = None
         self.run_id = ""
         """Names this run's placement groups (the run directory's run id; empty = a random one)."""
         self._claims: list[Any] = []
-        self.orchestrator: Any = None
+        self.orchestrator: Orchestrator | None = None
+        self.traces: OtlpReceiver | None = None
+        """The OTLP receiver of vLLM's request timings (``enable_vllm_tracing``), kept across restarts."""
+        self.logger_ids: Callable[[], dict[str, Any]] = dict
+        """Each logger's run ids (``LoggerHub.run_ids``), stored in checkpoints so a resume continues them."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._abort: asyncio.Event | None = None
 
     def current_step(self) -> int:
         """The training step in progress (0 before the orchestrator exists)."""
         if self.orchestrator is None:
             return 0
         return int(self.orchestrator.counts.completed_steps) + 1
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._abort: asyncio.Event | None = None
 
     def start(self) -> None:
         """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
@@ -323,12 +347,12 @@ class RunSession:
         if loop is not None and abort is not None and not loop.is_closed():
             loop.call_soon_threadsafe(abort.set)
 
-    async def train(self, observer: Any, pset: Any) -> None:
+    async def train(self, pset: PluginSet) -> None:
         """Build the orchestrator around the started processes and run it (until done or ``fail``)."""
         self._loop, self._abort = asyncio.get_running_loop(), asyncio.Event()
         if self._failure is not None:
             raise self._failure
-        work = asyncio.ensure_future(self._train(observer, pset))
+        work = asyncio.ensure_future(self._train(pset))
         abort = asyncio.ensure_future(self._abort.wait())
         watch = asyncio.ensure_future(self._watch_trainers())
         await asyncio.wait({work, abort}, return_when=asyncio.FIRST_COMPLETED)
@@ -363,18 +387,18 @@ class RunSession:
                     return
             await asyncio.sleep(interval_s)
 
-    async def _train(self, observer: Any, pset: Any) -> None:
+    async def _train(self, pset: PluginSet) -> None:
         from telescope.core.runtime.assemble import (
             add_checkpoints_and_evals,
             build_orchestrator,
             close_environments,
         )
 
-        orchestrator, clients = await build_orchestrator(self, observer, pset)
+        orchestrator, clients = await build_orchestrator(self, pset.pm.hook)
         self.orchestrator = orchestrator
         evals = None
         try:
-            evals = await add_checkpoints_and_evals(orchestrator, self, observer)
+            evals = await add_checkpoints_and_evals(orchestrator, self, self.logger_ids)
             if evals is not None:
                 await evals.before_training(resumed=self.resume is not None)
             await orchestrator.run()

@@ -12,9 +12,13 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.check import CheckLine
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.registry import Registry
 
 __all__ = ["dry_run", "model_problem", "needed_resources", "port_problems", "resource_problems"]
 
@@ -42,7 +46,7 @@ def model_problem(model: str) -> str | None:
     )
 
 
-def needed_resources(cfg: Any, use_gpus: bool) -> dict[str, float]:
+def needed_resources(cfg: TelescopeConfig, use_gpus: bool) -> dict[str, float]:
     """CPUs and GPUs the run's placement groups reserve (as ``cluster.reserve_pools`` does)."""
     from telescope.core.inference.settings import num_servers
 
@@ -55,7 +59,7 @@ def needed_resources(cfg: Any, use_gpus: bool) -> dict[str, float]:
     return {"CPU": float(cpus), "GPU": float(gpus)}
 
 
-def resource_problems(cfg: Any, engine: str, available: dict[str, float]) -> list[str]:
+def resource_problems(cfg: TelescopeConfig, engine: str, available: dict[str, float]) -> list[str]:
     """What the pools need beyond ``available`` (Ray's ``cluster_resources()`` shape)."""
     gpus = float(available.get("GPU", 0))
     need = needed_resources(cfg, gpus > 0)
@@ -74,7 +78,7 @@ def resource_problems(cfg: Any, engine: str, available: dict[str, float]) -> lis
     return problems
 
 
-def port_problems(cfg: Any, host: str = "127.0.0.1") -> list[str]:
+def port_problems(cfg: TelescopeConfig, host: str = "127.0.0.1") -> list[str]:
     """Inference server ports (``inference_base_port + i``) already taken on this machine."""
     from telescope.core.inference.settings import num_servers, server_port
 
@@ -106,7 +110,11 @@ def local_resources() -> dict[str, float]:
 
 
 async def dry_run(
-    cfg: Any, registry: Any, *, available: dict[str, float] | None = None, num_samples: int = 2
+    cfg: TelescopeConfig,
+    registry: Registry,
+    *,
+    available: dict[str, float] | None = None,
+    num_samples: int = 2,
 ) -> list[CheckLine]:
     """Every check of a dry run (see the module docstring)."""
     from telescope.core.env.chat import ChatOptions
@@ -137,7 +145,7 @@ async def dry_run(
     return lines
 
 
-def _tokenizer(cfg: Any) -> tuple[Any, str | None]:
+def _tokenizer(cfg: TelescopeConfig | None) -> tuple[Any, str | None]:
     """The run's tokenizer and chat template; the built-in tiny one (and why) when it cannot load."""
     from transformers import AutoTokenizer
 

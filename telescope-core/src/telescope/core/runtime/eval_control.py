@@ -17,7 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.evals.aggregate import EvalResult
 
 __all__ = ["EvalController"]
 
@@ -28,8 +32,13 @@ class EvalController:
     """Schedules evals and moves the eval servers between training and evaluation."""
 
     def __init__(
-        self, cfg: Any, runner: Any, clients: list[Any], log_results: Callable[[int, list[Any]], None]
+        self,
+        cfg: TelescopeConfig,
+        runner: Any,
+        clients: list[Any],
+        log_results: Callable[[int, list[EvalResult]], None],
     ) -> None:
+        """``log_results(step, results)`` reports one eval round (the run: ``reporting.report_evals``)."""
         self.cfg = cfg
         self.runner = runner
         self.clients = clients

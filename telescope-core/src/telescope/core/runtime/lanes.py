@@ -6,7 +6,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["Lanes", "QueuedSample"]
+__all__ = ["Lanes", "QueuedSample", "ReadySample"]
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,15 @@ class QueuedSample:
 
     group_id: int
     index: int
+
+
+@dataclass(frozen=True)
+class ReadySample:
+    """A queued sample that can start now, on the lane slot acquired for it."""
+
+    server: int
+    slot: int
+    sample: QueuedSample
 
 
 @dataclass
@@ -69,12 +78,12 @@ class Lanes:
     def enqueue(self, server: int, item: QueuedSample) -> None:
         self._servers[server].queue.append(item)
 
-    def pop_ready(self) -> list[tuple[int, int, QueuedSample]]:
-        """Queued samples that can start now, as ``(server, acquired slot, sample)``."""
+    def pop_ready(self) -> list[ReadySample]:
+        """Queued samples that can start now, each with the slot acquired for it."""
         ready = []
         for i, s in enumerate(self._servers):
             while s.queue and s.free:
-                ready.append((i, heapq.heappop(s.free), s.queue.popleft()))
+                ready.append(ReadySample(i, heapq.heappop(s.free), s.queue.popleft()))
         return ready
 
     def drop_group(self, group_id: int) -> int:

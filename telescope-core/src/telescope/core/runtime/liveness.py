@@ -1,7 +1,7 @@
 """A run never hangs: failures of its parts end it with what, where and the fix; stalls are diagnosed.
 
 - ``stage_error``: any exception in the trainer loop (a train step, a weight sync, a step
-  hook, the observer), the prompt prefetch or a rollout task becomes one ``RunStageError``
+  hook, a run hook), the prompt prefetch or a rollout task becomes one ``RunStageError``
   whose message names the stage and the step; the full traceback goes to the log file.
 - ``StallError``: no training step completed for ``stall_timeout_s``; raised after the
   orchestrator logged what every server, lane and group was doing.

@@ -25,10 +25,11 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from telescope.core.observe.records import TimelineEvent
 from telescope.core.runtime import faults
-from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.runtime.batching import BatchBuilder, TrainBatch
 from telescope.core.runtime.groups import (
     GroupFailure,
     RolloutGroup,
@@ -40,9 +41,15 @@ from telescope.core.runtime.healing import ServerRestartsExhaustedError
 from telescope.core.runtime.lanes import Lanes, QueuedSample
 from telescope.core.runtime.liveness import DiscardTally, StallError, stage_error
 from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
+from telescope.core.runtime.reporting import StepRollouts
 from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
 from telescope.core.runtime.stall import FailureStreaks
 from telescope.core.runtime.step_metrics import step_metrics
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["Orchestrator", "TrainerHandle"]
 
@@ -63,16 +70,6 @@ class StepHook(Protocol):
     """Runs after each step's weight sync, before the next step trains (checkpoints, evals)."""
 
     async def after_step(self, orchestrator: Orchestrator, step: int) -> None: ...
-
-
-class RunObserver(Protocol):
-    """Receives what the run produces (loggers, tests)."""
-
-    def on_group(self, group: RolloutGroup, step: int) -> None: ...
-
-    def on_step(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def on_event(self, event: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -139,23 +136,25 @@ class Orchestrator:
     """While no step completes, a line with the discards since the last step at most this often."""
 
     def __init__(
-        self, cfg: Any, prompts: PromptSource, runner: RolloutRunner, clients: list[Any],
-        trainer: TrainerHandle, batches: BatchBuilder, observer: RunObserver,
+        self, cfg: TelescopeConfig, prompts: PromptSource, runner: RolloutRunner, clients: list[Any],
+        trainer: TrainerHandle, batches: BatchBuilder, hook: pluggy.HookRelay,
     ) -> None:  # fmt: skip
+        """``hook``: the plugin manager's hooks (``pm.hook``); the run reports through them only."""
         self.cfg = cfg
         self.prompts = prompts
         self.runner = runner
         self.clients = clients
         self.trainer = trainer
         self.batches = batches
-        self.observer = observer
+        self.hook = hook
+        self.rollouts = StepRollouts()
         self.counts = Counts()
         per_server = cfg.max_concurrent_prompts_per_server
         self.individual = cfg.enable_individual_sample_lanes
         self.lanes = Lanes(len(clients), per_server * cfg.group_size)
         self._groups: dict[int, _Group] = {}
         self._bucket: list[RolloutGroup] = []
-        self._batches: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._batches: asyncio.Queue[TrainBatch] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._step_started = time.time()
         self._wait_for_data_s = 0.0
@@ -238,9 +237,14 @@ class Orchestrator:
             raise self._fatal
 
     def _event(self, kind: str, phase: str, **fields: Any) -> None:
-        self.observer.on_event(
-            {"type": kind, "phase": phase, "step": self.counts.inference_step + 1, **fields}
-        )
+        fields.setdefault("step", self.counts.inference_step + 1)
+        self.hook.telescope_event(event=TimelineEvent.of(kind, phase, **fields))
+
+    def _report_group(self, group: RolloutGroup) -> None:
+        """A group is done with (kept in the batch being cut, discarded, or cancelled)."""
+        step = self.counts.inference_step + 1
+        self.rollouts.add(group, step)
+        self.hook.telescope_group_end(group=group, step=step)
 
     def _poke(self) -> None:
         self._wake.set()
@@ -303,7 +307,8 @@ class Orchestrator:
             self.lanes.enqueue(server, QueuedSample(gid, index))
 
     def _dispatch_queued(self) -> None:
-        for server, slot, queued in self.lanes.pop_ready():
+        for ready in self.lanes.pop_ready():
+            server, slot, queued = ready.server, ready.slot, ready.sample
             group = self._groups.get(queued.group_id)
             if group is None:
                 self.lanes.release(server, slot)
@@ -399,7 +404,7 @@ class Orchestrator:
         kind = f"/{group.zero_advantage_kind}" if group.zero_advantage_kind else ""
         self._discards.add(group.discard_reason + kind, group.env_name)
         self.prompts.resolve([group.group_id])
-        self.observer.on_group(group, self.counts.inference_step)
+        self._report_group(group)
 
     def _drop_too_old(self) -> None:
         """Discard bucket groups generated more than ``max_async_rollout`` versions before this batch."""
@@ -423,8 +428,8 @@ class Orchestrator:
             groups.sort(key=lambda g: g.group_id)  # the batch does not depend on completion order
             batch = self.batches.build(groups, self.trainer.dp_world_size, self.counts.inference_step)
             for group in groups:
-                self.observer.on_group(group, self.counts.inference_step)
-            self._batches.put_nowait((self.counts.inference_step, batch))
+                self._report_group(group)
+            self._batches.put_nowait(batch)  # batch.step == inference_step
             self.counts.inference_step += 1
 
     async def _cancel_group(self, gid: int, reason: str | None, requeue: bool = False) -> None:
@@ -449,7 +454,7 @@ class Orchestrator:
             cancelled = RolloutGroup(item.group_id, item.env_name, item.sample_idx, done, self.counts.model_version,
                                      discard_reason=reason)  # fmt: skip
             cancelled.info["cancelled_samples"] = len(ids)
-            self.observer.on_group(cancelled, self.counts.inference_step)
+            self._report_group(cancelled)
         if ids:
             try:
                 await self.clients[group.server].abort(ids)
@@ -489,12 +494,13 @@ class Orchestrator:
             while self.counts.completed_steps < self.cfg.number_of_steps:
                 self._enter("waiting for a batch")
                 waited = time.time()
-                step, batch = await self._batches.get()
+                batch = await self._batches.get()
+                step = batch.step
                 await self._train_one(step, batch, time.time() - waited)
         except Exception as exc:  # noqa: BLE001 - re-raised with the stage and step named
             raise stage_error(self._stage, exc, step + 1) from None
 
-    async def _train_one(self, step: int, batch: Any, waited_s: float) -> None:
+    async def _train_one(self, step: int, batch: TrainBatch, waited_s: float) -> None:
         self._wait_for_data_s = waited_s
         self._enter("train_step")
         self._event("trainer", "start", step=step + 1, name="train_step")
@@ -514,8 +520,10 @@ class Orchestrator:
         }
         self._step_started = now
         self._discards.reset()
-        self._enter("the observer's on_step")
-        self.observer.on_step(step + 1, step_metrics(self.counts, batch, metrics, sync, timing))
+        self._enter("the telescope_step_end hook")
+        report = step_metrics(self.counts, batch, metrics, sync, timing)
+        rows = self.rollouts.close(step + 1, report)
+        self.hook.telescope_step_end(step=step + 1, metrics=report, rollouts=rows)
         self._poke()
         kill = faults.kill_server_after(step + 1)
         if kill is not None and self.healer is not None:

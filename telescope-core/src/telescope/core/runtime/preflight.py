@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from telescope.core.config import ConfigError
+from telescope.core.config import ConfigError, TelescopeConfig
 
 __all__ = ["check_supported", "unsupported_problems"]
 
 
-def unsupported_problems(cfg: Any) -> list[str]:
+def unsupported_problems(cfg: TelescopeConfig) -> list[str]:
     """Settings this run cannot honour (each names the fix)."""
     from telescope.core.inference.settings import num_servers
 
@@ -38,7 +36,7 @@ def unsupported_problems(cfg: Any) -> list[str]:
     return problems
 
 
-def check_supported(cfg: Any) -> None:
+def check_supported(cfg: TelescopeConfig) -> None:
     """Raise ``ConfigError`` listing every setting that cannot work."""
     problems = unsupported_problems(cfg)
     if problems:

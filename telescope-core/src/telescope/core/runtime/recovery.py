@@ -14,7 +14,11 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.runtime.checkpointing import ResumePoint
 
 __all__ = [
     "DeadRank",
@@ -50,9 +54,9 @@ class DeadRank:
 
 @dataclass(frozen=True)
 class RestartPlan:
-    """Restart the run from ``point`` (a ``ResumePoint``) after the failure ``reason``."""
+    """Restart the run from ``point`` after the failure ``reason``."""
 
-    point: Any
+    point: ResumePoint
     reason: str
 
 
@@ -126,7 +130,7 @@ def _worker_log_tail(pid: int | None, lines: int = 20) -> list[str]:
     return out[-lines:]
 
 
-def restart_point(cfg: Any) -> Any:
+def restart_point(cfg: TelescopeConfig) -> ResumePoint | None:
     """The latest checkpoint of the run (a ``ResumePoint``), or None when there is none."""
     from telescope.core.config import ConfigError
     from telescope.core.runtime.checkpointing import find_resume_point

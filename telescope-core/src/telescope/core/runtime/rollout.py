@@ -11,13 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.base import MultiTurnEnvironment, SingleTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
 from telescope.core.runtime import faults
 from telescope.core.runtime.groups import RolloutSample, normalize_reward
 from telescope.core.runtime.tokens import Interleaver
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "request_seed"]
 
@@ -44,7 +47,7 @@ class GenerationSettings:
     by token for the rollout records' token view (``rollout_token_view_max_tokens``)."""
 
     @classmethod
-    def from_config(cls, cfg: Any, stop_ids: list[int]) -> GenerationSettings:
+    def from_config(cls, cfg: TelescopeConfig, stop_ids: list[int]) -> GenerationSettings:
         return cls(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.max_model_len, stop_ids,
                    cfg.vllm_scheduling_policy == "priority", cfg.rollout_token_view_max_tokens)  # fmt: skip
 

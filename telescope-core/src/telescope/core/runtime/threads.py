@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["ThreadChoice", "choose_torch_threads", "node_cpus"]
 
@@ -43,7 +46,7 @@ def node_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def choose_torch_threads(cfg: Any, component: Component, cpus: int | None = None) -> ThreadChoice:
+def choose_torch_threads(cfg: TelescopeConfig, component: Component, cpus: int | None = None) -> ThreadChoice:
     """Threads for one ``component`` process of the run ``cfg`` on a node with ``cpus`` cores."""
     from telescope.core.inference.settings import num_servers
 

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.registry import Registry
+    from telescope.core.runtime.threads import Component
 
 __all__ = ["InferenceServerWorker", "TrainerWorker", "torch_thread_info"]
 
 logger = logging.getLogger(__name__)
 
 
-def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[Any, Any]:
+def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[TelescopeConfig, Registry]:
     from telescope.core.config import TelescopeConfig
     from telescope.core.plugins import load_plugins
 
@@ -28,13 +33,13 @@ def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[Any, Any]:
     return cfg, registry
 
 
-def _set_threads(cfg: Any, component: str) -> dict[str, Any]:
+def _set_threads(cfg: TelescopeConfig, component: Component) -> dict[str, Any]:
     """Set torch's intra-op threads by ``telescope.core.runtime.threads``; returns the choice."""
     import torch
 
     from telescope.core.runtime.threads import choose_torch_threads
 
-    choice = choose_torch_threads(cfg, component)  # type: ignore[arg-type]
+    choice = choose_torch_threads(cfg, component)
     torch.set_num_threads(choice.threads)
     logger.info("%s torch threads: %d (%s)", component, choice.threads, choice.rule)
     return choice.to_dict()

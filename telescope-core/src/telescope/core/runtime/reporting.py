@@ -1,0 +1,91 @@
+"""What the run reports through the run hooks (``hookspecs.py``) that needs bookkeeping first.
+
+``StepRollouts`` turns the groups reported for a step into that step's rollout records and
+rollout/throughput metrics (``telescope_step_end`` gets both); ``report_evals`` turns an eval
+round into ``telescope_eval_end`` calls and ``eval`` timeline events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from telescope.core.observe.records import RolloutRecord, eval_event
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from telescope.core.observe.otlp import OtlpReceiver
+    from telescope.core.runtime.groups import RolloutGroup
+
+__all__ = ["StepRollouts", "report_evals"]
+
+
+class StepRollouts:
+    """The rollout records of the steps not reported yet, and the time the last step ended."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, list[RolloutRecord]] = defaultdict(list)
+        self._cancelled: dict[int, int] = defaultdict(int)
+        self._response_ids: dict[int, list[tuple[RolloutRecord, list[str]]]] = defaultdict(list)
+        self._last_step_end = time.time()
+        self.traces: OtlpReceiver | None = None
+        """The OTLP receiver (vLLM tracing on): its per-request timings join the records."""
+
+    def add(self, group: RolloutGroup, step: int) -> None:
+        """Records of ``group``, reported for the 1-based ``step``."""
+        from telescope.core.observe.adapters import records_from_group
+
+        self._cancelled[step] += int(group.info.get("cancelled_samples", 0))
+        rows = records_from_group(group, step)
+        self._rows[step].extend(rows)
+        if self.traces is not None:
+            ids = [list(s.response_ids) for s in group.samples]
+            self._response_ids[step].extend(zip(rows, ids, strict=True))
+
+    def close(self, step: int, metrics: dict[str, float]) -> list[RolloutRecord]:
+        """``step``'s records; its rollout and throughput metrics are added to ``metrics``."""
+        from telescope.core.observe import perf_metrics, rollout_metrics
+
+        rows = self._rows.pop(step, [])
+        self._add_trace_timings(self._response_ids.pop(step, []))
+        now = time.time()
+        metrics.update(rollout_metrics(rows, extra_cancelled=self._cancelled.pop(step, 0)))
+        tokens = int(metrics.get("batch/num_tokens", 0))
+        metrics.update(perf_metrics(now - self._last_step_end, tokens, int(metrics.get("async_level", 0))))
+        self._last_step_end = now
+        return rows
+
+    def _add_trace_timings(self, pairs: list[tuple[RolloutRecord, list[str]]]) -> None:
+        """vLLM's per-request timings as ``vllm_<name>`` in each record's ``timings``.
+
+        Looked up without waiting: by the end of the step the spans of its rollouts have long
+        been exported (every 200 ms); a missing span leaves the record without them. The
+        timings of a multi-turn rollout add up over its turns (``vllm_ttft`` is the first turn's).
+        """
+        if self.traces is None:
+            return
+        for row, ids in pairs:
+            merged: dict[str, float] = {}
+            for turn, response_id in enumerate(ids):
+                for name, value in self.traces.timings(response_id, wait_s=0.0).items():
+                    if name == "max_tokens" or (name == "ttft" and turn > 0):
+                        continue
+                    merged[f"vllm_{name}"] = merged.get(f"vllm_{name}", 0.0) + value
+            row.timings.update(merged)
+
+
+def report_evals(hook: pluggy.HookRelay, step: int, results: Sequence[Any]) -> None:
+    """One eval round at ``step``: ``telescope_eval_end`` and an ``eval`` instant event per result.
+
+    Args:
+        results: ``EvalResult`` objects (``name``, ``metrics``, ``rows``).
+    """
+    for result in results:
+        rows = [dict(r) for r in result.rows]
+        hook.telescope_eval_end(
+            step=int(step), name=str(result.name), metrics=dict(result.metrics), rows=rows
+        )
+        hook.telescope_event(event=eval_event(step, result.name, result.metrics, len(rows)))
