@@ -16,9 +16,12 @@ its own rule (``telescope.core.runtime.threads``; recorded in run.json).
 Workloads (``--workloads``):
 - ``tiny``: ~0.33M parameters (hidden 128, 2 layers), <= 16 completion tokens (overhead bound);
 - ``24m``: ~24M parameters (hidden 512, 8 layers), <= 64 completion tokens;
-- ``long``: ~2.4M parameters (hidden 256, 4 layers) with a 686-token vocabulary and <= 1024
-  completion tokens: a random model ends a completion with probability ~1/686 per token, so
-  lengths vary widely (mean ~530, about half >= 512).
+- ``long``: the tiny shape (hidden 128, 2 layers; ~0.38M parameters, the embedding sized to
+  its 686-token vocabulary) and <= 1024 completion tokens: a random model ends a completion
+  with probability ~1/686 per token, so lengths vary widely (mean ~530, about half >= 512). The
+  model is small so that one round of both frameworks takes minutes on 2 cores (HF ``generate``
+  over 1,024 tokens took ~8 min per step with a 2.4M model on a busy machine); what the workload
+  measures is padding in training and batching in generation, not FLOPs.
 
 Timing: the machine may be shared, so the runs are interleaved: each round runs TRL, then
 Telescope sync, then Telescope async, for every workload; each run's first ``warmup`` steps are
@@ -69,7 +72,7 @@ class Workload:
 WORKLOADS = {
     "tiny": Workload(TinyModelSpec(128, 2, 4, 2, 256), max_tokens=16, steps=16, warmup=3, seq_len=2048),
     "24m": Workload(TinyModelSpec(512, 8, 8, 4, 1408), max_tokens=64, steps=5, warmup=2, seq_len=2048),
-    "long": Workload(TinyModelSpec(256, 4, 4, 2, 512, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
+    "long": Workload(TinyModelSpec(128, 2, 4, 2, 256, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
                      seq_len=4096),
 }  # fmt: skip
 
