@@ -18,7 +18,8 @@ Workloads (``--workloads``):
 - ``24m``: ~24M parameters (hidden 512, 8 layers), <= 64 completion tokens;
 - ``long``: the tiny shape (hidden 128, 2 layers; ~0.38M parameters, the embedding sized to
   its 686-token vocabulary) and <= 1024 completion tokens: a random model ends a completion
-  with probability ~1/686 per token, so lengths vary widely (mean ~530, about half >= 512). The
+  with probability ~1/686 per token, so lengths vary widely (1 to 1,024; the first step's mean
+  ~530, about half >= 512; training at lr 1e-3 shortens them to a mean of ~320-400). The
   model is small so that one round of both frameworks takes minutes on 2 cores (HF ``generate``
   over 1,024 tokens took ~8 min per step with a 2.4M model on a busy machine); what the workload
   measures is padding in training and batching in generation, not FLOPs.
