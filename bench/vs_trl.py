@@ -16,9 +16,13 @@ its own rule (``telescope.core.runtime.threads``; recorded in run.json).
 Workloads (``--workloads``):
 - ``tiny``: ~0.33M parameters (hidden 128, 2 layers), <= 16 completion tokens (overhead bound);
 - ``24m``: ~24M parameters (hidden 512, 8 layers), <= 64 completion tokens;
-- ``long``: ~2.4M parameters (hidden 256, 4 layers) with a 686-token vocabulary and <= 1024
-  completion tokens: a random model ends a completion with probability ~1/686 per token, so
-  lengths vary widely (mean ~530, about half >= 512).
+- ``long``: the tiny shape (hidden 128, 2 layers; ~0.38M parameters, the embedding sized to
+  its 686-token vocabulary) and <= 1024 completion tokens: a random model ends a completion
+  with probability ~1/686 per token, so lengths vary widely (1 to 1,024; the first step's mean
+  ~530, about half >= 512; training at lr 1e-3 shortens them to a mean of ~320-400). The
+  model is small so that one round of both frameworks takes minutes on 2 cores (HF ``generate``
+  over 1,024 tokens took ~8 min per step with a 2.4M model on a busy machine); what the workload
+  measures is padding in training and batching in generation, not FLOPs.
 
 Timing: the machine may be shared, so the runs are interleaved: each round runs TRL, then
 Telescope sync, then Telescope async, for every workload; each run's first ``warmup`` steps are
@@ -28,7 +32,10 @@ the load average (``os.getloadavg()``) when each run started; every step time is
 to ``results.json`` in the printed folder. Telescope's s/step is its
 ``timing_step_total`` (wall time from one step's end to the next, generation included); TRL's is
 the wall time between ``on_step_end`` callbacks. The ratio is TRL s/step / Telescope s/step
-(> 1: Telescope faster). Figures are wall-clock and machine-dependent.
+(> 1: Telescope faster). The two frameworks sample their own completions, so their mean lengths
+differ: tok/s (completion tokens per second: 32 x mean length / s/step) and its ratio compare the
+work done per second; the shortest and longest completion show how much lengths varied.
+Figures are wall-clock and machine-dependent.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ class Workload:
 WORKLOADS = {
     "tiny": Workload(TinyModelSpec(128, 2, 4, 2, 256), max_tokens=16, steps=16, warmup=3, seq_len=2048),
     "24m": Workload(TinyModelSpec(512, 8, 8, 4, 1408), max_tokens=64, steps=5, warmup=2, seq_len=2048),
-    "long": Workload(TinyModelSpec(256, 4, 4, 2, 512, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
+    "long": Workload(TinyModelSpec(128, 2, 4, 2, 256, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
                      seq_len=4096),
 }  # fmt: skip
 
@@ -79,6 +86,10 @@ class RunResult:
     load: float
     completion_tokens: float = float("nan")
     phases: dict[str, float] = field(default_factory=dict)
+    shortest: float = float("nan")
+    """Fewest completion tokens of one completion over the timed steps."""
+    longest: float = float("nan")
+    """Most completion tokens of one completion over the timed steps."""
 
     @property
     def median(self) -> float:
@@ -164,12 +175,12 @@ def run_trl(model_dir: str, wl: Workload, root: Path, threads: int) -> RunResult
     )  # fmt: skip
     trainer.train()
     steps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][wl.warmup :]
-    lengths = [
-        h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
-    ]
+    logged = [h for h in trainer.state.log_history if "completions/mean_length" in h][wl.warmup :]
     return RunResult(
-        steps, load, statistics.mean(lengths[wl.warmup :]) if lengths else float("nan"),
+        steps, load, statistics.mean(h["completions/mean_length"] for h in logged) if logged else float("nan"),
         {"generate": statistics.median(gen_s[wl.warmup :])} if len(gen_s) > wl.warmup else {},
+        min((h["completions/min_length"] for h in logged), default=float("nan")),
+        max((h["completions/max_length"] for h in logged), default=float("nan")),
     )  # fmt: skip
 
 
@@ -201,10 +212,9 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
         k.removeprefix("timing_").removesuffix("_total"): statistics.median(r.get(k, 0.0) for r in rows)
         for k in sorted({k for r in rows for k in r if k.startswith("timing_") and k.endswith("_total")})
     }
-    length_key = "tokens/completion/mean" if "tokens/completion/mean" in rows[0] else None
     return RunResult(
-        [r["timing_step_total"] for r in rows], load,
-        statistics.mean(r[length_key] for r in rows) if length_key else float("nan"), phases,
+        [r["timing_step_total"] for r in rows], load, statistics.mean(r["tokens/completion/mean"] for r in rows),
+        phases, min(r["tokens/completion/min"] for r in rows), max(r["tokens/completion/max"] for r in rows),
     )  # fmt: skip
 
 
@@ -217,42 +227,56 @@ def best_of(runs: list[RunResult]) -> float:
     return min(r.median for r in runs)
 
 
+def tokens_per_s(runs: list[RunResult], step_s: float) -> float:
+    """Completion tokens generated and trained per second at ``step_s`` (lengths differ by framework)."""
+    return PROMPTS_PER_STEP * GROUP_SIZE * statistics.mean(r.completion_tokens for r in runs) / step_s
+
+
 def print_table(
     title: str, pick: Any, params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]
 ) -> None:
     print(f"\n{title}\n")
     print("| workload | params | TRL s/step | Telescope sync s/step | Telescope async s/step | TRL compl/s | "
-          "Telescope best compl/s | Telescope vs TRL (best mode) | load (1 min) at each run |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "Telescope best compl/s | Telescope vs TRL (best mode) | TRL tok/s | Telescope best tok/s | "
+          "tok/s ratio | load (1 min) at each run |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     n = PROMPTS_PER_STEP * GROUP_SIZE
     for name, by in results.items():
         trl = pick(by["trl"])
         tele = {m: pick(by[m]) for m in ("sync", "async") if by.get(m)}
-        best = min(tele.values())
+        mode = min(tele, key=tele.__getitem__)
+        best = tele[mode]
+        trl_tok, tele_tok = tokens_per_s(by["trl"], trl), tokens_per_s(by[mode], best)
         loads = " ".join(f"{k}:" + "/".join(f"{r.load:.1f}" for r in runs) for k, runs in by.items() if runs)
         cells = [f"{tele[m]:.3f}" if m in tele else "-" for m in ("sync", "async")]
         print(f"| {name} | {params[name] / 1e6:.2f}M | {trl:.3f} | {cells[0]} | {cells[1]} | {n / trl:.1f} | "
-              f"{n / best:.1f} | {trl / best:.2f}x | {loads} |")  # fmt: skip
+              f"{n / best:.1f} | {trl / best:.2f}x | {trl_tok:.0f} | {tele_tok:.0f} | {tele_tok / trl_tok:.2f}x | "
+              f"{loads} |")  # fmt: skip
 
 
 def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]) -> None:
     print_table("Median over rounds (of each run's median step):", median_of, params, results)
     print_table("Best round (each run's median step; the least disturbed run):", best_of, params, results)
     print(
-        "\nmean completion tokens, TRL generate s/step, Telescope phases (median over runs of median s/step):"
+        "\nmean (shortest-longest) completion tokens, TRL generate s/step, Telescope phases (median over runs "
+        "of median s/step):"
     )
     for name, by in results.items():
-        trl_len = statistics.mean(r.completion_tokens for r in by["trl"])
         gen = statistics.median(r.phases.get("generate", float("nan")) for r in by["trl"])
-        print(f"- {name}: TRL {trl_len:.1f} tokens, generate {gen:.3f} s/step")
+        print(f"- {name}: TRL {lengths(by['trl'])} tokens, generate {gen:.3f} s/step")
         for mode in ("sync", "async"):
             if not by.get(mode):
                 continue
             runs = by[mode]
-            tl = statistics.mean(r.completion_tokens for r in runs)
             keys = sorted({k for r in runs for k in r.phases})
             ph = ", ".join(f"{k} {statistics.median(r.phases.get(k, 0.0) for r in runs):.3f}" for k in keys)
-            print(f"  Telescope {mode}: {tl:.1f} tokens; {ph}")
+            print(f"  Telescope {mode}: {lengths(runs)} tokens; {ph}")
+
+
+def lengths(runs: list[RunResult]) -> str:
+    """Mean completion length over the runs, with the shortest and longest completion seen."""
+    mean = statistics.mean(r.completion_tokens for r in runs)
+    return f"{mean:.1f} ({min(r.shortest for r in runs):.0f}-{max(r.longest for r in runs):.0f})"
 
 
 def save(results: dict[str, dict[str, list[RunResult]]], path: Path) -> None:
