@@ -11,6 +11,7 @@ from test_orchestrator import build, varied_reply, varied_reward
 
 from telescope.core.runtime.liveness import RunStageError
 from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.testing import RunRecorder
 
 
 class Crash(Exception):
@@ -35,40 +36,48 @@ def trained_ids(trainer: Any) -> list[list[int]]:
     return [[g.group_id for g in b.groups] for b in trainer.batches]
 
 
-def run_with_crash(tokenizer: Any, save_at: int, crash_at: int, **overrides: Any) -> tuple[Any, Any, Any]:
+def discarded_ids(recorder: RunRecorder) -> set[int]:
+    """Groups the run dropped with a record (e.g. too stale for ``max_async_rollout`` under load)."""
+    return {g.group_id for _, g in recorder.groups if g.discard_reason is not None}
+
+
+def run_with_crash(
+    tokenizer: Any, save_at: int, crash_at: int, **overrides: Any
+) -> tuple[Any, Any, Any, RunRecorder]:
     client = FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.002 * (hash(rid) % 5))
-    orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward), client, **overrides)
+    orch, trainer, recorder = build(tokenizer, ToyEnv(varied_reward), client, **overrides)
     hook = SnapshotThenCrash(save_at, crash_at)
     orch.hooks.append(hook)
     with pytest.raises(
         RunStageError, match=f"step {crash_at}: step hook SnapshotThenCrash failed: Crash: killed"
     ):
         asyncio.run(orch.run())
-    return orch, trainer, hook.state
+    return orch, trainer, hook.state, recorder
 
 
-def resume(tokenizer: Any, state: dict[str, Any], **overrides: Any) -> tuple[Any, Any]:
+def resume(tokenizer: Any, state: dict[str, Any], **overrides: Any) -> tuple[Any, Any, RunRecorder]:
     client = FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.002 * (hash(rid) % 5))
-    orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward), client, **overrides)
+    orch, trainer, recorder = build(tokenizer, ToyEnv(varied_reward), client, **overrides)
     orch.load_state_dict(state)
     asyncio.run(orch.run())
-    return orch, trainer
+    return orch, trainer, recorder
 
 
 @pytest.mark.parametrize("max_async", [1, 3])
 def test_async_resume_loses_and_repeats_no_prompt(tokenizer: Any, max_async: int) -> None:
     fields = {"number_of_steps": 6, "max_async_rollout": max_async, "discard_group_zero_advantage": False}
-    _, first, state = run_with_crash(tokenizer, save_at=3, crash_at=5, **fields)
+    _, first, state, first_seen = run_with_crash(tokenizer, save_at=3, crash_at=5, **fields)
     assert state is not None and state["counts"]["completed_steps"] == 3
     assert state["prompts"]["outstanding"], "async generation ran ahead: some prompts were in flight"
-    orch, second = resume(tokenizer, state, **fields)
+    orch, second, second_seen = resume(tokenizer, state, **fields)
     history = trained_ids(first)[:3] + trained_ids(second)
     assert len(history) == 6
     trained = [gid for batch in history for gid in batch]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
     left = [i.group_id for i in orch.prompts.outstanding()]
-    used = sorted(trained + left)
-    assert used == list(range(len(used))), "a drawn prompt was neither trained nor left pending"
+    dropped = (discarded_ids(first_seen) | discarded_ids(second_seen)) - set(trained) - set(left)
+    used = sorted(trained + left + sorted(dropped))
+    assert used == list(range(len(used))), "a drawn prompt was neither trained, discarded nor left pending"
     # Group ids name the same prompts as an independent replay of the scheduler.
     replay = PromptScheduler([SourceEnv("toy", 1.0, 20)], orch.cfg.seed)
     expected = {i.group_id: i.sample_idx for i in (replay.next() for _ in range(len(used)))}
@@ -78,8 +87,8 @@ def test_async_resume_loses_and_repeats_no_prompt(tokenizer: Any, max_async: int
 
 def test_synchronous_resume_trains_the_same_batches(tokenizer: Any) -> None:
     fields = {"number_of_steps": 6, "max_async_rollout": 0, "discard_group_zero_advantage": False}
-    _, first, state = run_with_crash(tokenizer, save_at=3, crash_at=5, **fields)
-    _, second = resume(tokenizer, state, **fields)
+    _, first, state, _ = run_with_crash(tokenizer, save_at=3, crash_at=5, **fields)
+    _, second, _ = resume(tokenizer, state, **fields)
     assert trained_ids(second)[:2] == trained_ids(first)[3:5]
     assert second.versions == [4, 5, 6]
 
