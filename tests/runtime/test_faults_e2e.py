@@ -169,3 +169,27 @@ def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_
     assert {r["server"] for r in rows if r["step"] > 4} == {1}  # only the surviving server after the drop
     assert "inference server 0 died 1 times (inference_max_restarts=0): dropped" in (
         run_dir / "logs" / "telescope.log").read_text()  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_server_that_never_answers_fails_the_run_after_stall_timeout_with_a_dump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telescope.core.runtime.liveness import StallError
+
+    monkeypatch.setenv("TELESCOPE_FAULTS", "server_slow=3600")  # every request sleeps an hour first
+    run_dir = tmp_path / "run"
+    with pytest.raises(StallError) as info:
+        train(run_dir, number_of_steps=4, stall_timeout_s=5)
+    message = str(info.value)
+    assert (
+        "(stall_timeout_s=5) while waiting for step 1, the trainer loop in 'waiting for a batch'" in message
+    )
+    assert steps(run_dir) == [] and status(run_dir) == "failed"
+    log = (run_dir / "logs" / "telescope.log").read_text()
+    assert "stall dump: steps 0/4 done" in log
+    # 2 prompts of group_size 4 were dispatched to the one server and are all still generating
+    assert "server 0: enabled" in log and "8 samples running" in log
+    groups = [line for line in log.splitlines() if " (reverse_text) on server 0: 0/4 finished" in line]
+    assert len(groups) == 2 and all(line.count("generating") == 4 for line in groups), groups
