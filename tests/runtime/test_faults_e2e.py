@@ -141,16 +141,29 @@ def test_a_run_where_one_request_in_ten_fails_finishes_and_counts_them(
 def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # SIGKILL of the whole server process group once step 5 ended
-    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1)
+    # SIGKILL of the whole server process group once step 5 ended; a checkpoint at the last step
+    # holds the prompts drawn but not trained yet (the ledger a resume would serve first). No
+    # prefetch: a re-queued prompt is then served before any new one (with prefetch, after the
+    # prompts already prefetched), so it must be trained within these 8 steps.
+    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1,
+                                    checkpoint_every=8, enable_prompt_prefetch=False)  # fmt: skip
     assert metrics[-1]["faults/inference_restarts"] == 1.0
-    kept = [(r["step"], r["group_id"], r["sample_id"]) for r in RunDirReader(run_dir).rollouts() if r["kept"]]
+    rows = RunDirReader(run_dir).rollouts()
+    kept = [(r["step"], r["group_id"], r["sample_id"]) for r in rows if r["kept"]]
     groups_by_step: dict[int, set[int]] = {}
     for step, gid, _ in kept:
         groups_by_step.setdefault(step, set()).add(gid)
     trained = [gid for gids in groups_by_step.values() for gid in gids]
     assert len(trained) == len(set(trained)) == 8 * 2, "a group was trained twice, or a step lacks one"
     assert len(kept) == len(set(kept))
+    # Nothing lost: every prompt drawn (group ids 0 .. next_group_id - 1) was trained, discarded with a
+    # record, or is still outstanding; the groups in flight on the killed server were re-queued.
+    state = json.loads((run_dir / "checkpoints" / "step_8" / "orchestrator_state.json").read_text())
+    outstanding = {int(item["group_id"]) for item in state["prompts"]["outstanding"]}
+    discarded = {int(r["group_id"]) for r in rows if r["discard_reason"] is not None}
+    drawn = int(state["prompts"]["scheduler"]["next_group_id"])
+    assert set(range(drawn)) == set(trained) | discarded | outstanding, "a drawn prompt was lost"
+    assert outstanding == set(), "a re-queued prompt was not served again"
     log = (run_dir / "logs" / "telescope.log").read_text()
     assert "inference server 0 died: restarting it (1 of 3)" in log
 
