@@ -8,6 +8,7 @@ which reaches the Ray workers through the run's runtime_env. A hang shows as a p
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,12 @@ def test_a_server_that_never_answers_fails_the_run_after_stall_timeout_with_a_du
     assert steps(run_dir) == [] and status(run_dir) == "failed"
     log = (run_dir / "logs" / "telescope.log").read_text()
     assert "stall dump: steps 0/4 done" in log
-    # 2 prompts of group_size 4 were dispatched to the one server and are all still generating
-    assert "server 0: enabled" in log and "8 samples running" in log
-    groups = [line for line in log.splitlines() if " (reverse_text) on server 0: 0/4 finished" in line]
-    assert len(groups) == 2 and all(line.count("generating") == 4 for line in groups), groups
+    # The one server's line and one line per group: every sample dispatched is still generating.
+    # (How many were dispatched when the watchdog fired depends on the machine's speed.)
+    server = re.search(r"server 0: enabled, \d+/\d+ lanes free, (\d+) samples running", log)
+    assert server is not None and int(server.group(1)) > 0, log[-3000:]
+    groups = [
+        line for line in log.splitlines() if re.search(r"group \d+ \(reverse_text\) on server 0: ", line)
+    ]
+    assert groups and all(": 0/4 finished" in line for line in groups), groups
+    assert sum(line.count(" generating ") for line in groups) == int(server.group(1)), groups
