@@ -31,5 +31,8 @@ test-daytona:
 	$(DAYTONA_VENV)/bin/python -c "import daytona"
 	$(DAYTONA_VENV)/bin/python -m pytest -q -rs -m daytona tests/sandboxes
 
+# The tests marked `slow` (> ~20 s each): the end-to-end resilience runs (docs/faults.md), the two-node
+# cluster, two runs at once, ... (about 10 minutes on 2 cores). CI runs them after `make test`.
+# -rs: each skip says why (e.g. Megatron-Core is not installed by default).
 test-slow: bootstrap
-	TELESCOPE_RUN_SLOW=1 $(BIN)/python -m pytest -q -m slow
+	TELESCOPE_RUN_SLOW=1 $(BIN)/python -m pytest -q -rs -m slow --durations=20

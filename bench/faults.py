@@ -79,15 +79,14 @@ def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
     from telescope.core.observe import RunDirReader
     from telescope.core.plugins import load_plugins
     from telescope.core.runtime import faults, run_training
-    from telescope.core.weights.group import free_port
 
     run_dir = workdir / f"run_{len(list(workdir.iterdir()))}"  # a fresh folder per run
     os.environ.pop(faults.ENV_VAR, None)
     if scenario.spec:
         os.environ[faults.ENV_VAR] = scenario.spec
     faults.fired.clear()
-    settings = {**BASE, "number_of_steps": steps, "inference_base_port": free_port("127.0.0.1"),
-                "run_dir": str(run_dir), **scenario.overrides}  # fmt: skip
+    # The default inference_base_port: the run moves to a free block (claimed) when it is taken.
+    settings = {**BASE, "number_of_steps": steps, "run_dir": str(run_dir), **scenario.overrides}
     pset, registry = load_plugins()
     cfg = load_config(None, settings, registry)
     start = time.time()

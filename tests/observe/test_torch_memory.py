@@ -206,6 +206,9 @@ def test_real_ray_workers_drained_into_the_run_directory(tmp_path: Path) -> None
     try:
         actor_cls = ray.remote(num_cpus=0.1)(_SamplingActor)
         actors = [actor_cls.remote(rank) for rank in range(2)]
+        # Both actors constructed (torch imported, sampler running) before the 1.5 s window opens:
+        # on a loaded machine rank 0's start-up alone could take the whole window.
+        ray.get([actor.busy.remote(0.0) for actor in actors])
         busy = actors[1].busy.remote(1.0)  # rank 1 is "in a train step" for 1 s
         cfg = make_config(use_wandb=False, ray_torch_memory_drain_interval_seconds=0.1)
         hub = LoggerHub([LocalLogger()])

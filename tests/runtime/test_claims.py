@@ -89,3 +89,26 @@ def test_two_runs_reserve_their_pools_on_one_cluster() -> None:
                          "telescope-inference-run-two", "telescope-trainer-run-two"}  # fmt: skip
     finally:
         ray.shutdown()
+
+
+def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import telescope.core.runtime.claims as claims
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {claims.rendezvous_port("127.0.0.1") for _ in range(20)}
+    assert all(20000 <= p < low for p in ports)
+    # The first picks are a claimed port and a busy one: both are skipped.
+    base = free_port_block(3)
+    other = hold_in_other_process("ports", str(base))
+    picks = iter([base, base + 1, base + 2])
+    monkeypatch.setattr(claims.random, "randrange", lambda lo, hi: next(picks))
+    try:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", base + 1))
+            busy.listen()
+            assert claims.rendezvous_port("127.0.0.1") == base + 2
+    finally:
+        other.kill()
+        other.wait()

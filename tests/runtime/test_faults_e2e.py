@@ -8,6 +8,7 @@ which reaches the Ray workers through the run's runtime_env. A hang shows as a p
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -141,16 +142,29 @@ def test_a_run_where_one_request_in_ten_fails_finishes_and_counts_them(
 def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # SIGKILL of the whole server process group once step 5 ended
-    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1)
+    # SIGKILL of the whole server process group once step 5 ended; a checkpoint at the last step
+    # holds the prompts drawn but not trained yet (the ledger a resume would serve first). No
+    # prefetch: a re-queued prompt is then served before any new one (with prefetch, after the
+    # prompts already prefetched), so it must be trained within these 8 steps.
+    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1,
+                                    checkpoint_every=8, enable_prompt_prefetch=False)  # fmt: skip
     assert metrics[-1]["faults/inference_restarts"] == 1.0
-    kept = [(r["step"], r["group_id"], r["sample_id"]) for r in RunDirReader(run_dir).rollouts() if r["kept"]]
+    rows = RunDirReader(run_dir).rollouts()
+    kept = [(r["step"], r["group_id"], r["sample_id"]) for r in rows if r["kept"]]
     groups_by_step: dict[int, set[int]] = {}
     for step, gid, _ in kept:
         groups_by_step.setdefault(step, set()).add(gid)
     trained = [gid for gids in groups_by_step.values() for gid in gids]
     assert len(trained) == len(set(trained)) == 8 * 2, "a group was trained twice, or a step lacks one"
     assert len(kept) == len(set(kept))
+    # Nothing lost: every prompt drawn (group ids 0 .. next_group_id - 1) was trained, discarded with a
+    # record, or is still outstanding; the groups in flight on the killed server were re-queued.
+    state = json.loads((run_dir / "checkpoints" / "step_8" / "orchestrator_state.json").read_text())
+    outstanding = {int(item["group_id"]) for item in state["prompts"]["outstanding"]}
+    discarded = {int(r["group_id"]) for r in rows if r["discard_reason"] is not None}
+    drawn = int(state["prompts"]["scheduler"]["next_group_id"])
+    assert set(range(drawn)) == set(trained) | discarded | outstanding, "a drawn prompt was lost"
+    assert outstanding == set(), "a re-queued prompt was not served again"
     log = (run_dir / "logs" / "telescope.log").read_text()
     assert "inference server 0 died: restarting it (1 of 3)" in log
 
@@ -169,3 +183,32 @@ def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_
     assert {r["server"] for r in rows if r["step"] > 4} == {1}  # only the surviving server after the drop
     assert "inference server 0 died 1 times (inference_max_restarts=0): dropped" in (
         run_dir / "logs" / "telescope.log").read_text()  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_server_that_never_answers_fails_the_run_after_stall_timeout_with_a_dump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telescope.core.runtime.liveness import StallError
+
+    monkeypatch.setenv("TELESCOPE_FAULTS", "server_slow=3600")  # every request sleeps an hour first
+    run_dir = tmp_path / "run"
+    with pytest.raises(StallError) as info:
+        train(run_dir, number_of_steps=4, stall_timeout_s=5)
+    message = str(info.value)
+    assert (
+        "(stall_timeout_s=5) while waiting for step 1, the trainer loop in 'waiting for a batch'" in message
+    )
+    assert steps(run_dir) == [] and status(run_dir) == "failed"
+    log = (run_dir / "logs" / "telescope.log").read_text()
+    assert "stall dump: steps 0/4 done" in log
+    # The one server's line and one line per group: every sample dispatched is still generating.
+    # (How many were dispatched when the watchdog fired depends on the machine's speed.)
+    server = re.search(r"server 0: enabled, \d+/\d+ lanes free, (\d+) samples running", log)
+    assert server is not None and int(server.group(1)) > 0, log[-3000:]
+    groups = [
+        line for line in log.splitlines() if re.search(r"group \d+ \(reverse_text\) on server 0: ", line)
+    ]
+    assert groups and all(": 0/4 finished" in line for line in groups), groups
+    assert sum(line.count(" generating ") for line in groups) == int(server.group(1)), groups

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from rundriver import settings
+from rundriver import finish, launch, run_meta, session_pids, settings, wait_for
 
 from telescope.core.config import ConfigError, load_config
 from telescope.core.plugins import load_plugins
@@ -52,6 +55,38 @@ def test_a_second_run_on_a_locked_run_dir_is_refused_naming_the_first(tmp_path: 
             RunDirLock(run_dir).acquire()  # a second lock in this very process is refused too
     assert f"taking over the lock of pid {holder.pid}, which is no longer running" in caplog.text
     RunDirLock(run_dir).acquire().release()  # released: free again
+
+
+@pytest.mark.slow
+def test_a_live_run_holds_its_run_dir_against_a_second_run_even_with_overwrite(tmp_path: Path) -> None:
+    """A real ``telescope train`` whose requests never answer (it cannot finish while the second run
+    tries), then SIGTERM: it still ends cleanly as ``interrupted``."""
+    pytest.importorskip("ray")
+    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=3, stall_timeout_s=0)))
+    proc = launch(config, log, prelude="import os; os.environ['TELESCOPE_FAULTS'] = 'server_slow=3600'")
+    try:
+        log_file = run_dir / "logs" / "telescope.log"
+        wait_for(lambda: log_file.is_file() and "started a private local Ray cluster" in log_file.read_text(),
+                 proc, log, timeout_s=240)  # fmt: skip
+        before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+        out = cli_train(config, "--overwrite")  # --overwrite would delete a finished run: never a live one
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert f"run_dir {run_dir.resolve()} is in use by the live run with pid {proc.pid}" in out.stderr
+        assert "Traceback" not in out.stderr
+        assert set(before) <= set(p.relative_to(run_dir) for p in run_dir.rglob("*"))  # nothing deleted
+        assert proc.poll() is None and run_meta(run_dir)["status"] == "running"
+        proc.send_signal(signal.SIGTERM)
+        assert finish(proc, log, 120) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert run_meta(run_dir)["status"] == "interrupted"
+    deadline = time.time() + 15
+    while session_pids(proc.pid) and time.time() < deadline:
+        time.sleep(0.3)
+    assert session_pids(proc.pid) == [], "Ray or a server outlived the interrupted run"
 
 
 def previous_run(run_dir: Path) -> None:

@@ -60,7 +60,8 @@ def test_sigterm_interrupts_cleanly_and_the_run_resumes(tmp_path: Path) -> None:
     fields = settings(run_dir, number_of_steps=6, checkpoint_every=2)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(fields))
-    proc = launch(config, log)
+    # Every request 1 s slower: steps 3-6 take seconds, so the signal lands before the run ends.
+    proc = launch(config, log, prelude="import os; os.environ['TELESCOPE_FAULTS'] = 'server_slow=1'")
     wait_for(lambda: (run_dir / "checkpoints" / "step_2").is_dir(), proc, log, timeout_s=240)
     proc.send_signal(signal.SIGTERM)  # to the CLI process only, as `timeout` or a scheduler does
     assert finish(proc, log, 90) == 130

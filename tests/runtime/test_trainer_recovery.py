@@ -33,9 +33,9 @@ def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_finishes(tmp_pat
     run_dir, log = tmp_path / "run", tmp_path / "cli.log"
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=8, checkpoint_every=2)))
-    # Requests 0.5 s slower: steps take long enough that the kill lands mid-run on a fast machine
+    # Requests 1 s slower: steps take long enough that the kill lands mid-run on a fast machine
     # (at 0.1 s a step the run could be over before the kill).
-    proc = launch(config, log, prelude="import os; os.environ['TELESCOPE_FAULTS'] = 'server_slow=0.5'")
+    proc = launch(config, log, prelude="import os; os.environ['TELESCOPE_FAULTS'] = 'server_slow=1'")
 
     def past_checkpoint() -> bool:
         metrics = run_dir / "metrics.jsonl"

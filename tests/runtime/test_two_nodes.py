@@ -89,30 +89,45 @@ def cluster() -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
+# The run, in a process of its own: a driver that already had an in-process Ray session (an earlier
+# test of the same pytest process) could not start its actors on this cluster ("cancelled before it
+# started running"). Records what ``start_servers`` returned and where the trainer ranks were placed.
+RUN_ON_CLUSTER = """
+import json, sys
+import telescope.core.runtime.ray_group as ray_group
+from telescope.core.config import load_config
+from telescope.core.plugins import load_plugins
+from telescope.core.runtime import run_training
+
+settings, out = json.loads(sys.argv[1]), sys.argv[2]
+seen = {}
+real_start_servers, real_start_trainers = ray_group.start_servers, ray_group.start_trainers
+
+def recording_start_servers(*args, **kwargs):
+    servers = real_start_servers(*args, **kwargs)
+    seen["urls"], seen["node_ips"] = servers.urls, servers.node_ips
+    return servers
+
+def recording_start_trainers(cfg_data, plugins, pools, world_size, cpus):
+    seen["trainer_nodes"] = [ray_group.bundle_ip(pools.trainer, r) for r in range(world_size)]
+    return real_start_trainers(cfg_data, plugins, pools, world_size, cpus)
+
+ray_group.start_servers, ray_group.start_trainers = recording_start_servers, recording_start_trainers
+pset, registry = load_plugins()
+seen["code"] = run_training(load_config(None, settings, registry), pset, registry)
+with open(out, "w") as f:
+    json.dump(seen, f)
+"""
+
+
 @pytest.fixture(scope="module")
 def run(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A two-step run on the cluster; records what ``start_servers`` returned to the driver."""
-    import telescope.core.runtime.ray_group as ray_group
-    from telescope.core.config import load_config
-    from telescope.core.plugins import load_plugins
-    from telescope.core.runtime import run_training
+    """A two-step run on the cluster; what the driver saw (server URLs and nodes, trainer nodes)."""
+    import json
 
-    seen: dict[str, Any] = {}
-    real_start_servers, real_start_trainers = ray_group.start_servers, ray_group.start_trainers
-
-    def recording_start_servers(*args: Any, **kwargs: Any) -> Any:
-        seen["servers"] = real_start_servers(*args, **kwargs)
-        return seen["servers"]
-
-    def recording_start_trainers(
-        cfg_data: Any, plugins: Any, pools: Any, world_size: int, cpus: float
-    ) -> Any:
-        seen["trainer_nodes"] = [ray_group.bundle_ip(pools.trainer, r) for r in range(world_size)]
-        return real_start_trainers(cfg_data, plugins, pools, world_size, cpus)
-
-    run_dir = tmp_path_factory.mktemp("two-nodes") / "run"
-    pset, registry = load_plugins()
-    cfg = load_config(None, {
+    folder = tmp_path_factory.mktemp("two-nodes")
+    run_dir, out, log = folder / "run", folder / "seen.json", folder / "driver.log"
+    settings = {
         "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
         "environments": [{"name": "reverse_text"}], "inference_engine": "transformers",
         "inference_num_workers": 1, "trainer_num_workers": 1, "inference_host": "0.0.0.0",
@@ -122,24 +137,19 @@ def run(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
         "number_of_steps": 2, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 512, "pad_to_multiple_of": 8,
         "learning_rate": 1e-3, "discard_group_zero_advantage": False, "use_wandb": False,
         "run_dir": str(run_dir), "seed": 3,
-    }, registry)  # fmt: skip
-    mp = pytest.MonkeyPatch()
-    mp.setattr(ray_group, "start_servers", recording_start_servers)
-    mp.setattr(ray_group, "start_trainers", recording_start_trainers)
-    try:
-        seen["code"] = run_training(cfg, pset, registry)
-    finally:
-        mp.undo()
-    seen["run_dir"] = run_dir
-    return seen
+    }  # fmt: skip
+    with log.open("wb") as sink:
+        driver = subprocess.run([sys.executable, "-c", RUN_ON_CLUSTER, json.dumps(settings), str(out)],
+                                stdout=sink, stderr=subprocess.STDOUT, timeout=480)  # fmt: skip
+    assert driver.returncode == 0 and out.is_file(), f"the driver failed:\n{log.read_text()[-4000:]}"
+    return {**json.loads(out.read_text()), "run_dir": run_dir}
 
 
 def test_driver_reaches_the_server_on_the_other_node_at_its_address(run: dict[str, Any]) -> None:
-    servers = run["servers"]
-    print(f"server node {servers.node_ips}, trainer node {run['trainer_nodes']}, driver used {servers.urls}")
+    print(f"server node {run['node_ips']}, trainer node {run['trainer_nodes']}, driver used {run['urls']}")
     assert run["code"] == 0
-    assert servers.node_ips == [WORKER_IP] and run["trainer_nodes"][0] != WORKER_IP
-    assert servers.urls[0].startswith(f"http://{WORKER_IP}:")  # not the server's own 127.0.0.1
+    assert run["node_ips"] == [WORKER_IP] and run["trainer_nodes"][0] != WORKER_IP
+    assert run["urls"][0].startswith(f"http://{WORKER_IP}:")  # not the server's own 127.0.0.1
 
 
 def test_weights_crossed_nodes_every_step(run: dict[str, Any]) -> None:

@@ -12,13 +12,14 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import re
 import socket
 import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Claim", "claim", "claim_holder", "claims_dir", "port_block", "port_free"]
+__all__ = ["Claim", "claim", "claim_holder", "claims_dir", "port_block", "port_free", "rendezvous_port"]
 
 
 def claims_dir(kind: str) -> Path:
@@ -115,3 +116,33 @@ def port_block(
         f"no block of {count} free inference ports from inference_base_port {base} up; set inference_base_port "
         "to a free range"
     )
+
+
+# Above Ray's default worker ports (10002-19999); the top is the kernel's ephemeral range start.
+_QUIET_LOW = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def rendezvous_port(host: str = "0.0.0.0", tries: int = 200) -> int:
+    """A port for a store that a process started later binds (trainer rendezvous, weight-sync store).
+
+    Not one the kernel picks (``bind(0)``): that is in the ephemeral range, which every outgoing
+    connection on the machine draws from, so on a busy node another socket can take it in the
+    seconds before the store binds (seen: ``EADDRINUSE`` at the trainer's rendezvous). A random
+    free port between Ray's worker ports and the ephemeral range, skipping the ports other live
+    runs claimed for their servers; the kernel's choice only when none is found.
+    """
+    high = _ephemeral_low()
+    for _ in range(tries if high > _QUIET_LOW + 100 else 0):
+        port = random.randrange(_QUIET_LOW, high)
+        if claim_holder("ports", str(port)) is None and port_free(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

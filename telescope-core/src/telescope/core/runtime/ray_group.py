@@ -154,9 +154,9 @@ def node_free_port(pg: Any, index: int) -> int:
     """A port free on the node of bundle ``index`` (rank 0 listens there, not on the driver's node)."""
     import ray
 
-    from telescope.core.weights.group import free_port
+    from telescope.core.runtime.claims import rendezvous_port
 
-    probe: Any = ray.remote(num_cpus=0)(free_port)
+    probe: Any = ray.remote(num_cpus=0)(rendezvous_port)
     return int(ray.get(probe.options(scheduling_strategy=scheduling(pg, index)).remote("0.0.0.0")))
 
 
