@@ -162,8 +162,9 @@ class TelescopeConfig(BaseModel):
     """Pad packed sequences to this alignment."""
 
     # --- Inference server ----------------------------------------------------------
-    inference_host: str = "0.0.0.0"
-    """Host address for inference servers."""
+    inference_host: str = "127.0.0.1"
+    """Host address for inference servers: loopback by default (they have no authentication); set
+    0.0.0.0 (or the node's address) on a multi-node cluster so the driver on another node reaches them."""
     inference_base_port: int = Field(default=8100, ge=1, le=65535)
     """Base port for inference servers (taken by another run or program: the next free block, logged)."""
     inference_access_log: bool = False
