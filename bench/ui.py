@@ -252,6 +252,15 @@ def _api_rows(base: str, steps: int) -> list[tuple[str, float | None, str]]:
     ]  # fmt: skip
 
 
+def _print_marks(visits: list[dict[str, Any]]) -> None:
+    """One row per page mark (median [min .. max] over ``visits``); the first plotly chart has the target."""
+    for mark, name in MARKS:
+        values = [v[mark] for v in visits if mark in v]
+        if values:
+            target = "<= 2 s" if mark == "first-chart" else "-"
+            print(f"{'  ' + name:74s} {_spread(values)}  {target}")
+
+
 def _spread(values: list[float]) -> str:
     values = sorted(values)
     if len(values) == 1:
@@ -305,22 +314,14 @@ def main() -> None:
     print(f"{'measure':74s} {'seconds':>9s}  target")
     print(f"{'telescope ui process start -> first HTTP answer':74s} {_spread([r['up'] for r in runs])}  -")
     print("Metrics page in headless chromium, from navigation start (server just up, cold):")
-    for mark, name in MARKS:
-        values = [r[mark] for r in runs if mark in r]
-        if values:
-            target = "<= 2 s" if mark == "first-chart" else "-"
-            print(f"{'  ' + name:74s} {_spread(values)}  {target}")
+    _print_marks(runs)
     for key, name in (("thread", "  CPU time of the page's main thread by then (not slowed by load)"),
                       ("process", "  CPU time of the page's renderer process by then (all its threads)")):  # fmt: skip
         values = [r[key] for r in runs if key in r]
         if values:
             print(f"{name:74s} {_spread(values)}  -")
     print("The same, third visit in that browser context (plotly and its compiled code cached):")
-    for mark, name in MARKS:
-        values = [r[mark] for r in returning if mark in r]
-        if values:
-            target = "<= 2 s" if mark == "first-chart" else "-"
-            print(f"{'  ' + name:74s} {_spread(values)}  {target}")
+    _print_marks(returning)
     print("Data API afterwards (urllib, one request at a time):")
     for i, (name, _, target) in enumerate(api_rows[0]):
         values = [float(rows[i][1] or 0.0) for rows in api_rows]

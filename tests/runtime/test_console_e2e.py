@@ -15,13 +15,18 @@ from rundriver import finish, launch, settings
 pytest.importorskip("ray")
 
 
-@pytest.mark.slow
-def test_output_to_a_file_is_plain_one_unwrapped_line_per_step(tmp_path: Path) -> None:
+def train(tmp_path: Path, **fields: object) -> tuple[int, str]:
+    """``telescope train`` on the test config with its output to a file: (exit code, that output)."""
     run_dir, log = tmp_path / "run", tmp_path / "cli.log"
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=3)))
-    assert finish(launch(config, log), log, 300) == 0
-    out = log.read_text()
+    config.write_text(yaml.safe_dump(settings(run_dir, **fields)))
+    return finish(launch(config, log), log, 300), log.read_text()
+
+
+@pytest.mark.slow
+def test_output_to_a_file_is_plain_one_unwrapped_line_per_step(tmp_path: Path) -> None:
+    rc, out = train(tmp_path, number_of_steps=3)
+    assert rc == 0
     assert "\x1b" not in out and "\r" not in out, out  # no ANSI codes, no carriage-return redraws
     lines = out.splitlines()
     steps = [ln for ln in lines if ln.startswith("step ")]
@@ -37,11 +42,9 @@ def test_output_to_a_file_is_plain_one_unwrapped_line_per_step(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_a_server_that_cannot_start_names_the_cause(tmp_path: Path) -> None:
-    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(settings(run_dir, max_model_len=8192)))
-    assert finish(launch(config, log), log, 300) == 1
-    failed = [ln for ln in log.read_text().splitlines() if ln.startswith("training failed: ")]
+    rc, out = train(tmp_path, max_model_len=8192)
+    assert rc == 1
+    failed = [ln for ln in out.splitlines() if ln.startswith("training failed: ")]
     cause = "ValueError: max_model_len: 8192 exceeds the 4096 positions of model"
     assert len(failed) == 1 and "exited with code 1 before it was ready: " + cause in failed[0]
-    assert f"  | {cause}" in log.read_text()  # the server log's tail follows
+    assert f"  | {cause}" in out  # the server log's tail follows
