@@ -85,6 +85,27 @@ def test_background_warming_indexes_every_block(tmp_path: Path) -> None:
     assert run.rollouts.all_indexes()[0].step_numbers() == [1, 2, 3]
 
 
+def test_warming_ends_at_a_torn_last_line(tmp_path: Path) -> None:
+    import threading
+
+    from telescope.cli.ui.server import warm_indexes
+
+    write_run(tmp_path / "run", steps=3)
+    ws = Workspace([tmp_path / "run"])
+    run = ws.runs()[0]
+    first = run.rollouts.all_indexes()[0].path
+    with open(first, "a") as f:
+        f.write('{"step": 4, "unfinis')  # the run was killed in the middle of a write
+    warm = threading.Thread(
+        target=warm_indexes, args=(ws, threading.Lock(), threading.Event()), kwargs={"delay_s": 0}
+    )
+    warm.start()
+    warm.join(10)
+    assert not warm.is_alive(), "warming spun on the torn line"
+    assert run.rollouts.all_indexes()[0].step_numbers() == [1, 2, 3]
+    assert all(len(i) > 0 for i in run.events.all_indexes())  # the files after it were indexed too
+
+
 def test_warming_waits_while_requests_are_in_flight(tmp_path: Path) -> None:
     import threading
     import time

@@ -306,7 +306,9 @@ def warm_indexes(
             while more and wait_quiet():
                 with lock:
                     index.refresh(max_chunks=1, chunk_bytes=WARM_CHUNK)
-                    more = index.pending()
+                    # an unfinished last line (a run killed mid-write) stays pending until it is
+                    # completed: warming it again would spin on the same bytes forever
+                    more = index.pending() and not index.torn_tail
 
 
 async def _start_warming(app: web.Application) -> None:
