@@ -79,6 +79,11 @@ def test_cause_line_is_the_last_exception_line() -> None:
              "[rank0] shutting down"]  # fmt: skip
     assert cause_line(lines) == "torch.OutOfMemoryError: CUDA out"
     assert cause_line(["loading", "Killed"]) == "Killed" and cause_line([]) == ""
+    vllm = [
+        "(EngineCore_DP0 pid=7) ValueError: no GPU",
+        "(APIServer pid=6) resource_tracker: leaked semaphore",
+    ]
+    assert cause_line(vllm) == "ValueError: no GPU"
 
 
 def test_access_log_is_off_by_default_and_summarised(tmp_path: Path, tiny_path: str) -> None:
@@ -128,3 +133,21 @@ def test_request_summary_counts_routes_and_errors() -> None:
         "requests in the last 30 s: 6 (GET /ok 2, GET /item/{id} 2, GET /boom 1, GET /missing 1); errors 1"
     )
     assert summary.take_line() is None  # nothing since: nothing to log
+
+
+def test_a_request_the_client_gave_up_on_is_not_a_server_error() -> None:
+    from types import SimpleNamespace
+
+    summary = RequestSummary(interval_s=60, clock=lambda: 0.0)
+    request = SimpleNamespace(
+        method="POST",
+        path="/v1/completions",
+        match_info=SimpleNamespace(route=SimpleNamespace(resource=None)),
+    )
+
+    async def cancelled(request: object) -> web.Response:
+        raise asyncio.CancelledError  # aiohttp cancels the handler when a rollout is cancelled
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(summary.middleware(request, cancelled))  # type: ignore[arg-type]
+    assert summary.take_line() == "requests in the last 0 s: 1 (POST /v1/completions 1); errors 0"

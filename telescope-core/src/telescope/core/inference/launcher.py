@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.inference.settings import num_servers, server_port
+from telescope.core.observe.stdio import without_process_prefix
 
 __all__ = ["InferenceEngine", "ServerCommand", "ServerProcess", "ServerStartError", "cause_line"]
 
@@ -39,10 +40,13 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\
 
 
 def cause_line(lines: list[str]) -> str:
-    """The line of a server log that says why it ended: its last exception line, else its last line."""
+    """The line of a server log that says why it ended: its last exception line, else its last line.
+
+    vLLM's processes prefix every line, tracebacks included, with ``(EngineCore_DP0 pid=N) ``."""
     for line in reversed(lines):
-        if _EXCEPTION_LINE.match(line):
-            return line.strip()
+        bare = without_process_prefix(line)
+        if _EXCEPTION_LINE.match(bare):
+            return bare.strip()
     return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 

@@ -244,9 +244,11 @@ class MlflowLogger(ScalarLogger):
         self.flush_spans(None)
         if self.spans.totals():
             self._put(_Artifact("timeline.md", self.spans.summary_markdown()))
-        self._queue.flush()
-        self.client.set_terminated(self.run_id, RUN_STATUS.get(status, "FAILED"))
-        self._queue = None
+        try:
+            self._queue.flush()
+        finally:  # a tracking server that fails the last send still gets the run's end
+            self._queue = None
+            self.client.set_terminated(self.run_id, RUN_STATUS.get(status, "FAILED"))
 
     def run_ids(self) -> dict[str, Any]:
         return dict(self._ids)

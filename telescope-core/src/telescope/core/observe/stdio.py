@@ -26,7 +26,15 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["STDOUT_LOG_NAME", "PlainLines", "PlainStdio", "StdioCapture", "StreamTee", "plain_line"]
+__all__ = [
+    "STDOUT_LOG_NAME",
+    "PlainLines",
+    "PlainStdio",
+    "StdioCapture",
+    "StreamTee",
+    "plain_line",
+    "without_process_prefix",
+]
 
 #: File name under ``RUN_DIR/logs`` (the ``*.stdout.log`` files follow ``wandb_upload_logs_stdout``).
 STDOUT_LOG_NAME = "telescope.stdout.log"
@@ -129,6 +137,11 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\
 
 #: The prefix Ray puts before a worker's line: ``(TrainerWorker pid=123, ip=10.0.0.2) ``.
 _RAY_PREFIX = re.compile(r"^\([^()]*pid=[^()]*\) ")
+
+
+def without_process_prefix(line: str) -> str:
+    """``line`` without the ``(Name pid=..)`` prefix Ray (and vLLM's own processes) put in front."""
+    return _RAY_PREFIX.sub("", line, count=1)
 
 
 def plain_line(line: str) -> str:

@@ -110,7 +110,11 @@ export function loadPlotly() {
 export async function plot(el, traces, layout = {}) {
   const merged = { ...LAYOUT, ...layout, xaxis: { ...LAYOUT.xaxis, ...(layout.xaxis || {}) },
                    yaxis: { ...LAYOUT.yaxis, ...(layout.yaxis || {}) } };
-  if (window.Plotly) return react(el, traces, merged);
+  if (window.Plotly) {
+    // a preview still waiting for its queued swap: hand it these traces rather than drawing twice
+    if (el._pending) { el._pending = { traces, merged }; return; }
+    return react(el, traces, merged);
+  }
   if (!traces.every(previewable)) {
     await loadPlotly();
     if (!window.Plotly) { el.textContent = 'plotly is not installed: pip install "telescope-cli[ui]"'; return; }

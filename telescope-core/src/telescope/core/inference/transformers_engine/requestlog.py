@@ -65,6 +65,9 @@ class RequestSummary:
         except web.HTTPException as exc:
             self.count(route, exc.status)
             raise
+        except asyncio.CancelledError:  # the client went away (a cancelled rollout): not a server error
+            self.count(route, 499)
+            raise
         except BaseException:
             self.count(route, 500)
             raise
