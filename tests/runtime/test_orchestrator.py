@@ -21,7 +21,11 @@ from telescope.core.testing import RunRecorder, make_config, recording_hooks
 
 
 def build(
-    tokenizer: Any, env: ToyEnv, client: FakeClient | list[FakeClient], **overrides: Any
+    tokenizer: Any,
+    env: ToyEnv,
+    client: FakeClient | list[FakeClient],
+    plugins: tuple[object, ...] = (),
+    **overrides: Any,
 ) -> tuple[Orchestrator, FakeTrainer, RunRecorder]:
     fields = {"environments": [{"name": "toy"}], "group_size": 4, "prompts_batch_size_for_trainer": 2,
               "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 256, "pad_to_multiple_of": 8,
@@ -31,7 +35,7 @@ def build(
     prompts = PromptSource(PromptScheduler([SourceEnv("toy", 1.0, len(env))], cfg.seed), {"toy": env},
                            {"toy": (None, None)}, tokenizer, ChatOptions(), cfg.prompt_prefetch_buffer_size)  # fmt: skip
     runner = RolloutRunner(tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), None)
-    trainer, (hook, recorder) = FakeTrainer(), recording_hooks()
+    trainer, (hook, recorder) = FakeTrainer(), recording_hooks(*plugins)
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm), 0)
     clients = client if isinstance(client, list) else [client]
     return Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook), trainer, recorder
@@ -44,6 +48,23 @@ def varied_reply(tokenizer: Any) -> Any:
 
 def varied_reward(completion: str, sample: Any) -> float:
     return float(len(completion))
+
+
+def test_a_plugin_failing_on_an_event_inside_a_request_ends_the_run_naming_the_hook(tokenizer: Any) -> None:
+    from telescope.core import hookimpl
+    from telescope.core.runtime.liveness import RunStageError
+
+    class FailsOnGenerationEnd:
+        @hookimpl
+        def telescope_event(self, event: Any) -> None:
+            if event.type == "generation" and event.phase == "end":
+                raise RuntimeError("plugin bug")
+
+    client = FakeClient(varied_reply(tokenizer))
+    orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward), client, plugins=(FailsOnGenerationEnd(),))
+    with pytest.raises(RunStageError, match="the telescope_event hook failed: RuntimeError: plugin bug"):
+        asyncio.run(orch.run())
+    assert orch.counts.rollout_errors == 0 and not trainer.batches  # not taken for failed requests
 
 
 def test_synchronous_batches_come_from_the_latest_weights(tokenizer: Any) -> None:

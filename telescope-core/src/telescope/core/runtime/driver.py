@@ -225,8 +225,16 @@ def _end_run(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status
              error: BaseException | None, run_dir: Path) -> None:  # fmt: skip
     """Stop every process, then end the run (the hub closes the run directory with its final status)."""
     hub.stop_sources()  # the last drain happens before the actors are killed
-    if error is not None:
-        _log_failure(hook, error, run_dir)
+    try:
+        if error is not None:  # a plugin raising in telescope_run_info must not keep the workers alive
+            _log_failure(hook, error, run_dir)
+    finally:
+        _stop_and_finish(hook, hub, session, status, error)
+
+
+def _stop_and_finish(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status: str,
+                     error: BaseException | None) -> None:  # fmt: skip
+    """Stop the workers, then telescope_run_end, then the hub, each even when the one before raised."""
     try:
         session.stop()
     finally:

@@ -238,7 +238,11 @@ class Orchestrator:
 
     def _event(self, kind: str, phase: str, **fields: Any) -> None:
         fields.setdefault("step", self.counts.inference_step + 1)
-        self.hook.telescope_event(event=TimelineEvent.of(kind, phase, **fields))
+        try:
+            self.hook.telescope_event(event=TimelineEvent.of(kind, phase, **fields))
+        except Exception as exc:  # noqa: BLE001 - a plugin's error ends the run (hookspecs.py), named as
+            # such: raised inside a sample's request it would be counted as a failed rollout instead
+            self._fail(stage_error("the telescope_event hook", exc, fields["step"]))
 
     def _report_group(self, group: RolloutGroup) -> None:
         """A group is done with (kept in the batch being cut, discarded, or cancelled)."""
