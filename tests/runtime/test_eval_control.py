@@ -93,3 +93,30 @@ def test_final_eval_brings_held_servers_to_the_final_weights(tokenizer: Any) -> 
     assert runner.calls[-1] == (6, ["toy"], [0, 1, 2])
     assert trainer.versions[-1] == 6 and trainer.holds[-1] == set()
     assert 2 in trainer.holds[trainer.versions.index(6)], "step 6's own sync was held"
+
+
+def test_a_plugin_failing_on_periodic_eval_results_ends_the_run_naming_the_hook(tokenizer: Any) -> None:
+    import pytest
+
+    from telescope.core.runtime.liveness import RunStageError
+
+    def report(step: int, results: list[Any]) -> None:
+        if step == 2:
+            raise RuntimeError("plugin bug in eval_end")
+
+    clients = [FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(3)]
+    for i, c in enumerate(clients):
+        c.index = i  # type: ignore[attr-defined]
+    fields = {"number_of_steps": 6, "max_async_rollout": 1, "discard_group_zero_advantage": False,
+              "inference_num_workers": 3, "evals": [{"name": "toy", "eval_every": 2}]}  # fmt: skip
+    orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward, n=40), clients, **fields)
+    controller = EvalController(orch.cfg, FakeEvalRunner(orch.cfg, 0.0), clients, report)
+    orch.hooks.append(controller)
+
+    async def main() -> None:
+        await orch.run()
+        await controller.after_training(orch)
+
+    with pytest.raises(RunStageError, match="the telescope_eval_end hook failed: RuntimeError: plugin bug"):
+        asyncio.run(main())
+    assert len(trainer.batches) < 6  # the run stopped, it did not go on with a warning

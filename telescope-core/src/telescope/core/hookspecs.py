@@ -206,7 +206,9 @@ def telescope_system_sample(sample: dict[str, Any]) -> None:
     Called from background threads (the CPU/GPU sampler every
     ``system_metrics_collection_interval_seconds``, the vLLM ``/metrics`` scraper, the
     trainers' torch-memory drain), not from the event loop: an implementation that keeps
-    state shared with other hooks needs a lock.
+    state shared with other hooks needs a lock. Unlike the other hooks, an exception here
+    does not end the run: the sampling thread logs it and goes on (a monitoring hiccup
+    should not stop training).
 
     Args:
         sample: ``{"time", "node", "source", "metrics": {name: value}}``.

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.runtime.liveness import RunStageError, stage_error
+
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
     from telescope.core.evals.aggregate import EvalResult
@@ -47,6 +49,8 @@ class EvalController:
         self.eval_servers = set(range(len(clients) - count, len(clients))) if count else set()
         self._task: asyncio.Task[None] | None = None
         self._awaiting_sync = False
+        self._report_failure: RunStageError | None = None
+        """A plugin failed on a periodic eval's results: raised at the next step (it ends the run)."""
         self.ran_at: dict[int, set[str]] = {}
 
     def _start_end_servers(self) -> list[int]:
@@ -63,7 +67,10 @@ class EvalController:
             return
         results = await self.runner.run(entries, [self.clients[i] for i in servers], step)
         self.ran_at.setdefault(step, set()).update(e.name for e in entries)
-        self.log_results(step, results)
+        try:
+            self.log_results(step, results)
+        except Exception as exc:  # noqa: BLE001 - a plugin's error ends the run, unlike a failed eval
+            raise stage_error("the telescope_eval_end hook", exc, step) from None
 
     # --- around training -------------------------------------------------------------
     async def before_training(self, resumed: bool) -> None:
@@ -75,6 +82,7 @@ class EvalController:
         """Wait for a running eval, bring every server to the final weights, run the final evals."""
         if self._task is not None:
             await self._task
+        self._raise_report_failure()
         if not (self.cfg.evals and self.cfg.eval_after_training):
             return
         step = orchestrator.counts.completed_steps
@@ -95,6 +103,7 @@ class EvalController:
     # --- during training ---------------------------------------------------------------
     async def after_step(self, orchestrator: Any, step: int) -> None:
         """Release eval servers that have caught up; start the evals due at ``step``."""
+        self._raise_report_failure()
         if self._awaiting_sync and not (orchestrator.last_sync_hold & self.eval_servers):
             self._awaiting_sync = False
             orchestrator.restore_servers(self.eval_servers)
@@ -104,6 +113,7 @@ class EvalController:
         if self._task is not None and not self._task.done():
             log.info("eval step %d: waiting for the previous eval to finish", step)
             await self._task
+            self._raise_report_failure()
         if orchestrator.last_sync_hold & self.eval_servers:
             orchestrator.held_servers.difference_update(self.eval_servers)
             await orchestrator.sync_weights(step)  # they were held: bring them to this step's weights
@@ -112,9 +122,15 @@ class EvalController:
         orchestrator.held_servers.update(self.eval_servers)
         self._task = asyncio.create_task(self._periodic(orchestrator, due, step), name=f"eval-step-{step}")
 
+    def _raise_report_failure(self) -> None:
+        if self._report_failure is not None:
+            raise self._report_failure
+
     async def _periodic(self, orchestrator: Any, entries: list[Any], step: int) -> None:
         try:
             await self._run(entries, sorted(self.eval_servers), step)
+        except RunStageError as exc:  # the results could not be reported
+            self._report_failure = exc
         except Exception as exc:  # noqa: BLE001 - a failed eval is reported, training goes on
             log.warning("evals at step %d failed: %s: %s", step, type(exc).__name__, exc)
         finally:
