@@ -1,7 +1,9 @@
-"""The end of a failed run stops every worker and closes the run even when a plugin raises on the way."""
+"""The end of a run stops every worker and closes the run even when a plugin raises on the way, and a
+plugin's error never takes the place of the run's own."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,8 +11,10 @@ from typing import Any
 import pytest
 
 from telescope.core import hookimpl
+from telescope.core.runtime import driver
 from telescope.core.runtime.driver import _end_run
-from telescope.core.testing import recording_hooks
+from telescope.core.runtime.liveness import RunStageError
+from telescope.core.testing import make_config, recording_hooks, registry_with
 
 
 @dataclass
@@ -28,6 +32,10 @@ class FakeHub:
     """Stands in for the logger hub: records what the end of the run asked of it."""
 
     calls: list[str] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    def log_info(self, info: dict[str, Any]) -> None:
+        self.infos.append(info)
 
     def stop_sources(self) -> None:
         self.calls.append("stop_sources")
@@ -42,11 +50,124 @@ class FailsOnRunInfo:
         raise RuntimeError("plugin bug in run_info")
 
 
+class FailsOnRunEnd:
+    @hookimpl
+    def telescope_run_end(self, status: str) -> None:
+        raise RuntimeError("plugin bug in run_end")
+
+
 def test_a_plugin_raising_while_the_failure_is_recorded_still_stops_the_workers(tmp_path: Path) -> None:
     hook, recorder = recording_hooks(FailsOnRunInfo())
     session, hub = FakeSession(), FakeHub()
-    with pytest.raises(RuntimeError, match="plugin bug in run_info"):
-        _end_run(hook, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
+    ending = _end_run(hook, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
+    assert ending is None  # the caller raises the run's own error
     assert session.stopped == 1
     assert hub.calls == ["stop_sources", "finish failed"]
-    assert recorder.ends == ["failed"]  # the other plugins still hear how the run ended
+    assert (
+        recorder.infos[0]["failure"]["reason"] == "RuntimeError: trainer died"
+    )  # the others still record it
+    assert recorder.ends == ["failed"]  # and hear how the run ended
+    (failure,) = hub.infos[0]["hook_failures"]
+    assert (
+        failure["hook"] == "telescope_run_info" and failure["error"] == "RuntimeError: plugin bug in run_info"
+    )
+
+
+def test_a_plugin_raising_at_the_end_of_a_failed_run_is_reported_and_the_run_keeps_its_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = FailsOnRunEnd()
+    hook, recorder = recording_hooks(plugin)
+    session, hub = FakeSession(), FakeHub()
+    ending = _end_run(hook, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
+    assert ending is None
+    assert session.stopped == 1 and hub.calls == ["stop_sources", "finish failed"]
+    assert recorder.ends == ["failed"]  # called on its own: the failing plugin does not hide it
+    (failure,) = hub.infos[-1]["hook_failures"]
+    assert failure["hook"] == "telescope_run_end" and failure["plugin"] == str(id(plugin))  # pluggy's name
+    assert "RuntimeError: plugin bug in run_end" in failure["error"]
+    assert (
+        f"the telescope_run_end hook of plugin '{id(plugin)}' failed: RuntimeError: plugin bug in run_end"
+        in (caplog.text)
+    )
+
+
+def test_a_plugin_raising_at_the_end_of_a_run_that_succeeded_fails_the_run_naming_the_hook(
+    tmp_path: Path,
+) -> None:
+    plugin = FailsOnRunEnd()
+    hook, recorder = recording_hooks(plugin)
+    session, hub = FakeSession(), FakeHub()
+    ending = _end_run(hook, hub, session, "completed", None, tmp_path)  # type: ignore[arg-type]
+    assert isinstance(ending, RunStageError)
+    assert str(ending).startswith(f"the telescope_run_end hook of plugin '{id(plugin)}'")
+    assert str(ending).endswith("failed: RuntimeError: plugin bug in run_end")
+    assert session.stopped == 1 and hub.calls == ["stop_sources", "finish failed"]
+    assert recorder.ends == ["completed"]
+    assert hub.infos[-1]["failure"]["reason"] == f"RunStageError: {ending}"
+
+
+class StubSession:
+    """Stands in for the run's Ray session: training is replaced by ``outcome`` (raised when an exception)."""
+
+    outcome: BaseException | None = None
+    stopped = 0
+
+    def __init__(self, *args: Any) -> None:
+        self.resume = self.run_id = self.logger_ids = None
+
+    def stop(self) -> None:
+        StubSession.stopped += 1
+
+
+def run_with(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, outcome: BaseException | None, plugin: object
+) -> Path:
+    """``run_training`` with the real hub and run directory, its training replaced by ``outcome``."""
+
+    def train(sessions: list[Any], *args: Any) -> None:
+        if outcome is not None:
+            raise outcome
+
+    monkeypatch.setattr(driver, "RunSession", StubSession)
+    monkeypatch.setattr(driver, "_train_recovering", train)
+    StubSession.stopped = 0
+    run_dir = tmp_path / "run"
+    cfg = make_config(
+        model="some/model", inference_engine="transformers", run_dir=str(run_dir), use_wandb=False
+    )
+    pset, registry = registry_with(("watch", plugin))
+    driver.run_training(cfg, pset, registry)
+    return run_dir
+
+
+def test_a_failed_run_whose_plugin_raises_at_its_end_reports_the_run_error_in_run_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(RuntimeError, match="trainer died") as raised:
+        run_with(monkeypatch, tmp_path, RuntimeError("trainer died"), FailsOnRunEnd())
+    assert raised.value.__context__ is None  # not chained to (hidden behind) the plugin's error
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["status"] == "failed" and StubSession.stopped == 1
+    assert meta["info"]["failure"]["reason"] == "RuntimeError: trainer died"
+    assert meta["info"]["hook_failures"] == [
+        {"hook": "telescope_run_end", "plugin": "watch", "error": "RuntimeError: plugin bug in run_end"}
+    ]
+
+
+def test_an_interrupted_run_whose_plugin_raises_at_its_end_stays_interrupted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(KeyboardInterrupt):  # the CLI's exit code 130, not a failure's 1
+        run_with(monkeypatch, tmp_path, KeyboardInterrupt(), FailsOnRunEnd())
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_a_run_that_succeeded_then_a_plugin_raised_at_its_end_is_failed_in_run_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(RunStageError, match="the telescope_run_end hook of plugin 'watch' failed"):
+        run_with(monkeypatch, tmp_path, None, FailsOnRunEnd())
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["status"] == "failed" and StubSession.stopped == 1
+    assert "telescope_run_end hook of plugin 'watch'" in meta["info"]["failure"]["reason"]

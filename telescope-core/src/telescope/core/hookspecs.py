@@ -229,7 +229,9 @@ def telescope_warning(message: str) -> None:
 def telescope_run_end(status: str, error: BaseException | None) -> None:
     """Called once when a run ends, however it ends, after its processes stopped.
 
-    The run's ``LoggerHub`` finishes here (``run.json`` gets its final status).
+    The run's ``LoggerHub`` finishes here (``run.json`` gets its final status). Each plugin is
+    called on its own; one that raises is reported naming it and this hook, and never replaces
+    the run's own error (a run that had completed ends failed instead).
 
     Args:
         status: ``"completed"``, ``"interrupted"`` or ``"failed"``.

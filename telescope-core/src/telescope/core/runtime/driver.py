@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from telescope.core.config import TelescopeConfig
 from telescope.core.observe import LoggerHub, build_logger_hub
 from telescope.core.runtime.errors import describe_failure
+from telescope.core.runtime.hookcalls import HookFailure, call_each
 from telescope.core.runtime.preflight import check_supported
 from telescope.core.runtime.recovery import RestartPlan
 from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
@@ -109,7 +110,9 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
             raise
         finally:
             with teardown_signals():
-                _end_run(hook, hub, sessions[-1], status, error, run_dir)
+                ending = _end_run(hook, hub, sessions[-1], status, error, run_dir)
+        if ending is not None:  # the run succeeded, then a plugin failed at its end
+            raise ending
     return 0
 
 
@@ -222,41 +225,72 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
 
 
 def _end_run(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status: str,
-             error: BaseException | None, run_dir: Path) -> None:  # fmt: skip
-    """Stop every process, then end the run (the hub closes the run directory with its final status)."""
+             error: BaseException | None, run_dir: Path) -> BaseException | None:  # fmt: skip
+    """Stop every process, then end the run (the hub closes the run directory with its final status).
+
+    A plugin raising on the way is reported naming the hook and the plugin; it never replaces
+    the run's own ``error``, and the other plugins are still called. A run that succeeded ends
+    failed instead: the error it ends with is returned, for the caller to raise.
+    """
     hub.stop_sources()  # the last drain happens before the actors are killed
+    failures: list[HookFailure] = []
     try:
-        if error is not None:  # a plugin raising in telescope_run_info must not keep the workers alive
-            _log_failure(hook, error, run_dir)
+        if error is not None:
+            failures += call_each(hook.telescope_run_info, {"info": _failure_info(error, run_dir)})
     finally:
-        _stop_and_finish(hook, hub, session, status, error)
+        ending = _stop_and_finish(hook, hub, session, status, error, failures, run_dir)
+    return ending
 
 
 def _stop_and_finish(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status: str,
-                     error: BaseException | None) -> None:  # fmt: skip
+                     error: BaseException | None, failures: list[HookFailure], run_dir: Path) -> BaseException | None:  # fmt: skip
     """Stop the workers, then telescope_run_end, then the hub, each even when the one before raised."""
     try:
         session.stop()
     finally:
+        end = {"status": status, "error": error}
+        failures = failures + call_each(hook.telescope_run_end, end, skip={LOGGER_HUB_PLUGIN})
+        ending = None
         try:
-            hook.telescope_run_end(status=status, error=error)
+            if failures:
+                ending = _report_hook_failures(hub, failures, status, run_dir)
         finally:
-            hub.finish("finished" if status == "completed" else status)  # done already unless a plugin raised
+            hub.finish("failed" if ending is not None else "finished" if status == "completed" else status)
+    return ending
 
 
-def _log_failure(hook: pluggy.HookRelay, error: BaseException, run_dir: Path) -> None:
-    """The one-line reason into logs/telescope.log, the traceback into the detailed log, both into run.json."""
+def _report_hook_failures(hub: LoggerHub, failures: list[HookFailure], status: str,
+                          run_dir: Path) -> BaseException | None:  # fmt: skip
+    """Log each plugin's failure and keep them in run.json; after a successful run, the first one
+    becomes the run's failure (returned)."""
+    from telescope.core.runtime.liveness import stage_error
+
+    hub.log_info({"hook_failures": [f.record() for f in failures]})
+    if status != "completed":
+        for failure in failures:  # the run's own error stays its reported cause
+            log.error("%s (after the run had %s)", failure.describe(), status)
+            log.info("%s: traceback", failure.describe(), exc_info=failure.error)
+        return None
+    first = failures[0]
+    ending = stage_error(f"the {first.hook} hook of plugin {first.plugin!r}", first.error)
+    for failure in failures[1:]:
+        log.error("%s", failure.describe())
+    hub.log_info(_failure_info(ending, run_dir))  # the other plugins heard 'completed' already
+    return ending
+
+
+def _failure_info(error: BaseException, run_dir: Path) -> dict[str, Any]:
+    """The one-line reason into logs/telescope.log, the traceback into the detailed log; returns both
+    for run.json (``telescope_run_info``)."""
     from telescope.core.observe.hub import HUB_WARNING
-    from telescope.core.runtime.errors import describe_failure, root_cause
+    from telescope.core.runtime.errors import root_cause
 
     reason = describe_failure(error)
     # HUB_WARNING: the console does not repeat it (the CLI prints the same line once, in red)
     log.error("training failed: %s", reason, extra=HUB_WARNING)
     log.debug("training failed: traceback", exc_info=error)
     tail = log_tail(run_dir / "logs" / "telescope.log")
-    hook.telescope_run_info(
-        info={"failure": {"reason": reason, "type": type(root_cause(error)).__name__, "log_tail": tail}}
-    )
+    return {"failure": {"reason": reason, "type": type(root_cause(error)).__name__, "log_tail": tail}}
 
 
 def log_tail(path: Path, lines: int = 30) -> list[str]:
