@@ -148,6 +148,84 @@ def test_a_trainer_rank_dying_in_a_save_is_a_worker_failure_not_a_storage_fault(
     assert not (tmp_path / "run" / "checkpoints" / "step_2").exists()
 
 
+def checkpoint_spans(orch: Orchestrator) -> list[tuple[str, int | None, dict[str, Any]]]:
+    return [(e.phase, e.step, e.attrs) for e in orch.recorder.events if e.type == "checkpoint"]
+
+
+def test_a_failed_save_ends_its_checkpoint_span_with_the_error(tmp_path: Path) -> None:
+    from telescope.core.observe.storage import StorageError
+
+    cfg = config(tmp_path / "run")
+    orch, trainer = Orchestrator(), FileTrainer(fail=((2, 1), (2, 2)))
+    hook = RunCheckpointer(cfg, trainer, lambda: IDS, lambda msg: None)
+    orch.step = trainer.step = 2
+    with pytest.raises(StorageError):
+        asyncio.run(hook.after_step(orch, 2))
+    (start, end) = checkpoint_spans(orch)
+    assert start == ("start", 2, {}) and end[:2] == ("end", 2)
+    assert end[2]["ok"] is False and end[2]["path"] == ""
+    assert end[2]["error"].startswith("StorageError: checkpoint at step 2 could not be written")
+
+
+def test_a_cancelled_save_ends_its_checkpoint_span(tmp_path: Path) -> None:
+    class HangingTrainer(FileTrainer):
+        async def save_checkpoint(self, directory: str, training_state: bool) -> None:
+            await asyncio.sleep(3600)
+
+    orch = Orchestrator()
+    hook = RunCheckpointer(config(tmp_path / "run"), HangingTrainer(), lambda: IDS, lambda msg: None)
+
+    async def cancel_during_the_save() -> None:
+        task = asyncio.ensure_future(hook.after_step(orch, 2))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(cancel_during_the_save())
+    assert [(phase, attrs.get("error")) for phase, _, attrs in checkpoint_spans(orch)] == [
+        ("start", None), ("end", "cancelled")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "wrapping", ["ray_task_error", "ray_task_error_as_cause", "raise_from", "two_levels"]
+)
+def test_a_trainer_death_wrapped_in_another_exception_is_still_a_trainer_death(wrapping: str) -> None:
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+    from telescope.core.runtime.checkpointing import _trainer_died
+
+    died = ray_exceptions.ActorDiedError()
+    task_error = ray_exceptions.RayTaskError("save_checkpoint", "Traceback ...", died)
+    if wrapping == "ray_task_error":
+        wrapped: BaseException = task_error
+    elif wrapping == "ray_task_error_as_cause":
+        wrapped = task_error.as_instanceof_cause()
+    else:
+        wrapped = RuntimeError("rank 0: the save's all-gather failed")
+        wrapped.__cause__ = task_error if wrapping == "two_levels" else died
+    assert _trainer_died(wrapped)
+    storage = OSError(28, "No space left on device")
+    assert not _trainer_died(ray_exceptions.RayTaskError("save_checkpoint", "Traceback ...", storage))
+    assert not _trainer_died(storage)
+
+
+def test_a_wrapped_trainer_death_in_a_save_is_not_retried_as_a_storage_fault(tmp_path: Path) -> None:
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+
+    class DyingTrainer(FileTrainer):
+        async def save_checkpoint(self, directory: str, training_state: bool) -> None:
+            self.attempts[self.step] = self.attempts.get(self.step, 0) + 1
+            raise ray_exceptions.RayTaskError(
+                "save_checkpoint", "Traceback ...", ray_exceptions.ActorDiedError()
+            )
+
+    orch, trainer, failed = Orchestrator(), DyingTrainer(), []
+    hook = RunCheckpointer(config(tmp_path / "run"), trainer, lambda: IDS, lambda msg: None, failed.append)
+    orch.step = trainer.step = 2
+    with pytest.raises(ray_exceptions.RayTaskError):
+        asyncio.run(hook.after_step(orch, 2))
+    assert trainer.attempts == {2: 1} and failed == []  # the driver's trainer recovery decides
+
+
 def test_a_save_failing_twice_is_a_warning_with_checkpoint_failure_warn(tmp_path: Path) -> None:
     cfg = config(tmp_path / "run", checkpoint_keep_last=1, checkpoint_failure="warn")
     orch, trainer, warnings = Orchestrator(), FileTrainer(fail=((4, 1), (4, 2), (2, 1))), []

@@ -15,6 +15,7 @@ at any point leaves either the complete new checkpoint or none of it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.records import TimelineEvent
+from telescope.core.runtime.errors import describe_failure, exception_chain
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -120,7 +122,15 @@ class RunCheckpointer:
             return
         state = orchestrator.state_dict()
         orchestrator.hook.telescope_event(event=TimelineEvent("checkpoint", "start", step=step))
-        path = await self.save(step, state)
+        try:
+            path = await self.save(step, state)
+        except BaseException as exc:  # the span ends, saying why, however the save stopped (a cancel too)
+            error = "cancelled" if isinstance(exc, asyncio.CancelledError) else describe_failure(exc)
+            failed = {"path": "", "ok": False, "error": error}
+            orchestrator.hook.telescope_event(
+                event=TimelineEvent("checkpoint", "end", step=step, attrs=failed)
+            )
+            raise
         end = TimelineEvent(
             "checkpoint", "end", step=step, attrs={"path": str(path or ""), "ok": path is not None}
         )
@@ -188,9 +198,10 @@ class RunCheckpointer:
 
 
 def _trainer_died(exc: BaseException) -> bool:
-    """Whether a save failed because a trainer rank's process died (a Ray actor error)."""
+    """Whether a save failed because a trainer rank's process died: a Ray actor error, also when it
+    comes wrapped (a ``RayTaskError`` of a rank that called the dead one, ``raise ... from``)."""
     try:
         from ray.exceptions import RayActorError
     except ImportError:  # no Ray: trainers are in this process
         return False
-    return isinstance(exc, RayActorError)
+    return any(isinstance(e, RayActorError) for e in exception_chain(exc))

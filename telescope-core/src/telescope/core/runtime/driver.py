@@ -191,14 +191,9 @@ def _from_a_worker(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it wraps) is a Ray failure: a trainer or server process failed or died."""
     import ray
 
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ray.exceptions.RayError):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    from telescope.core.runtime.errors import exception_chain
+
+    return any(isinstance(e, ray.exceptions.RayError) for e in exception_chain(exc))
 
 
 def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSession], engine: str) -> None:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
-__all__ = ["describe_failure", "failure_log_tail", "root_cause"]
+from collections.abc import Iterator
+
+__all__ = ["describe_failure", "exception_chain", "failure_log_tail", "root_cause"]
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it wraps, outermost first: the original exception a Ray task error keeps
+    (``cause``), else ``__cause__`` (``raise ... from``), else ``__context__`` (the exception being
+    handled, even behind ``from None``: ``stage_error``'s are raised so and still come from there)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        inner = getattr(current, "cause", None)
+        if isinstance(inner, BaseException):
+            current = inner
+        else:
+            current = current.__cause__ or current.__context__
 
 
 def root_cause(exc: BaseException) -> BaseException:
