@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from ports import free_port_block
@@ -112,3 +118,77 @@ def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
     finally:
         other.kill()
         other.wait()
+
+
+PICK = (
+    "import random, sys\nfrom telescope.core.runtime.claims import rendezvous_port\n"
+    "random.seed(7)\nprint(rendezvous_port('127.0.0.1'), flush=True)\nsys.stdin.read()"
+)
+
+
+def pick_in_other_process(tmpdir: Path) -> tuple[subprocess.Popen[str], int]:
+    """A process that picks a rendezvous port (the same first candidate every time: seeded) and lives on."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    proc = subprocess.Popen([sys.executable, "-c", PICK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def end(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def own_claims_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Claims under tmp_path: other runs on this machine neither see nor disturb the test's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_two_runs_picking_rendezvous_ports_at_once_get_different_ports(own_claims_dir: Path) -> None:
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with ThreadPoolExecutor(3) as pool:  # started together; each holds its port while it lives
+            picks = list(pool.map(lambda _: pick_in_other_process(own_claims_dir), range(3)))
+        procs = [proc for proc, _ in picks]
+        ports = [port for _, port in picks]
+        assert len(set(ports)) == 3, f"two live runs were given the same port: {ports}"
+    finally:
+        for proc in procs:
+            end(proc)
+
+
+def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
+    own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import telescope.core.runtime.claims as claims
+
+    proc, port = pick_in_other_process(own_claims_dir)
+    other = port + 1 if port + 1 < claims._ephemeral_low() else port - 1
+    picks = iter([port, other, port])
+    monkeypatch.setattr(claims.random, "randrange", lambda lo, hi: next(picks))
+    try:
+        assert claims.rendezvous_port("127.0.0.1") == other  # the live run's port is skipped
+    finally:
+        end(proc)
+    assert claims.rendezvous_port("127.0.0.1") == port  # its run died: the claim is taken over
+    assert claims.release_rendezvous_ports() == sorted([port, other])  # this run's end removes both
+    assert not list(claims.claims_dir("rendezvous").glob("*.claim"))
+
+
+def test_a_rendezvous_claim_from_another_machine_holds_for_its_lease(
+    own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import telescope.core.runtime.claims as claims
+
+    port = claims.rendezvous_port("127.0.0.1", owner={"pid": 1, "host": "another-node"})
+    (claim_file,) = claims.claims_dir("rendezvous").glob("*.claim")
+    assert json.loads(claim_file.read_text())["host"] == "another-node"
+    assert claims.release_rendezvous_ports() == []  # not this process's claim
+    monkeypatch.setattr(claims.random, "randrange", lambda lo, hi: port)
+    assert claims.rendezvous_port("127.0.0.1", tries=3) != port  # pid 1 elsewhere cannot be checked: held
+    aged = {**json.loads(claim_file.read_text()), "time": time.time() - claims.RENDEZVOUS_LEASE_S - 1}
+    claim_file.write_text(json.dumps(aged))
+    assert claims.rendezvous_port("127.0.0.1", tries=3) == port  # past its lease: taken over

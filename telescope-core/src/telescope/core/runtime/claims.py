@@ -16,10 +16,22 @@ import random
 import re
 import socket
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Claim", "claim", "claim_holder", "claims_dir", "port_block", "port_free", "rendezvous_port"]
+__all__ = [
+    "RENDEZVOUS_LEASE_S",
+    "Claim",
+    "claim",
+    "claim_holder",
+    "claims_dir",
+    "port_block",
+    "port_free",
+    "release_rendezvous_ports",
+    "rendezvous_port",
+]
 
 
 def claims_dir(kind: str) -> Path:
@@ -129,20 +141,92 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def rendezvous_port(host: str = "0.0.0.0", tries: int = 200) -> int:
+#: A rendezvous claim whose owner is on another machine (its pid cannot be checked) lapses after
+#: this long; the store binds its port within seconds, after which the port is no longer free anyway.
+RENDEZVOUS_LEASE_S = 600.0
+_RENDEZVOUS = "rendezvous"
+
+
+def rendezvous_port(host: str = "0.0.0.0", tries: int = 200, owner: dict[str, Any] | None = None) -> int:
     """A port for a store that a process started later binds (trainer rendezvous, weight-sync store).
 
     Not one the kernel picks (``bind(0)``): that is in the ephemeral range, which every outgoing
     connection on the machine draws from, so on a busy node another socket can take it in the
     seconds before the store binds (seen: ``EADDRINUSE`` at the trainer's rendezvous). A random
     free port between Ray's worker ports and the ephemeral range, skipping the ports other live
-    runs claimed for their servers; the kernel's choice only when none is found.
+    runs claimed for their servers and for their stores; the kernel's choice only when none is found.
+
+    The pick is claimed at once (checked and recorded under a lock, so two runs picking at the same
+    moment get different ports) for ``owner`` (``{"pid", "host"}``: the run's driver; default this
+    process); ``release_rendezvous_ports`` removes the owner's claims when its run ends, and a claim
+    whose owner died, or older than ``RENDEZVOUS_LEASE_S``, is taken over.
     """
     high = _ephemeral_low()
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), **(owner or {})}
     for _ in range(tries if high > _QUIET_LOW + 100 else 0):
         port = random.randrange(_QUIET_LOW, high)
-        if claim_holder("ports", str(port)) is None and port_free(host, port):
+        if claim_holder("ports", str(port)) is None and port_free(host, port) and _claim_port(port, holder):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _claim_port(port: int, holder: dict[str, Any]) -> bool:
+    """Claim rendezvous ``port`` for ``holder``; False when a live claim holds it. Checked and written
+    under the claims directory's lock, so of two processes picking the same port only one gets it."""
+    path = claims_dir(_RENDEZVOUS) / f"{port}.claim"
+    with _rendezvous_lock():
+        if path.exists() and not _stale(path):
+            return False
+        path.write_text(json.dumps({**holder, "time": time.time()}), encoding="utf-8")
+        return True
+
+
+@contextlib.contextmanager
+def _rendezvous_lock() -> Iterator[None]:
+    with open(claims_dir(_RENDEZVOUS) / "claims.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held for a few file operations; dropped on exit or death
+        yield
+
+
+def _stale(path: Path) -> bool:
+    """Whether the claim in ``path`` no longer holds: its owner on this machine died, it is older than
+    the lease, or it is not a claim at all (unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    if not isinstance(data, dict) or not isinstance(data.get("time"), int | float):
+        return True
+    if time.time() - data["time"] > RENDEZVOUS_LEASE_S:
+        return True
+    return data.get("host") == socket.gethostname() and not _alive(int(data.get("pid", 0)))
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def release_rendezvous_ports(pid: int | None = None) -> list[int]:
+    """Remove this machine's rendezvous claims of ``pid`` (default: this process), at the end of its run;
+    returns their ports."""
+    pid, host, released = os.getpid() if pid is None else pid, socket.gethostname(), []
+    with _rendezvous_lock():
+        for path in claims_dir(_RENDEZVOUS).glob("*.claim"):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("pid") == pid and data.get("host") == host:
+                path.unlink()
+                released.append(int(path.name.split(".")[0]))
+    return sorted(released)

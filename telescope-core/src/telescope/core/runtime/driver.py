@@ -456,9 +456,12 @@ class RunSession:
             if ray.is_initialized():
                 self._stop_processes()
         finally:
+            from telescope.core.runtime.claims import release_rendezvous_ports
+
             for held in self._claims:  # ports and the private-cluster mark, once everything stopped
                 held.release()
             self._claims.clear()
+            release_rendezvous_ports()  # the trainers' and weight-sync stores' (``node_free_port``)
 
     def _stop_processes(self) -> None:
         import ray

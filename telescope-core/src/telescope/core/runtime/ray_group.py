@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,7 +159,10 @@ def node_free_port(pg: Any, index: int) -> int:
     from telescope.core.runtime.claims import rendezvous_port
 
     probe: Any = ray.remote(num_cpus=0)(rendezvous_port)
-    return int(ray.get(probe.options(scheduling_strategy=scheduling(pg, index)).remote("0.0.0.0")))
+    owner = {"pid": os.getpid(), "host": socket.gethostname()}  # the driver: the run's end releases it
+    return int(
+        ray.get(probe.options(scheduling_strategy=scheduling(pg, index)).remote("0.0.0.0", owner=owner))
+    )
 
 
 def bundle_ip(pg: Any, index: int) -> str:
