@@ -137,8 +137,11 @@ class PromptSource:
             await self._queue.put(prepared)
 
     async def next(self) -> PreparedPrompt:
-        """The next prompt (from the prefetch buffer when enabled); raises the prefetch's failure."""
-        if self._queue is None or self._task is None:
+        """The next prompt: a re-queued one first, else from the prefetch buffer when enabled; raises the
+        prefetch's failure."""
+        if self._queue is None or self._task is None or self._requeued:
+            # Re-queued prompts (a drained server's groups) go before those prefetched since: they
+            # were drawn earlier, and the longer they wait the likelier they are too old to train on.
             return await asyncio.to_thread(self.prepare, self._draw())
         if self._queue.empty() and not self._task.done():
             # Wait for the next prompt *or* the end of the prefetch task: a failure of
