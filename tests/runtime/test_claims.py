@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -98,7 +97,7 @@ def test_two_runs_reserve_their_pools_on_one_cluster() -> None:
 
 
 def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
-    monkeypatch: pytest.MonkeyPatch,
+    own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import telescope.core.runtime.claims as claims
 
@@ -126,11 +125,11 @@ PICK = (
 )
 
 
-def pick_in_other_process(tmpdir: Path) -> tuple[subprocess.Popen[str], int]:
+def pick_in_other_process() -> tuple[subprocess.Popen[str], int]:
     """A process that picks a rendezvous port (the same first candidate every time: seeded) and lives on."""
-    env = {**os.environ, "TMPDIR": str(tmpdir)}
-    proc = subprocess.Popen([sys.executable, "-c", PICK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PICK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -142,8 +141,10 @@ def end(proc: subprocess.Popen[str]) -> None:
 
 @pytest.fixture
 def own_claims_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Claims under tmp_path: other runs on this machine neither see nor disturb the test's."""
+    """Claims under tmp_path (this process's and its children's): other runs on this machine neither
+    see nor disturb the test's."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     return tmp_path
 
 
@@ -151,7 +152,7 @@ def test_two_runs_picking_rendezvous_ports_at_once_get_different_ports(own_claim
     procs: list[subprocess.Popen[str]] = []
     try:
         with ThreadPoolExecutor(3) as pool:  # started together; each holds its port while it lives
-            picks = list(pool.map(lambda _: pick_in_other_process(own_claims_dir), range(3)))
+            picks = list(pool.map(lambda _: pick_in_other_process(), range(3)))
         procs = [proc for proc, _ in picks]
         ports = [port for _, port in picks]
         assert len(set(ports)) == 3, f"two live runs were given the same port: {ports}"
@@ -165,7 +166,7 @@ def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
 ) -> None:
     import telescope.core.runtime.claims as claims
 
-    proc, port = pick_in_other_process(own_claims_dir)
+    proc, port = pick_in_other_process()
     other = port + 1 if port + 1 < claims._ephemeral_low() else port - 1
     picks = iter([port, other, port])
     monkeypatch.setattr(claims.random, "randrange", lambda lo, hi: next(picks))
