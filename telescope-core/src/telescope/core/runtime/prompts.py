@@ -57,8 +57,9 @@ class PromptSource:
         self._prepared = 0
 
     # --- the ledger ----------------------------------------------------------------------
-    def _draw(self) -> PromptItem:
-        item = self._requeued.popleft() if self._requeued else self.scheduler.next()
+    def _draw(self, requeued: bool = True) -> PromptItem:
+        """A re-queued prompt first (unless ``requeued`` is False), else the scheduler's next."""
+        item = self._requeued.popleft() if requeued and self._requeued else self.scheduler.next()
         self._outstanding[item.group_id] = item
         return item
 
@@ -132,7 +133,7 @@ class PromptSource:
     async def _fill(self) -> None:
         assert self._queue is not None
         while True:
-            item = self._draw()
+            item = self._draw(requeued=False)  # re-queued prompts are served by ``next``, in their order
             prepared = await asyncio.to_thread(self.prepare, item)
             await self._queue.put(prepared)
 
