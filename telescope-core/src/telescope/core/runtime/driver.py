@@ -262,8 +262,8 @@ def _report_hook_failures(hub: LoggerHub, failures: list[HookFailure], status: s
 
     hub.log_info({"hook_failures": [f.record() for f in failures]})
     if status != "completed":
-        for failure in failures:  # the run's own error stays its reported cause
-            log.error("%s (after the run had %s)", failure.describe(), status)
+        for failure in failures:  # the run's own error stays its reported cause (and the last ERROR line)
+            log.warning("%s (after the run had %s)", failure.describe(), status)
             log.info("%s: traceback", failure.describe(), exc_info=failure.error)
         return None
     first = failures[0]
