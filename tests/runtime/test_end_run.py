@@ -14,7 +14,7 @@ from telescope.core import hookimpl
 from telescope.core.runtime import driver
 from telescope.core.runtime.driver import _end_run
 from telescope.core.runtime.liveness import RunStageError
-from telescope.core.testing import make_config, recording_hooks, registry_with
+from telescope.core.testing import make_config, recording_plugin_manager, registry_with
 
 
 @dataclass
@@ -57,9 +57,9 @@ class FailsOnRunEnd:
 
 
 def test_a_plugin_raising_while_the_failure_is_recorded_still_stops_the_workers(tmp_path: Path) -> None:
-    hook, recorder = recording_hooks(FailsOnRunInfo())
+    pm, recorder = recording_plugin_manager(FailsOnRunInfo())
     session, hub = FakeSession(), FakeHub()
-    ending = _end_run(hook, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
+    ending = _end_run(pm, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
     assert ending is None  # the caller raises the run's own error
     assert session.stopped == 1
     assert hub.calls == ["stop_sources", "finish failed"]
@@ -77,9 +77,9 @@ def test_a_plugin_raising_at_the_end_of_a_failed_run_is_reported_and_the_run_kee
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plugin = FailsOnRunEnd()
-    hook, recorder = recording_hooks(plugin)
+    pm, recorder = recording_plugin_manager(plugin)
     session, hub = FakeSession(), FakeHub()
-    ending = _end_run(hook, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
+    ending = _end_run(pm, hub, session, "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
     assert ending is None
     assert session.stopped == 1 and hub.calls == ["stop_sources", "finish failed"]
     assert recorder.ends == ["failed"]  # called on its own: the failing plugin does not hide it
@@ -96,9 +96,9 @@ def test_a_plugin_raising_at_the_end_of_a_run_that_succeeded_fails_the_run_namin
     tmp_path: Path,
 ) -> None:
     plugin = FailsOnRunEnd()
-    hook, recorder = recording_hooks(plugin)
+    pm, recorder = recording_plugin_manager(plugin)
     session, hub = FakeSession(), FakeHub()
-    ending = _end_run(hook, hub, session, "completed", None, tmp_path)  # type: ignore[arg-type]
+    ending = _end_run(pm, hub, session, "completed", None, tmp_path)  # type: ignore[arg-type]
     assert isinstance(ending, RunStageError)
     assert str(ending).startswith(f"the telescope_run_end hook of plugin '{id(plugin)}'")
     assert str(ending).endswith("failed: RuntimeError: plugin bug in run_end")

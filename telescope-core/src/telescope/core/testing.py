@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from telescope.core.observe.records import RolloutRecord, TimelineEvent
     from telescope.core.runtime.groups import RolloutGroup
 
-__all__ = ["RunRecorder", "make_config", "recording_hooks", "registry_with"]
+__all__ = ["RunRecorder", "make_config", "recording_hooks", "recording_plugin_manager", "registry_with"]
 
 
 def make_config(**overrides: Any) -> TelescopeConfig:
@@ -105,6 +105,12 @@ def recording_hooks(*plugins: object) -> tuple[pluggy.HookRelay, RunRecorder]:
 
     Pass the hook relay where a run component wants ``pm.hook`` (e.g. ``Orchestrator(..., hook)``).
     """
+    pm, recorder = recording_plugin_manager(*plugins)
+    return pm.hook, recorder
+
+
+def recording_plugin_manager(*plugins: object) -> tuple[pluggy.PluginManager, RunRecorder]:
+    """A plugin manager with the run hookspecs holding a ``RunRecorder`` and ``plugins`` (no other plugin)."""
     import pluggy
 
     from telescope.core import hookspecs
@@ -114,4 +120,4 @@ def recording_hooks(*plugins: object) -> tuple[pluggy.HookRelay, RunRecorder]:
     recorder = RunRecorder()
     for plugin in (recorder, *plugins):
         pm.register(plugin)
-    return pm.hook, recorder
+    return pm, recorder

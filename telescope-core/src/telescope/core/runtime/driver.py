@@ -110,7 +110,7 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
             raise
         finally:
             with teardown_signals():
-                ending = _end_run(hook, hub, sessions[-1], status, error, run_dir)
+                ending = _end_run(pset.pm, hub, sessions[-1], status, error, run_dir)
         if ending is not None:  # the run succeeded, then a plugin failed at its end
             raise ending
     return 0
@@ -219,7 +219,7 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
         session.traces = hub.add_otlp_receiver()
 
 
-def _end_run(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status: str,
+def _end_run(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, status: str,
              error: BaseException | None, run_dir: Path) -> BaseException | None:  # fmt: skip
     """Stop every process, then end the run (the hub closes the run directory with its final status).
 
@@ -231,20 +231,20 @@ def _end_run(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status
     failures: list[HookFailure] = []
     try:
         if error is not None:
-            failures += call_each(hook.telescope_run_info, {"info": _failure_info(error, run_dir)})
+            failures += call_each(pm, "telescope_run_info", {"info": _failure_info(error, run_dir)})
     finally:
-        ending = _stop_and_finish(hook, hub, session, status, error, failures, run_dir)
+        ending = _stop_and_finish(pm, hub, session, status, error, failures, run_dir)
     return ending
 
 
-def _stop_and_finish(hook: pluggy.HookRelay, hub: LoggerHub, session: RunSession, status: str,
+def _stop_and_finish(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, status: str,
                      error: BaseException | None, failures: list[HookFailure], run_dir: Path) -> BaseException | None:  # fmt: skip
     """Stop the workers, then telescope_run_end, then the hub, each even when the one before raised."""
     try:
         session.stop()
     finally:
         end = {"status": status, "error": error}
-        failures = failures + call_each(hook.telescope_run_end, end, skip={LOGGER_HUB_PLUGIN})
+        failures = failures + call_each(pm, "telescope_run_end", end, skip={LOGGER_HUB_PLUGIN})
         ending = None
         try:
             if failures:

@@ -40,18 +40,22 @@ class HookFailure:
 
 
 def call_each(
-    caller: pluggy.HookCaller, kwargs: Mapping[str, Any], skip: Container[str] = ()
+    pm: pluggy.PluginManager, name: str, kwargs: Mapping[str, Any], skip: Container[str] = ()
 ) -> list[HookFailure]:
-    """Call every implementation of ``caller`` (in pluggy's order) but those of the plugins in ``skip``,
-    each on its own; returns the failures instead of raising the first (``Exception`` only: Ctrl-C
-    still stops the run's end)."""
+    """Call every implementation of the hook ``name`` (in pluggy's order) but those of the plugins in
+    ``skip``, each on its own; returns the failures instead of raising the first (``Exception`` only:
+    Ctrl-C still stops the run's end)."""
+    impls = getattr(pm.hook, name).get_hookimpls()
     failures: list[HookFailure] = []
-    for impl in reversed(caller.get_hookimpls()):  # pluggy calls the last registered first
+    for impl in reversed(impls):  # pluggy calls the last registered first
         if impl.plugin_name in skip:
             continue
+        # pluggy's own call on a caller holding this one plugin: wrappers and argument subsets as usual
+        only = pm.subset_hook_caller(
+            name, remove_plugins=[i.plugin for i in impls if i.plugin is not impl.plugin]
+        )
         try:
-            # pluggy's own executor, on this one implementation: wrappers and argument subsets as usual
-            caller._hookexec(caller.name, [impl], dict(kwargs), False)
+            only(**kwargs)
         except Exception as exc:  # noqa: BLE001 - reported by the caller, naming the plugin
-            failures.append(HookFailure(caller.name, impl.plugin_name, exc))
+            failures.append(HookFailure(name, impl.plugin_name, exc))
     return failures
