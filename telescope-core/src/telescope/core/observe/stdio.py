@@ -154,9 +154,19 @@ def plain_line(line: str) -> str:
     return head + next((seg for seg in reversed(segments) if seg.strip()), "")
 
 
+def _last_redraw(pending: str) -> str:
+    """``pending`` with its finished ``\r`` redraws reduced to the last one (what ``plain_line``
+    would keep of them) and the redraw in progress kept whole: ``plain_line`` of the result is
+    ``plain_line(pending)``, and a progress bar that never prints a newline stays small."""
+    done, cr, current = pending.rpartition("\r")
+    return plain_line(done) + cr + current if cr else pending
+
+
 class PlainLines(_Wrapper):
     """Passes whole lines on, each through ``plain_line``; a partial line waits for its newline
-    (a progress bar redrawn with ``\\r`` becomes one line, in its final state)."""
+    (a progress bar redrawn with ``\r`` becomes one line, in its final state) or for
+    ``flush_pending``. ``flush()`` does not write the partial line out: progress bars flush after
+    every redraw, which would then become a line each."""
 
     def __init__(self, inner: TextIO) -> None:
         super().__init__(inner)
@@ -164,25 +174,33 @@ class PlainLines(_Wrapper):
         self._lock = threading.Lock()
         self._tee = _tee_behind_proxy(inner)
 
+    @property
+    def pending_chars(self) -> int:
+        """Characters of the partial line held back (bounded by its last ``\r`` redraw)."""
+        return len(self._pending)
+
     def write(self, text: str) -> int:
         if not self.active:
             return self.inner.write(text)
         with self._lock:
-            *lines, self._pending = (self._pending + text).split("\n")
+            *lines, pending = (self._pending + text).split("\n")
+            self._pending = _last_redraw(pending)
             if lines:
-                cleaned = "".join(plain_line(line) + "\n" for line in lines)
-                self.inner.write(cleaned)
-                if self._tee is not None:
-                    self._tee.copy(cleaned)
+                self._pass_on("".join(plain_line(line) + "\n" for line in lines))
         return len(text)
 
+    def _pass_on(self, cleaned: str) -> None:
+        self.inner.write(cleaned)
+        if self._tee is not None:  # live mode: rich's proxy prints to the terminal, not to the tee
+            self._tee.copy(cleaned)
+
     def flush_pending(self) -> None:
-        """Write out a last line that never got its newline."""
+        """Write out a last line that never got its newline (to the run directory's copy too)."""
         with self._lock:
-            pending, self._pending = self._pending, ""
-        if pending and plain_line(pending):
-            self.inner.write(plain_line(pending) + "\n")
-            self.inner.flush()
+            pending, self._pending = plain_line(self._pending), ""
+            if pending:
+                self._pass_on(pending + "\n")
+        self.inner.flush()
 
 
 def _tee_behind_proxy(stream: Any) -> StreamTee | None:
