@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.core.config import TelescopeConfig
 from telescope.core.observe import LoggerHub, build_logger_hub
+from telescope.core.observe.stdio import tail_lines
 from telescope.core.runtime.errors import describe_failure
 from telescope.core.runtime.preflight import check_supported
 from telescope.core.runtime.recovery import RestartPlan
@@ -260,12 +261,8 @@ def _log_failure(hook: pluggy.HookRelay, error: BaseException, run_dir: Path) ->
 
 
 def log_tail(path: Path, lines: int = 30) -> list[str]:
-    """The last ``lines`` lines of ``path`` (empty when it cannot be read)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in f.readlines()[-lines:]]
-    except OSError:
-        return []
+    """The last ``lines`` lines of ``path``, cleaned (empty when it cannot be read)."""
+    return tail_lines(path, lines)
 
 
 class RunSession:
