@@ -69,7 +69,7 @@ def run_training(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> i
 
 def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     """The run, once its run directory is locked and checked."""
-    from telescope.core.inference.auto import resolve_inference_engine
+    from telescope.core.inference.auto import resolve_inference_engine, startup_summary
     from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
 
     resume = find_resume_point(cfg)
@@ -96,9 +96,9 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
             if resume is not None:
                 hook.telescope_run_info(info={"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
                                                          "superseded": [str(p) for p in superseded]}})  # fmt: skip
-            hook.telescope_run_info(
-                info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}}
-            )
+            summary = startup_summary(cfg, engine, why)  # once: run.json and telescope.log share it
+            hook.telescope_run_info(info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names,
+                                                    "summary": summary.line, "notes": list(summary.notes)}})  # fmt: skip
             with sigterm_as_interrupt():
                 _train_recovering(sessions, hub, pset, engine)
             status = "completed"
