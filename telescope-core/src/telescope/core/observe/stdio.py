@@ -15,6 +15,10 @@ a plain pass-through and the next capture unwraps it.
 ANSI colour codes are removed and a carriage-return redraw (a progress bar) is reduced to its
 last state, one line per line. Ray's copies of the workers' output (``(TrainerWorker pid=..)``
 in cyan, transformers' loading bars) are Python-level writes too, so they are cleaned as well.
+
+The same cleaning serves every other reader of these logs: ``tail_lines`` (a log's last lines,
+for a server's start-up error, the failure record in run.json and a dead trainer rank's report)
+and ``strip_ansi`` (the dashboard's Logs page).
 """
 
 from __future__ import annotations
