@@ -20,7 +20,7 @@ from rich.console import Console
 
 from telescope.core.observe.console import ConsoleLogger, LiveStatus, format_duration, format_progress
 from telescope.core.observe.progress import StepProgress, fit_fields, progress_fields
-from telescope.core.observe.stdio import PlainStdio, StdioCapture
+from telescope.core.observe.stdio import PlainLines, PlainStdio, StdioCapture
 from telescope.core.testing import make_config
 
 METRICS = {
@@ -106,20 +106,46 @@ def test_plain_mode_cleans_what_else_the_process_prints(tmp_path: Path) -> None:
     ]
 
 
-def test_on_a_terminal_what_the_process_prints_still_reaches_the_stdout_copy(tmp_path: Path) -> None:
-    """The live display shows worker lines itself (rich's redirect): the run directory's copy gets them too."""
+def _live_run(tmp_path: Path, text: str) -> tuple[str, str]:
+    """A run on a (forced) terminal that writes ``text`` to stderr: (telescope.stdout.log, the screen)."""
     shown = io.StringIO()
     capture = StdioCapture(tmp_path / "telescope.stdout.log")
     capture.start()
     try:
         logger = ConsoleLogger(console=Console(file=shown, width=120, force_terminal=True))
         logger.start(make_config(number_of_steps=2, use_wandb=False), tmp_path)
-        print("\x1b[36m(TrainerWorker pid=7)\x1b[0m \rbar 0%\rbar 100%", file=sys.stderr)
+        sys.stderr.write(text)
         logger.finish("finished")
     finally:
         capture.stop()
-    assert (tmp_path / "telescope.stdout.log").read_text() == "(TrainerWorker pid=7) bar 100%\n"
-    assert "(TrainerWorker pid=7) bar 100%" in ANSI.sub("", shown.getvalue())
+    return (tmp_path / "telescope.stdout.log").read_text(), ANSI.sub("", shown.getvalue())
+
+
+def test_on_a_terminal_what_the_process_prints_still_reaches_the_stdout_copy(tmp_path: Path) -> None:
+    """The live display shows worker lines itself (rich's redirect): the run directory's copy gets them too."""
+    copied, shown = _live_run(tmp_path, "\x1b[36m(TrainerWorker pid=7)\x1b[0m \rbar 0%\rbar 100%\n")
+    assert copied == "(TrainerWorker pid=7) bar 100%\n"
+    assert "(TrainerWorker pid=7) bar 100%" in shown
+
+
+def test_on_a_terminal_a_last_line_without_newline_reaches_the_stdout_copy(tmp_path: Path) -> None:
+    copied, _ = _live_run(tmp_path, "whole line\n\x1b[36m(TrainerWorker pid=7)\x1b[0m \rbar 0%\rbar 40%")
+    assert copied == "whole line\n(TrainerWorker pid=7) bar 40%\n"  # the run ended mid-bar
+
+
+def test_a_progress_bar_that_never_prints_a_newline_is_held_in_bounded_memory() -> None:
+    buf = io.StringIO()
+    lines = PlainLines(buf)
+    lines.write("\x1b[36m(TrainerWorker pid=7)\x1b[0m ")
+    for i in range(20_000):
+        lines.write(f"\rLoading {i}/20000 " + "#" * (i % 50))
+        assert lines.pending_chars < 200  # the prefix and the last two redraws, not 20,000 of them
+    lines.write("\r   ")  # a blank redraw (a bar clearing itself) keeps the state before it
+    assert buf.getvalue() == ""
+    lines.flush_pending()
+    assert buf.getvalue() == "(TrainerWorker pid=7) Loading 19999/20000 " + "#" * 49 + "\n"
+    lines.write("\rdone 1\rdone 2\n")
+    assert buf.getvalue().splitlines()[-1] == "done 2" and lines.pending_chars == 0
 
 
 def test_eta_counts_step_times_not_start_up() -> None:

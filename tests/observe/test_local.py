@@ -95,23 +95,27 @@ def test_log_files_capture_telescope_loggers(tmp_path: Path, cfg) -> None:
 
 
 def test_step_lines_and_start_up_summary_reach_telescope_log(tmp_path: Path, capsys) -> None:
+    from telescope.core.inference.auto import startup_summary
     from telescope.core.testing import make_config
 
     cfg = make_config(number_of_steps=3, inference_num_workers=1, trainer_num_workers=2, use_wandb=False)
     hub = LoggerHub([LocalLogger()])
     hub.start(cfg, tmp_path, system_metrics=False)
-    hub.log_info({"setup": {"inference_engine": "transformers", "why": "set in the config", "plugins": []}})
+    summary = startup_summary(cfg, "transformers", "set in the config")  # as the runtime reports it
+    hub.log_info({"setup": {"inference_engine": "transformers", "why": "set in the config", "plugins": [],
+                            "summary": summary.line, "notes": [*summary.notes, "a note only the runtime knows"]}})  # fmt: skip
     for step in (1, 2, 3):
         hub.log_step(step, {"reward/mean": step / 10, "discarded/count": 1})
     hub.finish("finished")
     lines = (tmp_path / "logs" / "telescope.log").read_text().splitlines()
-    start = [
-        ln.split(" telescope.progress ", 1)[1] for ln in lines if " INFO telescope.progress start: " in ln
-    ]
-    assert start == [f"start: model {cfg.model}, algorithm {cfg.algorithm}, backend {cfg.train_backend}, engine "
-                     f"transformers (set in the config), 1 inference + 2 trainer workers, 3 steps, run dir "
-                     f"{cfg.resolved_run_dir}"]  # fmt: skip
-    assert any(" INFO telescope.progress note: dtypes: master weights" in ln for ln in lines)
+    said = [ln.split(" telescope.progress ", 1)[1] for ln in lines if " INFO telescope.progress " in ln]
+    start = [s for s in said if s.startswith(("start: ", "note: "))]
+    assert start[0] == (f"start: model {cfg.model}, algorithm {cfg.algorithm}, backend {cfg.train_backend}, engine "
+                        f"transformers (set in the config), 1 inference + 2 trainer workers, 3 steps, run dir "
+                        f"{cfg.resolved_run_dir}")  # fmt: skip
+    # the runtime's summary as it was sent, not one the logger worked out again
+    assert start[1:] == [f"note: {n}" for n in summary.notes] + ["note: a note only the runtime knows"]
+    assert summary.notes[0].startswith("dtypes: master weights")
     steps = [ln.split(" telescope.progress ", 1)[1] for ln in lines if "telescope.progress step " in ln]
     assert [s.split(" | ")[0] for s in steps] == ["step 1/3", "step 2/3", "step 3/3"]
     assert steps[1].startswith("step 2/3 | ETA ") and "reward 0.2000" in steps[1]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,6 +116,73 @@ def test_metrics_wait_for_the_interval(tmp_path: Path, clock) -> None:
     lg.tick()
     assert _history(client, lg.run_id, "loss") == [(1, 1.0)]
     lg.finish("finished")
+
+
+class FakeSlowTrackingServer:
+    """Fake of a remote tracking server (a boundary we cannot reach here): the real file-store
+    client, except that ``log_batch`` of metrics waits until ``release`` is set (or raises
+    ``fail_with``); ``sending`` is set once a send is waiting."""
+
+    def __init__(self, real: MlflowClient) -> None:
+        self.real = real
+        self.sending, self.release = threading.Event(), threading.Event()
+        self.fail_with: Exception | None = None
+
+    def log_batch(self, run_id: str, **kwargs: Any) -> None:
+        if kwargs.get("metrics"):
+            self.sending.set()
+            assert self.release.wait(30), "the test never released the fake server"
+            if self.fail_with is not None:
+                raise self.fail_with
+        self.real.log_batch(run_id, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def _in_thread(fn: Any) -> threading.Thread:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_slow_tracking_server_does_not_block_log_step(tmp_path: Path, clock) -> None:
+    lg = MlflowLogger(clock=clock)
+    lg.start(make_config(use_mlflow=True, metrics_logger_interval_seconds=2.0), tmp_path)
+    server = lg.client = FakeSlowTrackingServer(lg.client)
+    lg.log_step(1, {"loss": 1.0})
+    clock.advance(2.0)
+    ticker = _in_thread(lg.tick)  # the hub's tick thread, now stuck sending step 1
+    assert server.sending.wait(30)
+    logging = _in_thread(lambda: lg.log_step(2, {"loss": 0.5}))
+    logging.join(timeout=20)  # generous: it returns at once unless it waits on the send
+    assert not logging.is_alive(), "log_step waited for the tracking server"
+    finishing = _in_thread(lambda: lg.finish("finished"))
+    server.release.set()
+    ticker.join(timeout=30)
+    finishing.join(timeout=30)
+    assert not ticker.is_alive() and not finishing.is_alive()
+    client = MlflowClient(tracking_uri=lg.run_ids()["tracking_uri"])
+    steps = [m.step for m in client.get_metric_history(lg.run_id, "loss")]
+    assert steps == [1, 2]  # the end-of-run flush sent step 2 after the stuck send of step 1
+    assert client.get_run(lg.run_id).info.status == "FINISHED"
+
+
+def test_a_failed_send_is_raised_to_the_tick_thread_and_the_run_still_ends(tmp_path: Path, clock) -> None:
+    lg = MlflowLogger(clock=clock)
+    lg.start(make_config(use_mlflow=True, metrics_logger_interval_seconds=2.0), tmp_path)
+    server = lg.client = FakeSlowTrackingServer(lg.client)
+    server.release.set()
+    server.fail_with = ConnectionError("tracking server unreachable")
+    lg.log_step(1, {"loss": 1.0})
+    clock.advance(2.0)
+    with pytest.raises(ConnectionError, match="unreachable"):  # the hub's tick thread logs it
+        lg.tick()
+    lg.log_step(2, {"loss": 0.5})
+    with pytest.raises(ConnectionError, match="unreachable"):
+        lg.finish("finished")
+    client = MlflowClient(tracking_uri=lg.run_ids()["tracking_uri"])
+    assert client.get_run(lg.run_id).info.status == "FINISHED"
 
 
 def test_resume_continues_the_same_run(tmp_path: Path, make_rows, clock) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from telescope.core.observe import LoggerHub
+from telescope.core.observe import LoggerHub, stdio
 from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.stdio import StdioCapture, StreamTee
+from telescope.core.observe.stdio import StdioCapture, StreamTee, plain_line, strip_ansi, tail_lines
 from telescope.core.testing import make_config
 
 
@@ -85,3 +85,53 @@ def test_double_start_is_a_clear_error(tmp_path: Path) -> None:
             capture.start()
     finally:
         capture.stop()
+
+
+def _whole_file_tail(path: Path, lines: int) -> list[str]:
+    """A second implementation: read it all, split on newlines only, clean each line."""
+    text = path.read_bytes().decode("utf-8", errors="replace").rstrip("\n")
+    return [plain_line(line) for line in text.split("\n")[-lines:]] if text and lines > 0 else []
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64 * 1024])
+def test_tail_lines_reads_back_from_the_end_as_the_whole_file_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    monkeypatch.setattr(stdio, "_TAIL_CHUNK", chunk)  # chunk edges inside lines and UTF-8 characters
+    bodies = {
+        "plain": "".join(f"line {i} ü\n" for i in range(50)),
+        "no_end_newline": "a\nbb\nccc",
+        "trailing_blank_lines": "a\nb\nc\n\n\n\n",
+        "only_newlines": "\n\n\n",
+        "empty": "",
+        "bar": "\x1b[36m(TrainerWorker pid=7)\x1b[0m \rLoading 0%\rLoading 100%\nnext € line\n",
+        "long_line": "x" * 1000 + "\nshort\n",
+    }
+    for name, body in bodies.items():
+        path = tmp_path / f"{name}.log"
+        path.write_text(body, encoding="utf-8")
+        for lines in (0, 1, 2, 3, 30, 100):
+            assert tail_lines(path, lines) == _whole_file_tail(path, lines), (name, lines)
+    assert tail_lines(tmp_path / "bar.log", 2) == ["(TrainerWorker pid=7) Loading 100%", "next € line"]
+    assert tail_lines(tmp_path / "missing.log") == []
+
+
+def test_a_long_log_is_read_from_its_end_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "big.log"
+    path.write_text("".join(f"{i:08d}\n" for i in range(200_000)))  # 1.8 MB
+    reads: list[int] = []
+    real_open = open
+
+    def counting_open(*args, **kwargs):  # type: ignore[no-untyped-def]
+        f = real_open(*args, **kwargs)
+        real_read = f.read
+        f.read = lambda n=-1: reads.append(n) or real_read(n)  # type: ignore[method-assign]
+        return f
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    assert tail_lines(path, 3) == ["00199997", "00199998", "00199999"]
+    assert reads == [64 * 1024]  # one chunk from the end, not the whole file
+
+
+def test_strip_ansi_removes_colours_cursor_moves_and_titles() -> None:
+    assert strip_ansi("\x1b[1;31mERROR\x1b[0m x\x1b[2K\x1b]0;title\x07 y\x1b[?25l") == "ERROR x y"

@@ -386,3 +386,20 @@ def test_runs_page_names_a_built_in_model_as_the_user_wrote_it(finished_run: Pat
     assert RunData(finished_run, "run").summary()["highlights"]["model"] == "telescope/tiny-reverse"
     cfg_path.write_text(yaml.safe_dump({**cfg, "model": "/data/my-model"}))
     assert RunData(finished_run, "run").summary()["highlights"]["model"] == "/data/my-model"
+
+
+@pytest.mark.timeout(60)  # generous: linear takes well under a second; re-scanning the line took minutes
+def test_a_multi_megabyte_line_is_read_in_one_linear_pass(tmp_path: Path) -> None:
+    from telescope.cli.ui.tail import FileTail
+
+    path = tmp_path / "telescope.stdout.log"
+    long_line = b"x" * (32 * 1024 * 1024)  # a progress bar that never printed '\n', then a line end
+    path.write_bytes(b"first\n" + long_line + b"\nlast\n" + b"torn")
+    tail = FileTail(path)
+    lines, reset = tail.read_lines(limit=1024)  # 1 KiB reads: 32,768 of them for the long line
+    assert not reset and [(ln.offset, len(ln.data)) for ln in lines] == [(0, 5)]  # stops at the chunk's line
+    lines, _ = tail.read_lines(limit=1024)  # to the end of the long line's chunk: "last" is in it
+    assert [(ln.offset, ln.data == long_line) for ln in lines] == [(6, True), (6 + len(long_line) + 1, False)]
+    assert lines[1].data == b"last" and tail.torn_tail
+    assert tail.read_lines(limit=1024) == ([], False)
+    assert tail.offset == path.stat().st_size - len(b"torn")

@@ -135,7 +135,7 @@ def telescope_run_info(info: dict[str, Any]) -> None:
 
     Args:
         info: JSON-ready facts, one or a few top-level keys per call: ``setup`` (engine,
-            plugins), ``resume``, ``environments`` and ``evals`` (reward ranges, dataset sizes),
+            plugins, start-up summary), ``resume``, ``environments`` and ``evals`` (reward ranges, dataset sizes),
             ``torch_threads``, ``restarts`` (the run restarted from a checkpoint), ``failure``
             (why the run failed, with the log's last lines).
     """

@@ -34,7 +34,7 @@ def train(
     into lists and dicts too: --environments.0.kwargs.seed 3. --debug is the config's debug field
     (tracebacks and DEBUG logs in every process, recorded in config.yaml).
     """
-    from telescope.core.inference.auto import resolve_inference_engine, run_summary, startup_notes
+    from telescope.core.inference.auto import resolve_inference_engine, startup_summary
 
     run = load_run(run_yaml, list(ctx.args), plugins)
     cfg = run.cfg
@@ -45,8 +45,9 @@ def train(
 
         enable_debug_logging()
     engine, why = resolve_inference_engine(cfg.inference_engine)  # auto on a GPU without vLLM: refused here
-    say("telescope train", f"{run_yaml}: {run_summary(cfg, engine, why)}", style="bold")
-    for line in startup_notes(cfg, engine):
+    summary = startup_summary(cfg, engine, why)  # before the runtime exists (and for --dry-run)
+    say("telescope train", f"{run_yaml}: {summary.line}", style="bold")
+    for line in summary.notes:
         say("note:", line, style="bold yellow")
     if dry_run:
         _dry_run(run)

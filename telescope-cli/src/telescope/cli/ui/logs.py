@@ -19,12 +19,12 @@ from typing import Any
 
 from telescope.cli.ui.tail import FileTail
 from telescope.core.observe.layout import LOGS_DIR
+from telescope.core.observe.stdio import strip_ansi
 
 __all__ = ["LEVELS", "LogStore", "parse_line"]
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_LINES_PER_FILE = 20_000
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?)\s+")
 _RAY_PREFIX = re.compile(r"^\((\w+)(?: pid=(\d+))?[^)]*\)\s?")
 _LEVEL_WORD = {"WARN": "WARNING", "FATAL": "CRITICAL", **{lv: lv for lv in LEVELS}}
@@ -41,7 +41,7 @@ class ParsedLine:
 
 def parse_line(raw: str) -> ParsedLine:
     """Timestamp, level, Ray actor prefix and text of one log line."""
-    text = _ANSI.sub("", raw).rstrip("\r")
+    text = strip_ansi(raw).rstrip("\r")
     actor = None
     prefix = _RAY_PREFIX.match(text)
     if prefix:

@@ -64,9 +64,14 @@ class FileTail:
         remaining = st.st_size - self.offset
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read(min(remaining, limit))
-            while b"\n" not in data and len(data) < remaining:  # a line longer than limit: read to its end
-                data += f.read(min(remaining - len(data), limit))
+            chunks = [f.read(min(remaining, limit))]
+            size = len(chunks[0])
+            # a line longer than limit: read on to its end, searching only the bytes just read and
+            # joining once (searching and growing the whole buffer each time was quadratic)
+            while chunks[-1] and b"\n" not in chunks[-1] and size < remaining:
+                chunks.append(f.read(min(remaining - size, limit)))
+                size += len(chunks[-1])
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         end = data.rfind(b"\n")
         self.torn_tail = end < len(data) - 1 and self.offset + len(data) == st.st_size
         base = self.offset

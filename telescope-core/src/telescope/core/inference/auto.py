@@ -10,14 +10,17 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from telescope.core.config.errors import ConfigError
 
 __all__ = [
     "VLLM_INSTALL",
+    "StartupSummary",
     "resolve_inference_engine",
     "run_summary",
     "startup_notes",
+    "startup_summary",
     "tracing_unavailable_reason",
     "vllm_unavailable_reason",
 ]
@@ -107,6 +110,22 @@ def run_summary(cfg: object, engine: str, why: str) -> str:
         f"{get('trainer_num_workers')} trainer workers, {get('number_of_steps')} steps, run dir "
         f"{get('resolved_run_dir')}"
     )
+
+
+@dataclass(frozen=True)
+class StartupSummary:
+    """What a run says about itself at start: computed once by the runtime, which reports it in
+    ``run.json``'s ``info.setup`` (``summary``, ``notes``), where telescope.log takes it from."""
+
+    line: str
+    """``run_summary``: model, algorithm, backend, engine and why, workers, steps, run directory."""
+    notes: tuple[str, ...]
+    """``startup_notes``: what this machine's install changes in the run."""
+
+
+def startup_summary(cfg: object, engine: str, why: str) -> StartupSummary:
+    """The run's ``StartupSummary`` (``cfg`` as the user wrote it: the model as they named it)."""
+    return StartupSummary(run_summary(cfg, engine, why), tuple(startup_notes(cfg, engine)))
 
 
 def startup_notes(cfg: object, engine: str) -> list[str]:

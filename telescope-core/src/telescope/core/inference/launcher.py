@@ -131,15 +131,10 @@ class ServerProcess:
         )
 
     def log_lines(self, lines: int = 30) -> list[str]:
-        """The last ``lines`` lines of the server's log (empty when it cannot be read)."""
-        from telescope.core.observe.stdio import plain_line  # progress bars: their last state only
+        """The last ``lines`` lines of the server's log, cleaned (empty when it cannot be read)."""
+        from telescope.core.observe.stdio import tail_lines
 
-        try:  # newline="": a progress bar's '\r' redraws stay on their line (universal newlines split them)
-            with open(self.log_path, encoding="utf-8", errors="replace", newline="") as f:
-                text = f.read()
-        except OSError:
-            return []
-        return [plain_line(line) for line in text.rstrip("\n").split("\n")[-lines:]] if text else []
+        return tail_lines(self.log_path, lines)
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the server's log."""

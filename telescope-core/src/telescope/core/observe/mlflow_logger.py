@@ -13,8 +13,9 @@ What goes where: the config as params (nested keys dotted, lists as JSON); tags
 (``rollouts/step_<k>.json``), eval samples (``evals/<name>/step_<k>.json``), run info
 (``info.json``) and the span totals (``timeline.md``) as artifacts. Metric names MLflow
 refuses (``pass@1``) have each invalid character replaced by ``_``. Metrics and artifacts are
-queued and sent every ``metrics_logger_interval_seconds`` from the hub's tick thread, so a
-slow tracking server never blocks training. ``finish(status)`` ends the run FINISHED, FAILED
+queued and sent every ``metrics_logger_interval_seconds`` from the hub's tick thread, outside
+the queue's lock, so a slow tracking server never blocks training; a failed send is raised there
+(the tick thread logs it) or from ``finish``. ``finish(status)`` ends the run FINISHED, FAILED
 (``failed``) or KILLED (``interrupted``); ``run_ids()`` lets a resumed run continue it.
 """
 

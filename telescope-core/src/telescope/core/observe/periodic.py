@@ -38,9 +38,13 @@ class IntervalGate:
 class IntervalBuffer(Generic[T]):
     """Items collected in memory and handed to ``sink(items)`` once per ``interval_s``.
 
-    ``add`` never calls the sink itself unless ``max_items`` is reached (bounded memory);
+    ``add`` never calls the sink itself unless ``max_items`` is reached (bounded memory: then
+    the caller waits for the hand-over, back-pressure rather than dropping items);
     ``tick`` (from a background thread) hands over what is due; ``flush`` hands over now.
-    The sink runs under the buffer's lock, so hand-overs never interleave or reorder.
+    The items are swapped out under a short lock and the sink runs outside it, so a slow sink
+    (a remote tracking server) never blocks ``add`` on the run's hot path; a second lock
+    serialises hand-overs, so they never interleave or reorder. An exception from the sink
+    propagates to the caller of ``tick``/``flush`` (the hub's tick thread logs it).
     """
 
     def __init__(
@@ -55,25 +59,29 @@ class IntervalBuffer(Generic[T]):
         self._gate = IntervalGate(interval_s, clock)
         self._max_items = max_items
         self._items: list[T] = []
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards _items only; never held while the sink runs
+        self._send_lock = threading.Lock()  # one hand-over at a time, in swap order
         self.flushes = 0
         """Number of non-empty hand-overs so far."""
 
     def add(self, *items: T) -> None:
         with self._lock:
             self._items.extend(items)
-            if len(self._items) >= self._max_items:
-                self.flush()
+            full = len(self._items) >= self._max_items
+        if full:
+            self.flush()
 
     def tick(self) -> None:
         """Hand over the buffered items when ``interval_s`` has passed since the last tick hand-over."""
         with self._lock:
-            if self._gate.due():
-                self.flush()
+            due = self._gate.due()
+        if due:
+            self.flush()
 
     def flush(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
+        with self._send_lock:
+            with self._lock:
+                items, self._items = self._items, []
             if items:
                 self.flushes += 1
                 self._sink(items)

@@ -15,6 +15,10 @@ a plain pass-through and the next capture unwraps it.
 ANSI colour codes are removed and a carriage-return redraw (a progress bar) is reduced to its
 last state, one line per line. Ray's copies of the workers' output (``(TrainerWorker pid=..)``
 in cyan, transformers' loading bars) are Python-level writes too, so they are cleaned as well.
+
+The same cleaning serves every other reader of these logs: ``tail_lines`` (a log's last lines,
+for a server's start-up error, the failure record in run.json and a dead trainer rank's report)
+and ``strip_ansi`` (the dashboard's Logs page).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ __all__ = [
     "StdioCapture",
     "StreamTee",
     "plain_line",
+    "strip_ansi",
+    "tail_lines",
     "without_process_prefix",
 ]
 
@@ -135,6 +141,11 @@ def _restore_streams(wrappers: dict[str, _Wrapper]) -> None:
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI escape sequences (colours, cursor moves, titles)."""
+    return _ANSI.sub("", text)
+
+
 #: The prefix Ray puts before a worker's line: ``(TrainerWorker pid=123, ip=10.0.0.2) ``.
 _RAY_PREFIX = re.compile(r"^\([^()]*pid=[^()]*\) ")
 
@@ -147,16 +158,60 @@ def without_process_prefix(line: str) -> str:
 def plain_line(line: str) -> str:
     """``line`` as a log file should hold it: no ANSI codes, a ``\\r`` redraw reduced to its last
     state (Ray's ``(Worker pid=..)`` prefix in front of it is kept)."""
-    line = _ANSI.sub("", line)
+    line = strip_ansi(line)
     prefix = _RAY_PREFIX.match(line)
     head = prefix.group(0) if prefix else ""
     segments = line[len(head) :].split("\r")
     return head + next((seg for seg in reversed(segments) if seg.strip()), "")
 
 
+_TAIL_CHUNK = 64 * 1024
+
+
+def tail_lines(path: str | Path, lines: int = 30) -> list[str]:
+    """The last ``lines`` lines of the log file ``path``, each through ``plain_line`` (no colour
+    codes, a progress bar's ``\\r`` redraws reduced to their last state); empty when it cannot
+    be read. Reads back from the end in chunks, so a long log costs what its tail costs."""
+    if lines <= 0:
+        return []
+    chunks: list[bytes] = []  # from the end backwards
+    newlines = trailing = 0  # all newlines read; those at the very end (before any other byte)
+    only_newlines = True
+    try:
+        with open(path, "rb") as f:
+            pos = f.seek(0, 2)
+            # stop once the tail holds `lines` newlines besides the trailing ones: the text before
+            # the first of them may be a cut line (or a cut UTF-8 character) and is left out
+            while pos > 0 and (only_newlines or newlines - trailing < lines):
+                step = min(_TAIL_CHUNK, pos)
+                pos -= step
+                f.seek(pos)
+                chunks.append(f.read(step))
+                newlines += chunks[-1].count(b"\n")
+                if only_newlines:
+                    kept = chunks[-1].rstrip(b"\n")
+                    trailing += len(chunks[-1]) - len(kept)
+                    only_newlines = not kept
+    except OSError:
+        return []
+    # split on '\n' only: a progress bar's '\r' redraws stay on their line (universal newlines split them)
+    text = b"".join(reversed(chunks)).decode("utf-8", errors="replace").rstrip("\n")
+    return [plain_line(line) for line in text.split("\n")[-lines:]] if text else []
+
+
+def _last_redraw(pending: str) -> str:
+    """``pending`` with its finished ``\\r`` redraws reduced to the last one (what ``plain_line``
+    would keep of them) and the redraw in progress kept whole: ``plain_line`` of the result is
+    ``plain_line(pending)``, and a progress bar that never prints a newline stays small."""
+    done, cr, current = pending.rpartition("\r")
+    return plain_line(done) + cr + current if cr else pending
+
+
 class PlainLines(_Wrapper):
     """Passes whole lines on, each through ``plain_line``; a partial line waits for its newline
-    (a progress bar redrawn with ``\\r`` becomes one line, in its final state)."""
+    (a progress bar redrawn with ``\\r`` becomes one line, in its final state) or for
+    ``flush_pending``. ``flush()`` does not write the partial line out: progress bars flush after
+    every redraw, which would then become a line each."""
 
     def __init__(self, inner: TextIO) -> None:
         super().__init__(inner)
@@ -164,25 +219,33 @@ class PlainLines(_Wrapper):
         self._lock = threading.Lock()
         self._tee = _tee_behind_proxy(inner)
 
+    @property
+    def pending_chars(self) -> int:
+        """Characters of the partial line held back (bounded by its last ``\\r`` redraw)."""
+        return len(self._pending)
+
     def write(self, text: str) -> int:
         if not self.active:
             return self.inner.write(text)
         with self._lock:
-            *lines, self._pending = (self._pending + text).split("\n")
+            *lines, pending = (self._pending + text).split("\n")
+            self._pending = _last_redraw(pending)
             if lines:
-                cleaned = "".join(plain_line(line) + "\n" for line in lines)
-                self.inner.write(cleaned)
-                if self._tee is not None:
-                    self._tee.copy(cleaned)
+                self._pass_on("".join(plain_line(line) + "\n" for line in lines))
         return len(text)
 
+    def _pass_on(self, cleaned: str) -> None:
+        self.inner.write(cleaned)
+        if self._tee is not None:  # live mode: rich's proxy prints to the terminal, not to the tee
+            self._tee.copy(cleaned)
+
     def flush_pending(self) -> None:
-        """Write out a last line that never got its newline."""
+        """Write out a last line that never got its newline (to the run directory's copy too)."""
         with self._lock:
-            pending, self._pending = self._pending, ""
-        if pending and plain_line(pending):
-            self.inner.write(plain_line(pending) + "\n")
-            self.inner.flush()
+            pending, self._pending = plain_line(self._pending), ""
+            if pending:
+                self._pass_on(pending + "\n")
+        self.inner.flush()
 
 
 def _tee_behind_proxy(stream: Any) -> StreamTee | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.core.config import TelescopeConfig
 from telescope.core.observe import LoggerHub, build_logger_hub
+from telescope.core.observe.stdio import tail_lines
 from telescope.core.runtime.errors import describe_failure
 from telescope.core.runtime.hookcalls import HookFailure, call_each
 from telescope.core.runtime.preflight import check_supported
@@ -69,7 +70,7 @@ def run_training(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> i
 
 def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     """The run, once its run directory is locked and checked."""
-    from telescope.core.inference.auto import resolve_inference_engine
+    from telescope.core.inference.auto import resolve_inference_engine, startup_summary
     from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
 
     resume = find_resume_point(cfg)
@@ -96,9 +97,9 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
             if resume is not None:
                 hook.telescope_run_info(info={"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
                                                          "superseded": [str(p) for p in superseded]}})  # fmt: skip
-            hook.telescope_run_info(
-                info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names}}
-            )
+            summary = startup_summary(cfg, engine, why)  # once: run.json and telescope.log share it
+            hook.telescope_run_info(info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names,
+                                                    "summary": summary.line, "notes": list(summary.notes)}})  # fmt: skip
             with sigterm_as_interrupt():
                 _train_recovering(sessions, hub, pset, engine)
             status = "completed"
@@ -289,12 +290,8 @@ def _failure_info(error: BaseException, run_dir: Path) -> dict[str, Any]:
 
 
 def log_tail(path: Path, lines: int = 30) -> list[str]:
-    """The last ``lines`` lines of ``path`` (empty when it cannot be read)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in f.readlines()[-lines:]]
-    except OSError:
-        return []
+    """The last ``lines`` lines of ``path``, cleaned (empty when it cannot be read)."""
+    return tail_lines(path, lines)
 
 
 class RunSession:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.observe.stdio import tail_lines
+
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
     from telescope.core.runtime.checkpointing import ResumePoint
@@ -122,11 +124,7 @@ def _worker_log_tail(pid: int | None, lines: int = 20) -> list[str]:
         return []
     out: list[str] = []
     for path in sorted(logs.glob(f"worker-*-{pid}.err")) + sorted(logs.glob(f"worker-*-{pid}.out")):
-        try:
-            tail = path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            continue
-        out += [f"[{path.name}] {line}" for line in tail if line.strip()]
+        out += [f"[{path.name}] {line}" for line in tail_lines(path, lines) if line.strip()]
     return out[-lines:]
 
 
