@@ -2,6 +2,8 @@
 server starts, how fast the data API answers, and the server's memory.
 
 Run: ``.venv/bin/python bench/ui.py [--steps 1000] [--rollouts 256] [--repeat 3] [--dir /tmp/telescope-ui-bench]``.
+The server's output goes to ``<dir>-server.log``; a server not answering within
+``--server-deadline`` seconds (120) stops the benchmark with that log's tail.
 
 Writes (once; reused while the parameters match) a schema-2 run directory of ``steps`` x
 ``rollouts`` rollout records (token id lists and texts of realistic size, in 500-step blocks),
@@ -209,22 +211,49 @@ def _page_marks(browser: Any, url: str, visits: int) -> list[dict[str, float]]:
     return out
 
 
-def _start_server(run_dir: Path) -> tuple[subprocess.Popen[bytes], str, float]:
-    """``telescope ui`` as its own process: (process, base url, seconds to its first answer)."""
+def _start_server(run_dir: Path, log: Path, deadline_s: float) -> tuple[subprocess.Popen[bytes], str, float]:
+    """``telescope ui`` as its own process, its output in ``log``: (process, base url, seconds
+    to its first answer)."""
     port = _free_port()
     exe = Path(sys.executable).parent / "telescope"
     base = f"http://127.0.0.1:{port}"
     t_spawn = time.perf_counter()
-    proc = subprocess.Popen([str(exe), "ui", str(run_dir), "--no-browser", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(exe), "ui", str(run_dir), "--no-browser", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
+    _wait_for_server(proc, base + "/api/poll", log, deadline_s)
+    return proc, base, time.perf_counter() - t_spawn
+
+
+def _wait_for_server(proc: subprocess.Popen[bytes], url: str, log: Path, deadline_s: float) -> None:
+    """Poll ``url`` until it answers; a server that exits or is not up within ``deadline_s``
+    stops the benchmark with its URL, the time waited, its exit code and the tail of ``log``
+    (a hung start would otherwise hang the benchmark forever). A server that does not exit is
+    killed."""
+    start = time.perf_counter()
     while True:
         try:
-            _get(base + "/api/poll")
-            return proc, base, time.perf_counter() - t_spawn
+            # a short timeout: a server that accepts but never answers is retried, not waited on
+            with urllib.request.urlopen(url, timeout=2):
+                return
         except OSError:
-            if proc.poll() is not None:
-                raise SystemExit("telescope ui exited early") from None
+            pass
+        waited = time.perf_counter() - start
+        code = proc.poll()
+        if code is None and waited < deadline_s:
             time.sleep(0.02)
+            continue
+        if code is None:
+            proc.kill()
+            proc.wait(10)
+            state = f"still running after {waited:.1f} s (--server-deadline {deadline_s:g}); killed"
+        else:
+            state = f"exited with code {code} after {waited:.1f} s"
+        tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+        raise SystemExit(
+            f"telescope ui never answered {url}: {state}. Last lines of its output ({log}):\n"
+            + ("\n".join(tail) or "(none)")
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -278,6 +307,12 @@ def main() -> None:
         "--repeat", type=int, default=3, help="server starts (each with a fresh browser context)"
     )
     parser.add_argument("--dir", type=Path, default=Path("/tmp/telescope-ui-bench"))
+    parser.add_argument(
+        "--server-deadline",
+        type=float,
+        default=120.0,
+        help="seconds a server start may take before the benchmark stops with its log",
+    )
     args = parser.parse_args()
     t = time.perf_counter()
     write_run(args.dir, args.steps, args.rollouts, args.prompt_tokens, args.completion_tokens)
@@ -297,7 +332,9 @@ def main() -> None:
         if browser is None:
             print("(no playwright or chromium: browser figures skipped)")
         for _ in range(args.repeat):
-            proc, base, up = _start_server(args.dir)
+            proc, base, up = _start_server(
+                args.dir, args.dir.with_name(args.dir.name + "-server.log"), args.server_deadline
+            )
             try:
                 # the browser is the server's first client: nothing read or cached yet
                 visits = _page_marks(browser, base, 3) if browser is not None else [{}, {}, {}]
