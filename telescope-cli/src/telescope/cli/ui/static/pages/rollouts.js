@@ -64,12 +64,12 @@ function conversationView(messages) {
 // The token view: each completion token (its text when the record holds the token view's
 // fields, else its id), coloured by the sampler's probability (hue 120 * p: green sure, red
 // unlikely) when the record holds logprobs; environment-written tokens (logprob null) stay grey.
-// Mismatch needs the trainer's logprobs, which the records do not hold (see run-directory.md).
+// No per-token trainer/sampler mismatch: the trainer computes its logprobs after the record is
+// written, so no record holds them (the step's mismatch KL is on the Metrics page).
 function tokenView(record) {
   const ids = record.completion_ids || [];
   const texts = record.completion_token_texts;
   const lp = record.completion_logprobs;
-  const trainer = record.trainer_logprobs;
   if (!ids.length) return null;
   const spans = ids.map((id, i) => {
     let cls = 'tok', style = null, title = `id ${id}`;
@@ -77,7 +77,6 @@ function tokenView(record) {
       const p = Math.exp(lp[i]);
       style = `background:hsl(${Math.round(120 * p)}, 70%, 85%)`;
       title += `  logprob ${lp[i].toFixed(3)}  p ${p.toFixed(3)}`;
-      if (Array.isArray(trainer) && typeof trainer[i] === 'number') title += `  mismatch ${(lp[i] - trainer[i]).toFixed(3)}`;
     } else if (Array.isArray(lp)) { cls += ' env'; title += '  written by the environment'; }
     const text = Array.isArray(texts) && typeof texts[i] === 'string' ? texts[i] : String(id);
     // whitespace stays visible: a newline token shows as ↵ and breaks the line after it
