@@ -227,6 +227,45 @@ def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -
     assert not tab.errors
 
 
+def test_logs_page_hides_the_detailed_log_follows_new_components_and_stops_when_finished(
+    browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    done, running = (srv.workspace.get(k).path / "logs" for k in ("done", "live"))
+    (done / "telescope.detailed.log").write_text(
+        "2026-01-01 10:00:00,001 INFO telescope.runtime local.py:3 started\n"
+    )
+    tab = Page(browser, srv.url)
+    requests: list[str] = []
+    tab.page.on("request", lambda r: requests.append(r.url.split("?")[0].rsplit("/", 1)[-1]))
+    # the detailed log repeats the driver's lines: unticked, and its lines not shown
+    p = tab.open("logs?runs=done")
+    p.wait_for_selector("#log-lines div")
+    assert not p.is_checked('input[data-component="driver (detailed)"]')
+    assert [d.inner_text() for d in p.query_selector_all("#log-lines div")] == [
+        "[driver] 2026-01-01 10:00:00,001 INFO telescope.runtime started",
+        "[driver] 2026-01-01 10:00:01,001 WARNING telescope.runtime slow",
+    ]
+    # a finished run writes no more lines: after the page's load, at most one more request in
+    # three polls (the page polls every second)
+    loaded = len(requests)
+    while requests[loaded:].count("poll") < 3:
+        p.wait_for_timeout(50)
+    assert requests[loaded:].count("logs") <= 1, requests[loaded:]
+    # a live run: a server that starts logging after the page opened gets its box and lines
+    running.mkdir(exist_ok=True)
+    (running / "telescope.log").write_text("2026-01-01 10:00:00,001 INFO telescope.runtime started\n")
+    p = tab.open("logs?runs=live")
+    p.wait_for_selector("#log-lines div")
+    (running / "inference").mkdir()
+    (running / "inference" / "server_0.log").write_text(
+        "2026-01-01 10:00:02,001 telescope.inference INFO up\n"
+    )
+    p.wait_for_selector('input[data-component="server 0"]:checked', timeout=3000)
+    p.wait_for_function("document.querySelector('#log-lines').innerText.includes('[server 0]')", timeout=3000)
+    assert not tab.errors
+
+
 def test_evals_page_charts_each_metric_and_shows_samples(
     browser: Any, live: tuple[ServerThread, Any]
 ) -> None:
