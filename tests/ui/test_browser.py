@@ -183,7 +183,9 @@ def test_filtering_rollouts_by_reward(browser: Any, live: tuple[ServerThread, An
     assert not tab.errors
 
 
-def test_live_metrics_line_appears_within_3s(browser: Any, live: tuple[ServerThread, Any]) -> None:
+def test_live_metrics_line_and_first_rollouts_appear_within_3s(
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
+) -> None:
     srv, hub = live
     tab = Page(browser, srv.url)
     p = tab.open("metrics?runs=live")
@@ -193,7 +195,22 @@ def test_live_metrics_line_appears_within_3s(browser: Any, live: tuple[ServerThr
     p.wait_for_function(
         "document.querySelector('.chart[data-key=\"entropy\"]').data[0].x.length === 4", timeout=3000
     )
-    assert not tab.errors
+    first_errors = tab.errors
+    # the Rollouts page of a run that has logged no step yet shows its first step once logged
+    fresh = start_hub(tmp_path / "runs" / "fresh")
+    try:
+        srv.workspace.scan(force=True)
+        tab = Page(browser, srv.url)  # a new tab: it lists the new run
+        p = tab.open("rollouts?runs=fresh")
+        p.wait_for_selector("text=No rollouts logged yet.")
+        log_step(fresh, 1)
+        p.wait_for_selector("#rollout-table tr.clickable", timeout=3000)
+        assert (
+            p.inner_text("#rollout-count") == f"{len(step_rows(1))} of {len(step_rows(1))} rollouts of step 1"
+        )
+    finally:
+        fresh.finish("finished")
+    assert not tab.errors and not first_errors
 
 
 def test_custom_view_persists(browser: Any, live: tuple[ServerThread, Any]) -> None:

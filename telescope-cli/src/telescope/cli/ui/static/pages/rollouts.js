@@ -141,9 +141,11 @@ async function load() {
   for (const k of FILTERS) params[k] = ctx.filters[k];
   setParams({ ...params, group: '', sample: '' });
   const data = await runApi(ctx.run, 'rollouts', params);
-  ctx.step = data.step;
   ctx.lastCount = data.total;
+  // ctx.step stays as it was (null: the latest step), or a live run opened before its first step
+  // would stay on the empty step 0
   if (!data.total && !(data.steps || []).length) { ctx.root.replaceChildren(empty('No rollouts logged yet.')); return; }
+  ctx.step = data.step;
   ctx.detail = h('div', { class: 'panel scroll', id: 'rollout-detail' }, h('p', { class: 'muted' }, 'Click a rollout to see it in full.'));
   ctx.groupBox = h('div');
   ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary),
