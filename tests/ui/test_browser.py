@@ -122,6 +122,23 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
         "document.querySelector('.chart[data-key=\"timing_forward_total\"]').layout.yaxis.range"
     )
     assert y_range == pytest.approx([0.25, 0.75])
+    # the unit its name says is in the title; a name that says none gets none
+    title = "document.querySelector('.chart[data-key=\"%s\"]').layout.title.text"
+    assert p.evaluate(title % "timing_forward_total") == "timing_forward_total (s)"
+    assert p.evaluate(title % "entropy") == "entropy"
+    units = {
+        "timing_step_total": "s", "perf/step_time_s": "s", "e2e_request_latency_seconds_mean": "s",
+        "perf/tokens_per_s": "tokens/s", "memory/peak_rss_gb": "GB", "weight_sync/bytes": "bytes",
+        "discarded/max_async/pct": "%", "gpu/*/gpu_utilization_percent": "%", "gpu/*/gpu_power_w": "W",
+        "gpu/*/gpu_temperature_c": "°C", "gpu/*/gpu_clock_sm_mhz": "MHz", "tokens/completion/mean": "tokens",
+        "batch/num_tokens": "tokens", "loss_tokens": "tokens", "prompt_tokens_total": "tokens",
+        "kv_cache_usage_perc": "", "reward/mean": "", "learning_rate": "", "sample_metrics/tokens_ok/mean": "",
+    }  # fmt: skip
+    got = p.evaluate(
+        "async keys => { const { unitOf } = await import('/static/common.js'); return keys.map(unitOf); }",
+        list(units),
+    )
+    assert dict(zip(units, got, strict=True)) == units
     p = tab.open("metrics?runs=done,live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
@@ -346,6 +363,12 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
         "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
     )
     assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
+    assert (
+        p.evaluate(
+            "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').layout.title.text"
+        )
+        == "gpu/*/gpu_utilization_percent (%)"
+    )
     sources = [d.get_attribute("data-source") for d in p.query_selector_all("details[data-source]")]
     assert sources == ["system n1", "vllm server 0"]
     assert not tab.errors

@@ -1,7 +1,7 @@
 // Infra: system samples (CPU, memory, GPU utilisation/memory/temperature/power when present),
 // vLLM server metrics and torch memory per trainer rank, one chart per metric; per-core and
 // per-GPU series share a chart.
-import { COLORS, drawWhenVisible, empty, h, plot, runApi } from '../common.js';
+import { COLORS, drawWhenVisible, empty, h, plot, runApi, titled } from '../common.js';
 
 let ctx = null;
 
@@ -31,7 +31,7 @@ function draw(data) {
       h('div', { class: 'grid' }, [...charts.entries()].map(([name, lines]) => {
         const el = h('div', { class: 'chart', 'data-key': name });
         drawWhenVisible(el, () => plot(el, lines.map(([label, ys], i) => ({ x: time.map(t => t - t0), y: ys, name: label, mode: 'lines',
-          line: { color: COLORS[i % COLORS.length], width: 1.2 } })), { title: { text: name, font: { size: 12 }, x: 0.02 },
+          line: { color: COLORS[i % COLORS.length], width: 1.2 } })), { title: { text: titled(name), font: { size: 12 }, x: 0.02 },
           xaxis: { title: { text: 'seconds since the first sample' } } }));
         return el;
       })));
