@@ -301,7 +301,7 @@ def test_logs_page_hides_the_detailed_log_follows_new_components_and_stops_when_
 
 
 def test_evals_page_charts_each_metric_and_shows_samples(
-    browser: Any, live: tuple[ServerThread, Any]
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
 ) -> None:
     srv, _ = live
     tab = Page(browser, srv.url)
@@ -311,7 +311,18 @@ def test_evals_page_charts_each_metric_and_shows_samples(
     assert p.evaluate("document.querySelector('.chart[data-key=\"math/pass@1\"]').data[0].y") == [0.2, 0.4]
     p.click("#evals tr.clickable >> nth=1")
     p.wait_for_selector("text=math at step 4: 3 samples")
-    assert not tab.errors
+    # no eval results: the page says why (none configured, or when the configured ones run)
+    p = tab.open("evals?runs=live")
+    assert "this run's config has none" in p.inner_text("#evals p.muted")
+    hub = start_hub(tmp_path / "runs" / "evals", evals=[{"name": "reverse_text", "eval_every": 5}])
+    try:
+        srv.workspace.scan(force=True)
+        tab2 = Page(browser, srv.url)  # a new tab: it lists the new run
+        text = tab2.open("evals?runs=evals").inner_text("#evals p.muted")
+    finally:
+        hub.finish("finished")
+    assert "Evals run: reverse_text every 5 steps; before training; after training." in text
+    assert not tab.errors and not tab2.errors
 
 
 def test_token_view_colours_by_logprob_when_the_record_has_them(
