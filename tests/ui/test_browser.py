@@ -43,7 +43,7 @@ class Page:
     """A browser tab that records console errors and uncaught exceptions."""
 
     def __init__(self, browser: Any, base: str) -> None:
-        self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.page = browser.new_page(viewport={"width": 1400, "height": 900}, timezone_id="UTC")
         self.base = base
         self.errors: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
@@ -337,6 +337,7 @@ def test_token_view_colours_by_logprob_when_the_record_has_them(
         "completion_ids": [5, 6, 7, 8],
         "completion_token_texts": ["Hel", "lo", "\n", " world"],
         "completion_logprobs": [0.0, -0.7, None, -5.0],
+        "timings": {"generation_start": 1767261600.25, "generation_s": 0.5},  # 2026-01-01 10:00:00.250 UTC
     }
     append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
     tab = Page(browser, srv.url)
@@ -353,6 +354,8 @@ def test_token_view_colours_by_logprob_when_the_record_has_them(
     ]
     assert spans[2].get_attribute("class") == "tok env"
     assert "logprob -0.700" in (spans[1].get_attribute("title") or "")
+    kv = p.inner_text("#rollout-detail .kv >> nth=2").split("\n")  # facts, sample metrics, timings
+    assert kv == ["generation_start", "10:00:00.250", "generation_s", "0.5000"]
     p.query_selector("#token-view").screenshot(path=str(tmp_path / "token-view.png"))
     assert not tab.errors
 

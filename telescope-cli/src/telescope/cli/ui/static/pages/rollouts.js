@@ -87,11 +87,12 @@ function tokenView(record) {
   return h('div', {}, h('h3', {}, `completion tokens (${ids.length}), ${what}`), h('div', { class: 'tokens', id: 'token-view' }, spans));
 }
 
-// Unix times (generation_start, ...) read better as clock times with milliseconds.
+// Unix times (generation_start, ...) read better as 24-hour local clock times with milliseconds
+// (10:00:00.250; a locale's '10:00:00 AM' would put them after the AM).
 function value(k, v) {
   if (typeof v === 'number' && v > 1e9 && /(_start|_end|time)$/.test(k)) {
-    const d = new Date(v * 1000);
-    return `${d.toLocaleTimeString()}.${String(d.getMilliseconds()).padStart(3, '0')}`;
+    const d = new Date(v * 1000), two = n => String(n).padStart(2, '0');
+    return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}.${String(d.getMilliseconds()).padStart(3, '0')}`;
   }
   return fmt(v);
 }
