@@ -139,6 +139,10 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
         list(units),
     )
     assert dict(zip(units, got, strict=True)) == units
+    p = tab.open("metrics?runs=done&x=time")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    xaxis = p.evaluate("document.querySelector('.chart[data-key=\"entropy\"]').layout.xaxis.title.text")
+    assert xaxis == "seconds since the run started"
     p = tab.open("metrics?runs=done,live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
