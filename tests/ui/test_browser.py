@@ -229,6 +229,11 @@ def test_live_metrics_line_and_first_rollouts_appear_within_3s(
         assert (
             p.inner_text("#rollout-count") == f"{len(step_rows(1))} of {len(step_rows(1))} rollouts of step 1"
         )
+        log_step(fresh, 2)  # a newer step: offered by the step picker, the list stays on step 1
+        p.wait_for_selector('#step option[value="2"]', state="attached", timeout=3000)
+        assert "of step 1" in p.inner_text("#rollout-count")
+        p.click("#next-step")
+        p.wait_for_selector("text=rollouts of step 2")
     finally:
         fresh.finish("finished")
     assert not tab.errors and not first_errors

@@ -147,6 +147,7 @@ async function load() {
   // would stay on the empty step 0
   if (!data.total && !(data.steps || []).length) { ctx.root.replaceChildren(empty('No rollouts logged yet.')); return; }
   ctx.step = data.step;
+  ctx.steps = data.steps;
   ctx.detail = h('div', { class: 'panel scroll', id: 'rollout-detail' }, h('p', { class: 'muted' }, 'Click a rollout to see it in full.'));
   ctx.groupBox = h('div');
   ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary),
@@ -163,7 +164,15 @@ export async function render(main, { params, selected }) {
   if (params.group && params.sample) await select({ step: ctx.step, group_id: Number(params.group), sample_id: Number(params.sample) });
 }
 
-export async function refresh({ changed }) {
+export async function refresh({ changed, revisions }) {
+  if (!ctx) return;
   // A live run's latest step may still be filling: reload the list when its count may have changed.
-  if (ctx && ctx.lastCount === 0 && changed(['metrics'])) await load();
+  if (ctx.lastCount === 0 && changed(['metrics'])) { await load(); return; }
+  // A newer step: offered in the step picker (and by ›), the list shown stays as it is.
+  const latest = (revisions[ctx.run] || {}).step, steps = ctx.steps || [];
+  const select = document.getElementById('step');
+  if (select && steps.length && typeof latest === 'number' && latest > steps[steps.length - 1]) {
+    steps.push(latest);
+    select.append(h('option', { value: latest }, latest));
+  }
 }
