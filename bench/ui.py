@@ -19,7 +19,8 @@ time of the page's main thread and renderer process up to the first plotly chart
 too: unlike the wall clock it does not grow with the machine's load (other processes), so it
 tells how long the page takes on an idle machine. Then the data API is timed with one request at a time: the
 Rollouts page for one step cold (its block not yet indexed) and warm, with a reward filter
-(target <= 300 ms), one sample, the Timeline of one step; and the server's resident memory
+(target <= 300 ms), one sample, the Timeline of one step, the Infra page's system samples (one
+a second from four sources) twice; and the server's resident memory
 (VmRSS, VmHWM; target <= 500 MB).
 
 Each figure is printed as median [min .. max] over the repeats, with the machine's load
@@ -116,7 +117,7 @@ def _events(step: int, rows: list[dict], t: float) -> list[dict]:
 
 
 def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion_len: int) -> None:
-    stamp = json.dumps([steps, per_step, prompt_len, completion_len])
+    stamp = json.dumps([steps, per_step, prompt_len, completion_len, "system"])
     if (root / "bench.json").exists() and (root / "bench.json").read_text() == stamp:
         return
     shutil.rmtree(root, ignore_errors=True)
@@ -143,7 +144,21 @@ def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion
             with open(root / "events" / f"block_{int(3 * step // 1800):06d}.jsonl", "a") as f:
                 f.write("".join(json.dumps(e) + "\n" for e in _events(step, rows, t)))
             metrics.write(json.dumps({"step": step, "time": t + 3, "metrics": _metrics(step, rng)}) + "\n")
+    _write_system(root / "system.jsonl", t0, steps * 3, rng)
     (root / "bench.json").write_text(stamp)
+
+
+#: system.jsonl's sources: the machine, one vLLM server, two trainer ranks (one sample a second each).
+SOURCES = ({"source": "system", "node": "n1"}, {"source": "vllm", "server": 0},
+           {"source": "torch", "rank": 0}, {"source": "torch", "rank": 1})  # fmt: skip
+
+
+def _write_system(path: Path, t0: float, seconds: int, rng: random.Random) -> None:
+    with open(path, "w") as f:
+        for s in range(seconds):
+            for source in SOURCES:
+                metrics = {f"metric_{k}": rng.random() for k in range(12)}
+                f.write(json.dumps({"time": t0 + s, **source, "metrics": metrics}) + "\n")
 
 
 def _free_port() -> int:
@@ -278,6 +293,8 @@ def _api_rows(base: str, steps: int) -> list[tuple[str, float | None, str]]:
         (f"Rollouts step {mid}, one sample in full", _timed(f"{api}/sample?step={mid}&group={mid * 1000}&sample=3")[0], "-"),
         (f"Timeline step {mid}, first request", _timed(f"{api}/timeline?from={mid}&to={mid}")[0], "-"),
         (f"Timeline step {mid + 1}, warm", _timed(f"{api}/timeline?from={mid + 1}&to={mid + 1}")[0], "-"),
+        (f"Infra page data ({steps * 3 * len(SOURCES):,} system samples)", _timed(f"{api}/system")[0], "-"),
+        ("Infra page data again, nothing appended", _timed(f"{api}/system")[0], "-"),
     ]  # fmt: skip
 
 
