@@ -212,10 +212,11 @@ def test_live_metrics_line_and_first_rollouts_appear_within_3s(
     p = tab.open("metrics?runs=live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert tab.points("entropy") == 3
+    chart = "document.querySelector('.chart[data-key=\"entropy\"]')"
+    p.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1, 2]}})")  # the user zooms in
     log_step(hub, 4)
-    p.wait_for_function(
-        "document.querySelector('.chart[data-key=\"entropy\"]').data[0].x.length === 4", timeout=3000
-    )
+    p.wait_for_function(f"{chart}.data[0].x.length === 4", timeout=3000)
+    assert p.evaluate(f"{chart}.layout.xaxis.range") == [1, 2]  # the new step kept the zoom
     first_errors = tab.errors
     # the Rollouts page of a run that has logged no step yet shows its first step once logged
     fresh = start_hub(tmp_path / "runs" / "fresh")
@@ -386,6 +387,12 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
         "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
     )
     assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
+    # new samples: drawn into the same chart, the user's zoom kept
+    chart = "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]')"
+    p.evaluate(f"{chart}._seen = true; Plotly.relayout({chart}, {{'xaxis.range': [0, 1]}})")
+    append_jsonl(system, {**records[2], "time": 103.0})
+    p.wait_for_function(f"{chart}.data[0].x.length === 4", timeout=5000)
+    assert p.evaluate(f"[{chart}._seen, {chart}.layout.xaxis.range]") == [True, [0, 1]]
     assert (
         p.evaluate(
             "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').layout.title.text"

@@ -56,6 +56,7 @@ function drawChart(el, key) {
   const data = traces(key);
   const flat = range ? null : constantRange(data);
   return plot(el, data, {
+    uirevision: key,  // a live run's new steps keep the user's zoom
     title: { text: titled(key) + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
     xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds since the run started' : 'step' } },
     yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false }
