@@ -95,12 +95,16 @@ def test_every_page_loads_without_console_errors(
     assert sorted(f.name for f in shots.iterdir()) == sorted(f"{page}.png" for page in PAGES)
     p = tab.open("runs")
     assert p.inner_text("#runs-table").count("finished") == 1 and "running" in p.inner_text("#runs-table")
+    said = {}
     for page in PAGES:  # a run with nothing logged yet: each page says so, nothing breaks
         p = tab.open(f"{page}?runs=empty")
         p.wait_for_timeout(200)
         assert not p.query_selector("p.error") and not tab.errors, (
             f"{page}: {p.inner_text('main')} {tab.errors}"
         )
+        said[page] = p.inner_text("main")
+    assert "No step logged yet" in said["timeline"] and "No log files yet" in said["logs"]
+    assert "No step metrics yet" in said["metrics"] and "No rollouts logged yet" in said["rollouts"]
 
 
 def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple[ServerThread, Any]) -> None:

@@ -29,7 +29,8 @@ async function load() {
   ctx.known = data.components;
   drawControls(data.components);
   ctx.count.textContent = `${data.matched} lines match${data.matched > data.entries.length ? `, showing the last ${data.entries.length}` : ''}`;
-  ctx.box.replaceChildren(...(data.entries.length ? data.entries.map(line) : [empty('No log lines match.')]));
+  const none = data.components.length ? 'No log lines match.' : 'No log files yet (logs/: the driver\'s telescope.log, its captured output, the servers\').';
+  ctx.box.replaceChildren(...(data.entries.length ? data.entries.map(line) : [empty(none)]));
   if (f.follow) ctx.box.scrollTop = ctx.box.scrollHeight;
 }
 
