@@ -103,6 +103,7 @@ class LocalLogger(Logger):
         self._tail_gate: IntervalGate | None = None
         self._stdio: StdioCapture | None = None
         self._progress = StepProgress(0)
+        self._cfg: Any = None
 
     def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
@@ -128,6 +129,7 @@ class LocalLogger(Logger):
         self._open_writers(cfg)
         self._attach_log_files(self.run_dir / LOGS_DIR)
         self._progress = StepProgress(int(getattr(cfg, "number_of_steps", 0)))
+        self._cfg = cfg
 
     def _open_writers(self, cfg: Any) -> None:
         assert self.run_dir is not None
@@ -218,13 +220,21 @@ class LocalLogger(Logger):
 
     def log_info(self, info: dict[str, Any]) -> None:
         setup = info.get("setup")
-        if isinstance(setup, dict) and "summary" in setup:  # the runtime's, as computed once
-            self._log_line(f"start: {setup['summary']}")
-            for note in setup.get("notes") or []:
-                self._log_line(f"note: {note}")
+        if isinstance(setup, dict) and "inference_engine" in setup:
+            self._log_startup_summary(str(setup["inference_engine"]), str(setup.get("why", "")))
         self._meta.setdefault("info", {}).update(info)
         if self.run_dir is not None:
             self._write_meta()
+
+    def _log_startup_summary(self, engine: str, why: str) -> None:
+        """The summary ``telescope train`` prints at start, kept in telescope.log too."""
+        from telescope.core.inference.auto import run_summary, startup_notes
+
+        if self._cfg is None:
+            return
+        self._log_line(f"start: {run_summary(self._cfg, engine, why)}")
+        for note in startup_notes(self._cfg, engine):
+            self._log_line(f"note: {note}")
 
     def _write_meta(self) -> None:
         assert self.run_dir is not None
