@@ -7,6 +7,7 @@ Screenshots of every page go to the test's tmp dir (``<tmp>/shots/<page>.png``).
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,18 @@ def test_every_page_loads_without_console_errors(
         )
         said[page] = p.inner_text("main")
     assert "No step logged yet" in said["timeline"] and "No log files yet" in said["logs"]
+    # a hidden tab does not poll; shown again, it polls at once
+    polls: list[float] = []
+    p.on("request", lambda r: polls.append(time.monotonic()) if "/api/poll" in r.url else None)
+    visibility = "Object.defineProperty(document, 'hidden', {configurable: true, get: () => %s}); document.dispatchEvent(new Event('visibilitychange'))"
+    p.evaluate(visibility % "true")
+    p.wait_for_timeout(1200)  # a poll already scheduled may still run once
+    hidden_at = time.monotonic()
+    p.wait_for_timeout(2000)
+    assert not [t for t in polls if t > hidden_at]
+    p.evaluate(visibility % "false")
+    p.wait_for_timeout(300)
+    assert [t for t in polls if t > hidden_at]
     assert "No step metrics yet" in said["metrics"] and "No rollouts logged yet" in said["rollouts"]
 
 
