@@ -202,6 +202,10 @@ def test_filtering_rollouts_by_reward(browser: Any, live: tuple[ServerThread, An
     p = tab.open("rollouts?runs=done&step=2")
     p.wait_for_selector("#rollout-table")
     assert len(p.query_selector_all("#rollout-table tr.clickable")) == len(step_rows(2))
+    # every column in view, the completion cut to fit (no scrolling sideways to find it)
+    fits = "(() => { const c = document.querySelector('#rollout-table').parentElement; return [c.scrollWidth, c.clientWidth]; })()"
+    scroll_width, client_width = p.evaluate(fits)
+    assert scroll_width <= client_width
     p.fill("#f-reward_min", "0.5")
     p.press("#f-reward_min", "Enter")
     expected = sorted(r.reward for r in step_rows(2) if r.reward >= 0.5)

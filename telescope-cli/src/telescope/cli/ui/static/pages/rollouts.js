@@ -42,8 +42,9 @@ function summaryPanel(s) {
 
 function table(data) {
   if (!data.rows.length) return empty('No rollouts match.');
-  const cols = ['group', 'sample', 'env', 'reward', 'advantage', 'outcome', 'stop', 'tokens', 'completion'];
-  return h('table', { id: 'rollout-table' }, h('tr', {}, cols.map(c => h('th', {}, c))),
+  // fixed widths, the completion gets the rest: it is cut to fit rather than pushed out of view
+  const cols = { group: 44, sample: 52, env: 90, reward: 58, advantage: 78, outcome: 70, stop: 40, tokens: 48, completion: null };
+  return h('table', { id: 'rollout-table' }, h('tr', {}, Object.entries(cols).map(([c, w]) => h('th', { style: w ? `width:${w}px` : null }, c))),
     data.rows.map(r => h('tr', { class: 'clickable', 'data-reward': r.reward, onclick: e => { select(r); markSelected(e.currentTarget); } },
       h('td', { class: 'num' }, r.group_id), h('td', { class: 'num' }, r.sample_id), h('td', {}, r.env),
       h('td', { class: 'num' }, fmt(r.reward)), h('td', { class: 'num' }, fmt(r.advantage)),
@@ -152,7 +153,7 @@ async function load() {
   ctx.groupBox = h('div');
   ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary),
     h('p', { class: 'muted', id: 'rollout-count' }, `${data.matched} of ${data.total} rollouts of step ${data.step}`),
-    h('div', { class: 'split' }, h('div', { class: 'scroll' }, table(data)), ctx.detail), ctx.groupBox);
+    h('div', { class: 'split wide-left' }, h('div', { class: 'scroll', id: 'rollout-list' }, table(data)), ctx.detail), ctx.groupBox);
 }
 
 export async function render(main, { params, selected }) {
