@@ -408,6 +408,10 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
         "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
     )
     assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
+    legend = "document.querySelector('.chart[data-key=\"%s\"]').layout.showlegend"
+    assert p.evaluate(legend % "gpu/*/gpu_utilization_percent") is True  # two GPUs: which line is which
+    p.wait_for_selector('.chart[data-key="cpu_utilization_percent"] .main-svg')
+    assert p.evaluate(legend % "cpu_utilization_percent") is False
     # new samples: drawn into the same chart, the user's zoom kept
     chart = "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]')"
     p.evaluate(f"{chart}._seen = true; Plotly.relayout({chart}, {{'xaxis.range': [0, 1]}})")

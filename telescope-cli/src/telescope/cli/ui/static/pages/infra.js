@@ -33,7 +33,9 @@ function chartsOf(data) {
 // uirevision: new samples keep the user's zoom
 function plotChart(el, { name, lines, x }) {
   return plot(el, lines.map(([label, ys], i) => ({ x, y: ys, name: label, mode: 'lines', line: { color: COLORS[i % COLORS.length], width: 1.2 } })),
-    { uirevision: name, title: { text: titled(name), font: { size: 12 }, x: 0.02 }, xaxis: { title: { text: 'seconds since the first sample' } } });
+    { uirevision: name, title: { text: titled(name), font: { size: 12 }, x: 0.02 }, xaxis: { title: { text: 'seconds since the first sample' } },
+      // per-core and per-GPU lines: which is which, top right (hover shows it too)
+      showlegend: lines.length > 1, legend: { orientation: 'h', x: 1, xanchor: 'right', y: 1.02, yanchor: 'bottom', font: { size: 10 } } });
 }
 
 function draw(data) {
