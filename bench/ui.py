@@ -2,6 +2,8 @@
 server starts, how fast the data API answers, and the server's memory.
 
 Run: ``.venv/bin/python bench/ui.py [--steps 1000] [--rollouts 256] [--repeat 3] [--dir /tmp/telescope-ui-bench]``.
+The server's output goes to ``<dir>-server.log``; a server not answering within
+``--server-deadline`` seconds (120) stops the benchmark with that log's tail.
 
 Writes (once; reused while the parameters match) a schema-2 run directory of ``steps`` x
 ``rollouts`` rollout records (token id lists and texts of realistic size, in 500-step blocks),
@@ -17,7 +19,8 @@ time of the page's main thread and renderer process up to the first plotly chart
 too: unlike the wall clock it does not grow with the machine's load (other processes), so it
 tells how long the page takes on an idle machine. Then the data API is timed with one request at a time: the
 Rollouts page for one step cold (its block not yet indexed) and warm, with a reward filter
-(target <= 300 ms), one sample, the Timeline of one step; and the server's resident memory
+(target <= 300 ms), one sample, the Timeline of one step, the Infra page's system samples (one
+a second from four sources) twice; and the server's resident memory
 (VmRSS, VmHWM; target <= 500 MB).
 
 Each figure is printed as median [min .. max] over the repeats, with the machine's load
@@ -114,7 +117,7 @@ def _events(step: int, rows: list[dict], t: float) -> list[dict]:
 
 
 def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion_len: int) -> None:
-    stamp = json.dumps([steps, per_step, prompt_len, completion_len])
+    stamp = json.dumps([steps, per_step, prompt_len, completion_len, "system"])
     if (root / "bench.json").exists() and (root / "bench.json").read_text() == stamp:
         return
     shutil.rmtree(root, ignore_errors=True)
@@ -141,7 +144,21 @@ def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion
             with open(root / "events" / f"block_{int(3 * step // 1800):06d}.jsonl", "a") as f:
                 f.write("".join(json.dumps(e) + "\n" for e in _events(step, rows, t)))
             metrics.write(json.dumps({"step": step, "time": t + 3, "metrics": _metrics(step, rng)}) + "\n")
+    _write_system(root / "system.jsonl", t0, steps * 3, rng)
     (root / "bench.json").write_text(stamp)
+
+
+#: system.jsonl's sources: the machine, one vLLM server, two trainer ranks (one sample a second each).
+SOURCES = ({"source": "system", "node": "n1"}, {"source": "vllm", "server": 0},
+           {"source": "torch", "rank": 0}, {"source": "torch", "rank": 1})  # fmt: skip
+
+
+def _write_system(path: Path, t0: float, seconds: int, rng: random.Random) -> None:
+    with open(path, "w") as f:
+        for s in range(seconds):
+            for source in SOURCES:
+                metrics = {f"metric_{k}": rng.random() for k in range(12)}
+                f.write(json.dumps({"time": t0 + s, **source, "metrics": metrics}) + "\n")
 
 
 def _free_port() -> int:
@@ -209,22 +226,49 @@ def _page_marks(browser: Any, url: str, visits: int) -> list[dict[str, float]]:
     return out
 
 
-def _start_server(run_dir: Path) -> tuple[subprocess.Popen[bytes], str, float]:
-    """``telescope ui`` as its own process: (process, base url, seconds to its first answer)."""
+def _start_server(run_dir: Path, log: Path, deadline_s: float) -> tuple[subprocess.Popen[bytes], str, float]:
+    """``telescope ui`` as its own process, its output in ``log``: (process, base url, seconds
+    to its first answer)."""
     port = _free_port()
     exe = Path(sys.executable).parent / "telescope"
     base = f"http://127.0.0.1:{port}"
     t_spawn = time.perf_counter()
-    proc = subprocess.Popen([str(exe), "ui", str(run_dir), "--no-browser", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(exe), "ui", str(run_dir), "--no-browser", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
+    _wait_for_server(proc, base + "/api/poll", log, deadline_s)
+    return proc, base, time.perf_counter() - t_spawn
+
+
+def _wait_for_server(proc: subprocess.Popen[bytes], url: str, log: Path, deadline_s: float) -> None:
+    """Poll ``url`` until it answers; a server that exits or is not up within ``deadline_s``
+    stops the benchmark with its URL, the time waited, its exit code and the tail of ``log``
+    (a hung start would otherwise hang the benchmark forever). A server that does not exit is
+    killed."""
+    start = time.perf_counter()
     while True:
         try:
-            _get(base + "/api/poll")
-            return proc, base, time.perf_counter() - t_spawn
+            # a short timeout: a server that accepts but never answers is retried, not waited on
+            with urllib.request.urlopen(url, timeout=2):
+                return
         except OSError:
-            if proc.poll() is not None:
-                raise SystemExit("telescope ui exited early") from None
+            pass
+        waited = time.perf_counter() - start
+        code = proc.poll()
+        if code is None and waited < deadline_s:
             time.sleep(0.02)
+            continue
+        if code is None:
+            proc.kill()
+            proc.wait(10)
+            state = f"still running after {waited:.1f} s (--server-deadline {deadline_s:g}); killed"
+        else:
+            state = f"exited with code {code} after {waited:.1f} s"
+        tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+        raise SystemExit(
+            f"telescope ui never answered {url}: {state}. Last lines of its output ({log}):\n"
+            + ("\n".join(tail) or "(none)")
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -249,6 +293,8 @@ def _api_rows(base: str, steps: int) -> list[tuple[str, float | None, str]]:
         (f"Rollouts step {mid}, one sample in full", _timed(f"{api}/sample?step={mid}&group={mid * 1000}&sample=3")[0], "-"),
         (f"Timeline step {mid}, first request", _timed(f"{api}/timeline?from={mid}&to={mid}")[0], "-"),
         (f"Timeline step {mid + 1}, warm", _timed(f"{api}/timeline?from={mid + 1}&to={mid + 1}")[0], "-"),
+        (f"Infra page data ({steps * 3 * len(SOURCES):,} system samples)", _timed(f"{api}/system")[0], "-"),
+        ("Infra page data again, nothing appended", _timed(f"{api}/system")[0], "-"),
     ]  # fmt: skip
 
 
@@ -278,6 +324,12 @@ def main() -> None:
         "--repeat", type=int, default=3, help="server starts (each with a fresh browser context)"
     )
     parser.add_argument("--dir", type=Path, default=Path("/tmp/telescope-ui-bench"))
+    parser.add_argument(
+        "--server-deadline",
+        type=float,
+        default=120.0,
+        help="seconds a server start may take before the benchmark stops with its log",
+    )
     args = parser.parse_args()
     t = time.perf_counter()
     write_run(args.dir, args.steps, args.rollouts, args.prompt_tokens, args.completion_tokens)
@@ -297,7 +349,9 @@ def main() -> None:
         if browser is None:
             print("(no playwright or chromium: browser figures skipped)")
         for _ in range(args.repeat):
-            proc, base, up = _start_server(args.dir)
+            proc, base, up = _start_server(
+                args.dir, args.dir.with_name(args.dir.name + "-server.log"), args.server_deadline
+            )
             try:
                 # the browser is the server's first client: nothing read or cached yet
                 visits = _page_marks(browser, base, 3) if browser is not None else [{}, {}, {}]

@@ -7,6 +7,7 @@ Screenshots of every page go to the test's tmp dir (``<tmp>/shots/<page>.png``).
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ class Page:
     """A browser tab that records console errors and uncaught exceptions."""
 
     def __init__(self, browser: Any, base: str) -> None:
-        self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.page = browser.new_page(viewport={"width": 1400, "height": 900}, timezone_id="UTC")
         self.base = base
         self.errors: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
@@ -95,12 +96,28 @@ def test_every_page_loads_without_console_errors(
     assert sorted(f.name for f in shots.iterdir()) == sorted(f"{page}.png" for page in PAGES)
     p = tab.open("runs")
     assert p.inner_text("#runs-table").count("finished") == 1 and "running" in p.inner_text("#runs-table")
+    said = {}
     for page in PAGES:  # a run with nothing logged yet: each page says so, nothing breaks
         p = tab.open(f"{page}?runs=empty")
         p.wait_for_timeout(200)
         assert not p.query_selector("p.error") and not tab.errors, (
             f"{page}: {p.inner_text('main')} {tab.errors}"
         )
+        said[page] = p.inner_text("main")
+    assert "No step logged yet" in said["timeline"] and "No log files yet" in said["logs"]
+    # a hidden tab does not poll; shown again, it polls at once
+    polls: list[float] = []
+    p.on("request", lambda r: polls.append(time.monotonic()) if "/api/poll" in r.url else None)
+    visibility = "Object.defineProperty(document, 'hidden', {configurable: true, get: () => %s}); document.dispatchEvent(new Event('visibilitychange'))"
+    p.evaluate(visibility % "true")
+    p.wait_for_timeout(1200)  # a poll already scheduled may still run once
+    hidden_at = time.monotonic()
+    p.wait_for_timeout(2000)
+    assert not [t for t in polls if t > hidden_at]
+    p.evaluate(visibility % "false")
+    p.wait_for_timeout(300)
+    assert [t for t in polls if t > hidden_at]
+    assert "No step metrics yet" in said["metrics"] and "No rollouts logged yet" in said["rollouts"]
 
 
 def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple[ServerThread, Any]) -> None:
@@ -122,6 +139,27 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
         "document.querySelector('.chart[data-key=\"timing_forward_total\"]').layout.yaxis.range"
     )
     assert y_range == pytest.approx([0.25, 0.75])
+    # the unit its name says is in the title; a name that says none gets none
+    title = "document.querySelector('.chart[data-key=\"%s\"]').layout.title.text"
+    assert p.evaluate(title % "timing_forward_total") == "timing_forward_total (s)"
+    assert p.evaluate(title % "entropy") == "entropy"
+    units = {
+        "timing_step_total": "s", "perf/step_time_s": "s", "e2e_request_latency_seconds_mean": "s",
+        "perf/tokens_per_s": "tokens/s", "memory/peak_rss_gb": "GB", "weight_sync/bytes": "bytes",
+        "discarded/max_async/pct": "%", "gpu/*/gpu_utilization_percent": "%", "gpu/*/gpu_power_w": "W",
+        "gpu/*/gpu_temperature_c": "°C", "gpu/*/gpu_clock_sm_mhz": "MHz", "tokens/completion/mean": "tokens",
+        "batch/num_tokens": "tokens", "loss_tokens": "tokens", "prompt_tokens_total": "tokens",
+        "kv_cache_usage_perc": "", "reward/mean": "", "learning_rate": "", "sample_metrics/tokens_ok/mean": "",
+    }  # fmt: skip
+    got = p.evaluate(
+        "async keys => { const { unitOf } = await import('/static/common.js'); return keys.map(unitOf); }",
+        list(units),
+    )
+    assert dict(zip(units, got, strict=True)) == units
+    p = tab.open("metrics?runs=done&x=time")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    xaxis = p.evaluate("document.querySelector('.chart[data-key=\"entropy\"]').layout.xaxis.title.text")
+    assert xaxis == "seconds since the run started"
     p = tab.open("metrics?runs=done,live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
@@ -164,6 +202,10 @@ def test_filtering_rollouts_by_reward(browser: Any, live: tuple[ServerThread, An
     p = tab.open("rollouts?runs=done&step=2")
     p.wait_for_selector("#rollout-table")
     assert len(p.query_selector_all("#rollout-table tr.clickable")) == len(step_rows(2))
+    # every column in view, the completion cut to fit (no scrolling sideways to find it)
+    fits = "(() => { const c = document.querySelector('#rollout-table').parentElement; return [c.scrollWidth, c.clientWidth]; })()"
+    scroll_width, client_width = p.evaluate(fits)
+    assert scroll_width <= client_width
     p.fill("#f-reward_min", "0.5")
     p.press("#f-reward_min", "Enter")
     expected = sorted(r.reward for r in step_rows(2) if r.reward >= 0.5)
@@ -183,17 +225,40 @@ def test_filtering_rollouts_by_reward(browser: Any, live: tuple[ServerThread, An
     assert not tab.errors
 
 
-def test_live_metrics_line_appears_within_3s(browser: Any, live: tuple[ServerThread, Any]) -> None:
+def test_live_metrics_line_and_first_rollouts_appear_within_3s(
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
+) -> None:
     srv, hub = live
     tab = Page(browser, srv.url)
     p = tab.open("metrics?runs=live")
     p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
     assert tab.points("entropy") == 3
+    chart = "document.querySelector('.chart[data-key=\"entropy\"]')"
+    p.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1, 2]}})")  # the user zooms in
     log_step(hub, 4)
-    p.wait_for_function(
-        "document.querySelector('.chart[data-key=\"entropy\"]').data[0].x.length === 4", timeout=3000
-    )
-    assert not tab.errors
+    p.wait_for_function(f"{chart}.data[0].x.length === 4", timeout=3000)
+    assert p.evaluate(f"{chart}.layout.xaxis.range") == [1, 2]  # the new step kept the zoom
+    first_errors = tab.errors
+    # the Rollouts page of a run that has logged no step yet shows its first step once logged
+    fresh = start_hub(tmp_path / "runs" / "fresh")
+    try:
+        srv.workspace.scan(force=True)
+        tab = Page(browser, srv.url)  # a new tab: it lists the new run
+        p = tab.open("rollouts?runs=fresh")
+        p.wait_for_selector("text=No rollouts logged yet.")
+        log_step(fresh, 1)
+        p.wait_for_selector("#rollout-table tr.clickable", timeout=3000)
+        assert (
+            p.inner_text("#rollout-count") == f"{len(step_rows(1))} of {len(step_rows(1))} rollouts of step 1"
+        )
+        log_step(fresh, 2)  # a newer step: offered by the step picker, the list stays on step 1
+        p.wait_for_selector('#step option[value="2"]', state="attached", timeout=3000)
+        assert "of step 1" in p.inner_text("#rollout-count")
+        p.click("#next-step")
+        p.wait_for_selector("text=rollouts of step 2")
+    finally:
+        fresh.finish("finished")
+    assert not tab.errors and not first_errors
 
 
 def test_custom_view_persists(browser: Any, live: tuple[ServerThread, Any]) -> None:
@@ -227,8 +292,47 @@ def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -
     assert not tab.errors
 
 
-def test_evals_page_charts_each_metric_and_shows_samples(
+def test_logs_page_hides_the_detailed_log_follows_new_components_and_stops_when_finished(
     browser: Any, live: tuple[ServerThread, Any]
+) -> None:
+    srv, _ = live
+    done, running = (srv.workspace.get(k).path / "logs" for k in ("done", "live"))
+    (done / "telescope.detailed.log").write_text(
+        "2026-01-01 10:00:00,001 INFO telescope.runtime local.py:3 started\n"
+    )
+    tab = Page(browser, srv.url)
+    requests: list[str] = []
+    tab.page.on("request", lambda r: requests.append(r.url.split("?")[0].rsplit("/", 1)[-1]))
+    # the detailed log repeats the driver's lines: unticked, and its lines not shown
+    p = tab.open("logs?runs=done")
+    p.wait_for_selector("#log-lines div")
+    assert not p.is_checked('input[data-component="driver (detailed)"]')
+    assert [d.inner_text() for d in p.query_selector_all("#log-lines div")] == [
+        "[driver] 2026-01-01 10:00:00,001 INFO telescope.runtime started",
+        "[driver] 2026-01-01 10:00:01,001 WARNING telescope.runtime slow",
+    ]
+    # a finished run writes no more lines: after the page's load, at most one more request in
+    # three polls (the page polls every second)
+    loaded = len(requests)
+    while requests[loaded:].count("poll") < 3:
+        p.wait_for_timeout(50)
+    assert requests[loaded:].count("logs") <= 1, requests[loaded:]
+    # a live run: a server that starts logging after the page opened gets its box and lines
+    running.mkdir(exist_ok=True)
+    (running / "telescope.log").write_text("2026-01-01 10:00:00,001 INFO telescope.runtime started\n")
+    p = tab.open("logs?runs=live")
+    p.wait_for_selector("#log-lines div")
+    (running / "inference").mkdir()
+    (running / "inference" / "server_0.log").write_text(
+        "2026-01-01 10:00:02,001 telescope.inference INFO up\n"
+    )
+    p.wait_for_selector('input[data-component="server 0"]:checked', timeout=3000)
+    p.wait_for_function("document.querySelector('#log-lines').innerText.includes('[server 0]')", timeout=3000)
+    assert not tab.errors
+
+
+def test_evals_page_charts_each_metric_and_shows_samples(
+    browser: Any, live: tuple[ServerThread, Any], tmp_path: Path
 ) -> None:
     srv, _ = live
     tab = Page(browser, srv.url)
@@ -238,7 +342,18 @@ def test_evals_page_charts_each_metric_and_shows_samples(
     assert p.evaluate("document.querySelector('.chart[data-key=\"math/pass@1\"]').data[0].y") == [0.2, 0.4]
     p.click("#evals tr.clickable >> nth=1")
     p.wait_for_selector("text=math at step 4: 3 samples")
-    assert not tab.errors
+    # no eval results: the page says why (none configured, or when the configured ones run)
+    p = tab.open("evals?runs=live")
+    assert "this run's config has none" in p.inner_text("#evals p.muted")
+    hub = start_hub(tmp_path / "runs" / "evals", evals=[{"name": "reverse_text", "eval_every": 5}])
+    try:
+        srv.workspace.scan(force=True)
+        tab2 = Page(browser, srv.url)  # a new tab: it lists the new run
+        text = tab2.open("evals?runs=evals").inner_text("#evals p.muted")
+    finally:
+        hub.finish("finished")
+    assert "Evals run: reverse_text every 5 steps; before training; after training." in text
+    assert not tab.errors and not tab2.errors
 
 
 def test_token_view_colours_by_logprob_when_the_record_has_them(
@@ -253,6 +368,7 @@ def test_token_view_colours_by_logprob_when_the_record_has_them(
         "completion_ids": [5, 6, 7, 8],
         "completion_token_texts": ["Hel", "lo", "\n", " world"],
         "completion_logprobs": [0.0, -0.7, None, -5.0],
+        "timings": {"generation_start": 1767261600.25, "generation_s": 0.5},  # 2026-01-01 10:00:00.250 UTC
     }
     append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
     tab = Page(browser, srv.url)
@@ -269,6 +385,8 @@ def test_token_view_colours_by_logprob_when_the_record_has_them(
     ]
     assert spans[2].get_attribute("class") == "tok env"
     assert "logprob -0.700" in (spans[1].get_attribute("title") or "")
+    kv = p.inner_text("#rollout-detail .kv >> nth=2").split("\n")  # facts, sample metrics, timings
+    assert kv == ["generation_start", "10:00:00.250", "generation_s", "0.5000"]
     p.query_selector("#token-view").screenshot(path=str(tmp_path / "token-view.png"))
     assert not tab.errors
 
@@ -290,6 +408,22 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
         "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
     )
     assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
+    legend = "document.querySelector('.chart[data-key=\"%s\"]').layout.showlegend"
+    assert p.evaluate(legend % "gpu/*/gpu_utilization_percent") is True  # two GPUs: which line is which
+    p.wait_for_selector('.chart[data-key="cpu_utilization_percent"] .main-svg')
+    assert p.evaluate(legend % "cpu_utilization_percent") is False
+    # new samples: drawn into the same chart, the user's zoom kept
+    chart = "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]')"
+    p.evaluate(f"{chart}._seen = true; Plotly.relayout({chart}, {{'xaxis.range': [0, 1]}})")
+    append_jsonl(system, {**records[2], "time": 103.0})
+    p.wait_for_function(f"{chart}.data[0].x.length === 4", timeout=5000)
+    assert p.evaluate(f"[{chart}._seen, {chart}.layout.xaxis.range]") == [True, [0, 1]]
+    assert (
+        p.evaluate(
+            "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').layout.title.text"
+        )
+        == "gpu/*/gpu_utilization_percent (%)"
+    )
     sources = [d.get_attribute("data-source") for d in p.query_selector_all("details[data-source]")]
     assert sources == ["system n1", "vllm server 0"]
     assert not tab.errors

@@ -403,3 +403,45 @@ def test_a_multi_megabyte_line_is_read_in_one_linear_pass(tmp_path: Path) -> Non
     assert lines[1].data == b"last" and tail.torn_tail
     assert tail.read_lines(limit=1024) == ([], False)
     assert tail.offset == path.stat().st_size - len(b"torn")
+
+
+def _columns(records: list[dict], label: str) -> dict[str, list]:
+    """The Infra series of one source, built the plain way: a column per metric any of its samples
+    has as a number, that sample's value or None."""
+    mine = [r for r in records if label == ("torch rank 0" if r.get("source") == "torch" else "system n1")]
+    keys = {k for r in mine for k, v in r["metrics"].items() if isinstance(v, float)}
+    return {
+        k: [r["metrics"].get(k) if isinstance(r["metrics"].get(k), float) else None for r in mine]
+        for k in keys
+    }
+
+
+def test_system_series_aligns_metrics_per_source_and_is_computed_once_per_change(finished_run: Path) -> None:
+    # metrics that appear late, stop, or are not numbers; two sources interleaved
+    records = [
+        {"time": float(i), "node": "n1", "source": "system",
+         "metrics": {"cpu": i / 10, **({"gpu": i / 5} if 3 <= i < 7 else {}), "flag": i % 2 == 0}}
+        for i in range(10)
+    ] + [{"time": i + 0.5, "source": "torch", "rank": 0, "metrics": {"rss_gb": i / 4, "note": "x"}} for i in range(5)]  # fmt: skip
+    append_jsonl(finished_run / "system.jsonl", *records)
+    run = RunData(finished_run, "run")
+    series = run.system_series()["series"]
+    assert sorted(series) == ["system n1", "torch rank 0"]
+    assert series["system n1"]["time"] == [float(i) for i in range(10)]
+    assert series["system n1"]["values"] == _columns(records, "system n1")
+    assert series["system n1"]["values"]["gpu"] == [None] * 3 + [0.6, 0.8, 1.0, 1.2] + [None] * 3
+    assert (
+        series["torch rank 0"]["values"]
+        == _columns(records, "torch rank 0")
+        == {"rss_gb": [0, 0.25, 0.5, 0.75, 1.0]}
+    )
+    # thinned to about max_points: every (10 // 4)-th sample
+    assert run.system_series(max_points=4)["series"]["system n1"]["time"] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    # asked again with nothing appended: the same result, not computed again; then new samples
+    assert run.system_series()["series"] is run.system_series()["series"]
+    append_jsonl(
+        finished_run / "system.jsonl",
+        {"time": 10.0, "source": "system", "node": "n1", "metrics": {"cpu": 1.0}},
+    )
+    run.refresh(force=True)
+    assert run.system_series()["series"]["system n1"]["values"]["gpu"][-1] is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ class RunData:
         self._last_refresh = 0.0
         self._meta_mtime = 0
         self._config: tuple[int, dict[str, Any]] = (-1, {})
+        self._system_cache: tuple[tuple[int, int], dict[str, Any]] = ((-1, 0), {})
         self.metrics = MetricsStore(self.path / METRICS_FILE)
         self.system = RecordLog(self.path / SYSTEM_FILE)
         self.evals = RecordLog(self.path / EVAL_METRICS_FILE)
@@ -295,26 +297,15 @@ class RunData:
         )
 
     def system_series(self, max_points: int = 2000) -> dict[str, Any]:
-        """System/vLLM/torch samples grouped into series ``{source label: {"time", "values"}}``."""
+        """System/vLLM/torch samples grouped into series ``{source label: {"time", "values"}}``,
+        each thinned to about ``max_points`` samples; computed once per change of system.jsonl
+        (a live run's Infra page asks every second, with up to 200,000 samples in memory)."""
         self.refresh()
-        groups: dict[str, dict[str, Any]] = {}
-        for rec in self.system.records:
-            label = _source_label(rec)
-            g = groups.setdefault(label, {"time": [], "values": {}, "n": 0})
-            i = g["n"]
-            g["time"].append(rec.get("time"))
-            for key, value in (rec.get("metrics") or {}).items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    g["values"].setdefault(key, [None] * i).append(value)
-            g["n"] = i + 1
-            for column in g["values"].values():
-                if len(column) < i + 1:
-                    column.append(None)
-        for g in groups.values():
-            stride = max(1, g.pop("n") // max_points)
-            g["time"] = g["time"][::stride]
-            g["values"] = {k: v[::stride] for k, v in g["values"].items()}
-        return {"series": groups, "revision": self.system.revision}
+        with self._lock:  # the deque is appended to by a refresh in another request's thread
+            key = (self.system.revision, max_points)
+            if self._system_cache[0] != key:
+                self._system_cache = (key, _system_groups(self.system.records, max_points))
+            return {"series": self._system_cache[1], "revision": self.system.revision}
 
     def eval_records(self) -> dict[str, Any]:
         self.refresh()
@@ -339,6 +330,31 @@ class RunData:
             "metrics": self.metrics.revision, "system": self.system.revision, "evals": self.evals.revision,
             "step": last[0] if last else None, "status": self.meta.get("status"), "last_write": self.last_write(),
         }  # fmt: skip
+
+
+def _system_groups(records: Iterable[dict[str, Any]], max_points: int) -> dict[str, dict[str, Any]]:
+    """Samples per source label, one column per metric aligned with its times (None where a
+    sample lacks it), every ``len // max_points``-th sample kept."""
+    groups: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        g = groups.setdefault(_source_label(rec), {"time": [], "values": {}})
+        i = len(g["time"])
+        g["time"].append(rec.get("time"))
+        values: dict[str, list[Any]] = g["values"]
+        for key, value in (rec.get("metrics") or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                column = values.get(key)
+                if column is None:  # first seen now: None for the samples before
+                    column = values[key] = [None] * i
+                column.append(value)
+        for column in values.values():
+            if len(column) <= i:  # a metric this sample lacks
+                column.append(None)
+    for g in groups.values():
+        stride = max(1, len(g["time"]) // max_points)
+        g["time"] = g["time"][::stride]
+        g["values"] = {k: v[::stride] for k, v in g["values"].items()}
+    return groups
 
 
 def _source_label(rec: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ import * as logs from './pages/logs.js';
 
 const PAGES = { runs, metrics, rollouts, timeline, infra, evals, logs };
 const POLL_MS = 1000;
-const state = { runs: [], page: null, revisions: {}, rendering: false };
+const state = { runs: [], page: null, revisions: {}, rendering: false, paused: false };
 
 export function selectedRuns() {
   const { params } = currentRoute();
@@ -62,7 +62,11 @@ async function render() {
   }
 }
 
+// A hidden tab (another tab in front, a minimised window) does not poll: a forgotten dashboard
+// tab would otherwise have the server read and send its page's data every second or two for
+// good. It polls at once when shown again.
 async function poll() {
+  if (document.hidden) { state.paused = true; return; }
   try {
     const { runs: revs } = await api('/api/poll');
     const previous = state.revisions;
@@ -88,6 +92,9 @@ async function main() {
   // plotly compiles only now: until then the page fetched its data and drew previews of its charts
   await drawsSettled();
   loadPlotly();
+  document.addEventListener('visibilitychange', () => {
+    if (!document.hidden && state.paused) { state.paused = false; poll(); }
+  });
   setTimeout(poll, POLL_MS);
 }
 

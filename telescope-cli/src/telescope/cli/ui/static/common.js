@@ -77,6 +77,22 @@ export function smooth(values, weight) {
   });
 }
 
+// A metric's unit, from its name's conventions (timing_* in seconds, *_gb, *_percent, tokens/...),
+// shown after its chart's title: '' when the name does not say. First match wins.
+const UNITS = [
+  [/tokens_per_s$/, 'tokens/s'],
+  [/^timing[_/]|_s$|_seconds(_mean|_total)?$/, 's'],
+  [/_gb$/, 'GB'], [/_mb$/, 'MB'], [/(^|[/_])bytes$/, 'bytes'],
+  [/_percent$|(^|[/_])pct$/, '%'],
+  [/_w$/, 'W'], [/_c$/, '°C'], [/_mhz$/, 'MHz'],
+  [/(^|\/)tokens(\/|$)|_tokens(_total)?$/, 'tokens'],
+];
+export function unitOf(key) {
+  const found = UNITS.find(([re]) => re.test(key));
+  return found ? found[1] : '';
+}
+export const titled = key => (unitOf(key) ? `${key} (${unitOf(key)})` : key);
+
 export const COLORS = ['#3856d6', '#e4572e', '#17a398', '#f3a712', '#8d5fd3', '#29335c', '#db3a34', '#4c956c'];
 
 export const LAYOUT = {

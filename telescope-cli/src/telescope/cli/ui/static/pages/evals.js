@@ -12,8 +12,22 @@ async function showSamples(name, step) {
       data.rows.map(r => h('tr', {}, cols.map(c => h('td', {}, h('div', { class: 'preview' }, typeof r[c] === 'object' ? JSON.stringify(r[c]) : fmt(r[c])))))))));
 }
 
-function draw(records) {
-  if (!records.length) { ctx.root.replaceChildren(empty('No evals logged (evals/metrics.jsonl).')); return; }
+// Why there is nothing to show: no eval configured (the quickstart's case), or none finished yet.
+async function whyEmpty() {
+  const { config } = await runApi(ctx.run, 'config');
+  const evals = (config && config.evals) || [];
+  if (!evals.length) {
+    return empty('No evals: this run\'s config has none (its evals list is empty). Add one to the run config, '
+      + 'e.g. evals: [{name: <an eval or environment>, eval_every: 10}], to chart its pass@k and other metrics over steps here.');
+  }
+  const periodic = config.eval_num_servers === 0 ? null : evals.map(e => `${e.name} every ${e.eval_every ?? 10} steps`).join(', ');
+  const when = [periodic, config.eval_before_training !== false ? 'before training' : null,
+    config.eval_after_training !== false ? 'after training' : null].filter(Boolean);
+  return empty(`No eval results yet (evals/metrics.jsonl). Evals run: ${when.join('; ') || 'never (no periodic evals, none before or after training)'}.`);
+}
+
+async function draw(records) {
+  if (!records.length) { ctx.root.replaceChildren(await whyEmpty()); return; }
   const byName = new Map();
   for (const r of records) { if (!byName.has(r.name)) byName.set(r.name, []); byName.get(r.name).push(r); }
   const blocks = [...byName.entries()].sort().map(([name, recs]) => {
@@ -40,9 +54,9 @@ export async function render(main, { selected }) {
   if (!selected.length) { main.append(empty('No runs found.')); return; }
   ctx = { run: selected[0], root: h('div', { id: 'evals' }), samples: h('div') };
   main.append(ctx.root);
-  draw((await runApi(ctx.run, 'evals')).records);
+  await draw((await runApi(ctx.run, 'evals')).records);
 }
 
 export async function refresh({ changed }) {
-  if (ctx && changed(['evals'])) draw((await runApi(ctx.run, 'evals')).records);
+  if (ctx && changed(['evals'])) await draw((await runApi(ctx.run, 'evals')).records);
 }

@@ -2,7 +2,7 @@
 // 'a/b' -> section a, 'a/b/c' -> section a, group b), several runs overlaid, smoothing, x = step
 // or time; y fixed to the declared range (reward_min/max, metrics_ranges) when there is one.
 // The Custom view holds the user's own sections, kept in localStorage.
-import { COLORS, drawWhenVisible, empty, h, plot, runApi, setParams, smooth } from '../common.js';
+import { COLORS, drawWhenVisible, empty, h, plot, runApi, setParams, smooth, titled } from '../common.js';
 
 const CUSTOM_KEY = 'telescope.metrics.custom';
 const MARKERS_UP_TO = 200;
@@ -56,8 +56,9 @@ function drawChart(el, key) {
   const data = traces(key);
   const flat = range ? null : constantRange(data);
   return plot(el, data, {
-    title: { text: key + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
-    xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds' : 'step' } },
+    uirevision: key,  // a live run's new steps keep the user's zoom
+    title: { text: titled(key) + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
+    xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds since the run started' : 'step' } },
     yaxis: range ? { range: [range[0] - pad, range[1] + pad], autorange: false }
       : flat ? { range: flat, autorange: false } : { autorange: true },
   });

@@ -42,8 +42,9 @@ function summaryPanel(s) {
 
 function table(data) {
   if (!data.rows.length) return empty('No rollouts match.');
-  const cols = ['group', 'sample', 'env', 'reward', 'advantage', 'outcome', 'stop', 'tokens', 'completion'];
-  return h('table', { id: 'rollout-table' }, h('tr', {}, cols.map(c => h('th', {}, c))),
+  // fixed widths, the completion gets the rest: it is cut to fit rather than pushed out of view
+  const cols = { group: 44, sample: 52, env: 90, reward: 58, advantage: 78, outcome: 70, stop: 40, tokens: 48, completion: null };
+  return h('table', { id: 'rollout-table' }, h('tr', {}, Object.entries(cols).map(([c, w]) => h('th', { style: w ? `width:${w}px` : null }, c))),
     data.rows.map(r => h('tr', { class: 'clickable', 'data-reward': r.reward, onclick: e => { select(r); markSelected(e.currentTarget); } },
       h('td', { class: 'num' }, r.group_id), h('td', { class: 'num' }, r.sample_id), h('td', {}, r.env),
       h('td', { class: 'num' }, fmt(r.reward)), h('td', { class: 'num' }, fmt(r.advantage)),
@@ -64,12 +65,12 @@ function conversationView(messages) {
 // The token view: each completion token (its text when the record holds the token view's
 // fields, else its id), coloured by the sampler's probability (hue 120 * p: green sure, red
 // unlikely) when the record holds logprobs; environment-written tokens (logprob null) stay grey.
-// Mismatch needs the trainer's logprobs, which the records do not hold (see run-directory.md).
+// No per-token trainer/sampler mismatch: the trainer computes its logprobs after the record is
+// written, so no record holds them (the step's mismatch KL is on the Metrics page).
 function tokenView(record) {
   const ids = record.completion_ids || [];
   const texts = record.completion_token_texts;
   const lp = record.completion_logprobs;
-  const trainer = record.trainer_logprobs;
   if (!ids.length) return null;
   const spans = ids.map((id, i) => {
     let cls = 'tok', style = null, title = `id ${id}`;
@@ -77,7 +78,6 @@ function tokenView(record) {
       const p = Math.exp(lp[i]);
       style = `background:hsl(${Math.round(120 * p)}, 70%, 85%)`;
       title += `  logprob ${lp[i].toFixed(3)}  p ${p.toFixed(3)}`;
-      if (Array.isArray(trainer) && typeof trainer[i] === 'number') title += `  mismatch ${(lp[i] - trainer[i]).toFixed(3)}`;
     } else if (Array.isArray(lp)) { cls += ' env'; title += '  written by the environment'; }
     const text = Array.isArray(texts) && typeof texts[i] === 'string' ? texts[i] : String(id);
     // whitespace stays visible: a newline token shows as ↵ and breaks the line after it
@@ -88,11 +88,12 @@ function tokenView(record) {
   return h('div', {}, h('h3', {}, `completion tokens (${ids.length}), ${what}`), h('div', { class: 'tokens', id: 'token-view' }, spans));
 }
 
-// Unix times (generation_start, ...) read better as clock times with milliseconds.
+// Unix times (generation_start, ...) read better as 24-hour local clock times with milliseconds
+// (10:00:00.250; a locale's '10:00:00 AM' would put them after the AM).
 function value(k, v) {
   if (typeof v === 'number' && v > 1e9 && /(_start|_end|time)$/.test(k)) {
-    const d = new Date(v * 1000);
-    return `${d.toLocaleTimeString()}.${String(d.getMilliseconds()).padStart(3, '0')}`;
+    const d = new Date(v * 1000), two = n => String(n).padStart(2, '0');
+    return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}.${String(d.getMilliseconds()).padStart(3, '0')}`;
   }
   return fmt(v);
 }
@@ -142,14 +143,17 @@ async function load() {
   for (const k of FILTERS) params[k] = ctx.filters[k];
   setParams({ ...params, group: '', sample: '' });
   const data = await runApi(ctx.run, 'rollouts', params);
-  ctx.step = data.step;
   ctx.lastCount = data.total;
+  // ctx.step stays as it was (null: the latest step), or a live run opened before its first step
+  // would stay on the empty step 0
   if (!data.total && !(data.steps || []).length) { ctx.root.replaceChildren(empty('No rollouts logged yet.')); return; }
+  ctx.step = data.step;
+  ctx.steps = data.steps;
   ctx.detail = h('div', { class: 'panel scroll', id: 'rollout-detail' }, h('p', { class: 'muted' }, 'Click a rollout to see it in full.'));
   ctx.groupBox = h('div');
   ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary),
     h('p', { class: 'muted', id: 'rollout-count' }, `${data.matched} of ${data.total} rollouts of step ${data.step}`),
-    h('div', { class: 'split' }, h('div', { class: 'scroll' }, table(data)), ctx.detail), ctx.groupBox);
+    h('div', { class: 'split wide-left' }, h('div', { class: 'scroll', id: 'rollout-list' }, table(data)), ctx.detail), ctx.groupBox);
 }
 
 export async function render(main, { params, selected }) {
@@ -161,7 +165,15 @@ export async function render(main, { params, selected }) {
   if (params.group && params.sample) await select({ step: ctx.step, group_id: Number(params.group), sample_id: Number(params.sample) });
 }
 
-export async function refresh({ changed }) {
+export async function refresh({ changed, revisions }) {
+  if (!ctx) return;
   // A live run's latest step may still be filling: reload the list when its count may have changed.
-  if (ctx && ctx.lastCount === 0 && changed(['metrics'])) await load();
+  if (ctx.lastCount === 0 && changed(['metrics'])) { await load(); return; }
+  // A newer step: offered in the step picker (and by ›), the list shown stays as it is.
+  const latest = (revisions[ctx.run] || {}).step, steps = ctx.steps || [];
+  const select = document.getElementById('step');
+  if (select && steps.length && typeof latest === 'number' && latest > steps[steps.length - 1]) {
+    steps.push(latest);
+    select.append(h('option', { value: latest }, latest));
+  }
 }

@@ -25,7 +25,11 @@ function rowOrder(rows) {
 }
 
 function draw(data) {
-  if (!data.spans.length && !data.instants.length) { ctx.chart.replaceChildren(empty(`No events for steps ${data.lo}..${data.hi}.`)); return; }
+  if (!data.spans.length && !data.instants.length) {
+    ctx.chart.replaceChildren(empty(data.steps.length ? `No events for steps ${data.lo}..${data.hi} (events/).`
+      : 'No step logged yet: each step\'s generation, reward, trainer and weight-sync spans show here once it is.'));
+    return;
+  }
   const t0 = Math.min(...data.spans.map(s => s.start), ...data.instants.map(i => i.time));
   const rows = rowOrder(new Set([...data.spans.map(s => s.row), ...data.instants.map(i => i.row)]));
   const byType = {};
