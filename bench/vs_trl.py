@@ -53,10 +53,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from telescope.core.models.demo_tasks import REVERSE_SYSTEM_PROMPT, REVERSE_WORDS
+from telescope.core.models.demo_tasks import REVERSE_WORDS
 from telescope.core.models.tiny import TinyModelSpec, build_tiny_model
 
 PROMPTS_PER_STEP, GROUP_SIZE, LR, TRL_THREADS = 4, 8, 1e-3, 2
+# The system prompt of the workloads issue #22 measured (reverse_text's default then; it is a
+# short one now): pinned so this benchmark's figures stay comparable across versions.
+SYSTEM_PROMPT = (
+    "Reverse the text the user gives you, character by character. Reply with the reversed text only."
+)
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ def trl_dataset(n: int, seed: int) -> Any:
     rows = []
     for _ in range(n):
         word = rng.choice(REVERSE_WORDS)
-        prompt = [{"role": "system", "content": REVERSE_SYSTEM_PROMPT}, {"role": "user", "content": word}]
+        prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": word}]
         rows.append({"prompt": prompt, "answer": word[::-1]})
     return Dataset.from_list(rows)
 
@@ -195,7 +200,7 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
     run_dir = root / f"telescope-{time.time_ns()}"
     cfg = load_config(None, {
         "model": model_dir, "model_dtype": "float32", "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text", "kwargs": {"min_words": 1, "max_words": 1}}],
+        "environments": [{"name": "reverse_text", "kwargs": {"min_words": 1, "max_words": 1, "system_prompt": SYSTEM_PROMPT}}],
         "inference_engine": "transformers", "inference_num_workers": 1, "trainer_num_workers": 1,
         "ray_inference_cpus_per_worker": 1.0, "ray_trainer_cpus_per_worker": 1.0, "ray_address": "local",
         "inference_base_port": free_port(), "group_size": GROUP_SIZE, "prompts_batch_size_for_trainer": PROMPTS_PER_STEP,

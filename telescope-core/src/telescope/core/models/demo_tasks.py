@@ -17,9 +17,9 @@ REVERSE_WORDS: tuple[str, ...] = tuple(
         "night dream bread plant sound ocean tiger lemon chair north quiet story field storm"
     ).split()
 )
-REVERSE_SYSTEM_PROMPT = (
-    "Reverse the text the user gives you, character by character. Reply with the reversed text only."
-)
+# Short on purpose: with a one-to-three-word task the system prompt was ~58 of ~80 prompt tokens,
+# most of what the quickstart's trainer and server processed (the short one halves its step time).
+REVERSE_SYSTEM_PROMPT = "Reverse the text."
 
 
 def reverse_phrase(rng: random.Random, min_words: int, max_words: int) -> str:
