@@ -52,3 +52,24 @@ def test_staggered_admission_keeps_logprobs_exact(small_batch_server: SimpleName
         expected = teacher_forced(small_batch_server.model, prompt, out.token_ids)
         worst = max(worst, float((torch.tensor(out.logprobs) - expected).abs().max()))
     assert worst < 1e-5, f"largest logprob error {worst:.2e}"
+
+
+def test_identical_prompts_are_prefilled_once_and_sampled_apart(small_batch_server: SimpleNamespace) -> None:
+    """A group's samples share its prompt: one prefill row per distinct prompt, copied per sequence."""
+    short, long = [11, 12, 13, 14, 15], [21, 22, 23, 24, 25, 26, 27, 28, 29]
+
+    async def run() -> tuple[list, float]:  # type: ignore[type-arg]
+        async with InferenceClient(small_batch_server.url) as client:
+            before = (await client.metrics())["prompt_tokens_shared_total"]
+            # prompts [short, long] x n=2: four sequences admitted in one prefill (max_num_seqs=4)
+            outs = await client.complete([short, long], n=2, max_tokens=12, temperature=1.0, seed=3,
+                                         stop_token_ids=[small_batch_server.eos])  # fmt: skip
+            return outs, (await client.metrics())["prompt_tokens_shared_total"] - before
+
+    outs, shared = asyncio.run(run())
+    assert shared == len(short) + len(long), "each prompt's second copy was not computed"
+    prompts = [short, short, long, long]  # choice index = prompt index * n + sample
+    for prompt, out in zip(prompts, sorted(outs, key=lambda c: c.index), strict=True):
+        expected = teacher_forced(small_batch_server.model, prompt, out.token_ids)
+        assert float((torch.tensor(out.logprobs) - expected).abs().max()) < 1e-5
+    assert outs[0].token_ids != outs[1].token_ids, "copies of one prompt sample on their own"

@@ -5,6 +5,11 @@ decode steps, never inside one), drop aborted sequences, admit waiting sequences
 ``max_num_seqs`` (one batched prefill, which samples their first token), then one batched
 decode step for every running sequence. torch releases the GIL inside kernels, so the HTTP
 event loop stays responsive while the loop thread computes.
+
+A prefill computes each distinct prompt once: sequences admitted together with the same
+prompt (a GRPO group: ``n`` samples of one request, or one request per sample) get copies of
+its keys/values and last logits, and then sample on their own. Only the last position's
+logits are computed (``logits_to_keep``) where the model supports it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class GenerationEngine:
     def __init__(self, model: Any, options: EngineOptions) -> None:
         self.model = model.eval()
         self._cache_kwarg = cache_kwarg(model)
+        # Sampling needs the last position only: the LM head over a whole prompt is wasted work.
+        self._last_logits = {"logits_to_keep": 1} if accepts(model, "logits_to_keep") else {}
         self.options = options
         self.device = next(model.parameters()).device
         self.queue = WaitQueue(options.scheduling_policy)
@@ -50,9 +57,12 @@ class GenerationEngine:
         self.cache = self._empty_cache()
         self.next_tokens = torch.empty(0, dtype=torch.long, device=self.device)
         self.weight_version = 0
+        # prompt_tokens: every admitted prompt's tokens; prompt_tokens_shared: those of them whose
+        # keys/values were copied from an identical prompt of the same prefill, not computed.
         self.counters: dict[str, int] = {
             "prompt_tokens": 0, "generation_tokens": 0, "decode_steps": 0, "decode_rows": 0,
             "prefill_batches": 0, "sequences_finished": 0, "sequences_aborted": 0, "max_running": 0,
+            "prompt_tokens_shared": 0,
         }  # fmt: skip
         self._generator = torch.Generator().manual_seed(options.seed)
         self._seq_generators: dict[int, torch.Generator] = {}
@@ -225,17 +235,7 @@ class GenerationEngine:
                 self._seq_generators[id(seq)] = torch.Generator().manual_seed(
                     seq.params.seed + seq.choice_index
                 )
-        width = max(len(s.prompt_ids) for s in new)
-        ids = torch.zeros(len(new), width, dtype=torch.long)
-        mask = torch.zeros(len(new), width, dtype=torch.long)
-        for row, seq in enumerate(new):  # left padding: every prompt ends in the last column
-            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
-            mask[row, width - len(seq.prompt_ids) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        fresh = BatchCache([], mask)
-        logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp_(min=0), fresh)
-        self.counters["prefill_batches"] += 1
-        self.counters["prompt_tokens"] += int(mask.sum())
+        fresh, logits = self._prefill(new)
         tokens, logprobs = self._sample(new, logits)
         keep, finished = self._record(new, tokens, logprobs)
         if keep:
@@ -245,6 +245,29 @@ class GenerationEngine:
             self.running.extend(new[i] for i in keep)
         self.counters["max_running"] = max(self.counters["max_running"], len(self.running))
         self._finish_all(finished)
+
+    def _prefill(self, new: list[Sequence]) -> tuple[BatchCache, torch.Tensor]:
+        """One forward over the distinct prompts of ``new``; a cache and last logits with a row per sequence."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(seq.prompt_ids), len(distinct)) for seq in new]
+        prompts = list(distinct)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: every prompt ends in the last column
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        fresh = BatchCache([], mask)
+        logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp_(min=0), fresh)
+        total = sum(len(seq.prompt_ids) for seq in new)
+        self.counters["prefill_batches"] += 1
+        self.counters["prompt_tokens"] += total
+        self.counters["prompt_tokens_shared"] += total - int(mask.sum())
+        if len(prompts) < len(new):
+            fresh.select(rows)  # repeated rows: each sequence owns a copy it extends on its own
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        return fresh, logits
 
     def _decode_step(self) -> None:
         mask = torch.cat(
@@ -274,6 +297,7 @@ class GenerationEngine:
             position_ids=positions,
             use_cache=True,
             **{self._cache_kwarg: dynamic},
+            **self._last_logits,
         )
         cache.absorb(dynamic, mask)
         return out.logits[:, -1, :]
@@ -320,7 +344,12 @@ class GenerationEngine:
         return None
 
 
+def accepts(model: Any, name: str) -> bool:
+    """Whether the model's ``forward`` takes the argument ``name``."""
+    return name in inspect.signature(model.forward).parameters
+
+
 def cache_kwarg(model: Any) -> str:
     """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x renamed
     it; ``past_key_values`` is deprecated there and goes in 5.40), else ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if accepts(model, "cache") else "past_key_values"
