@@ -32,7 +32,9 @@ the load average (``os.getloadavg()``) when each run started; every step time is
 to ``results.json`` in the printed folder. Telescope's s/step is its
 ``timing_step_total`` (wall time from one step's end to the next, generation included); TRL's is
 the wall time between ``on_step_end`` callbacks. The ratio is TRL s/step / Telescope s/step
-(> 1: Telescope faster). The two frameworks sample their own completions, so their mean lengths
+(> 1: Telescope faster). Telescope's phases are its trainer timers plus ``tl_*`` windows read
+from the run's timeline events (``timeline_phases``: generation, reward tail, the train_step
+call, weight sync and the driver's remainder). The two frameworks sample their own completions, so their mean lengths
 differ: tok/s (completion tokens per second: 32 x mean length / s/step) and its ratio compare the
 work done per second; the shortest and longest completion show how much lengths varied.
 Figures are wall-clock and machine-dependent.
@@ -217,10 +219,50 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
         k.removeprefix("timing_").removesuffix("_total"): statistics.median(r.get(k, 0.0) for r in rows)
         for k in sorted({k for r in rows for k in r if k.startswith("timing_") and k.endswith("_total")})
     }
+    phases.update(timeline_phases(run_dir, wl.warmup))
     return RunResult(
         [r["timing_step_total"] for r in rows], load, statistics.mean(r["tokens/completion/mean"] for r in rows),
         phases, min(r["tokens/completion/min"] for r in rows), max(r["tokens/completion/max"] for r in rows),
     )  # fmt: skip
+
+
+def timeline_phases(run_dir: Path, warmup: int) -> dict[str, float]:
+    """Median per-step windows from the run's timeline events (``events/block_*.jsonl``).
+
+    ``tl_generation``: first generation start to last generation end of the step's samples;
+    ``tl_reward_tail``: last generation end to last reward end; ``tl_train_call``: the
+    ``train_step`` call from the driver (Ray round trip included; compare with the backend's
+    forward/backward/... timers); ``tl_weight_sync``: the sync call; ``tl_other``: the step time
+    outside these four (driver work between phases: batching, metrics, hooks, dispatch), only
+    where they do not overlap (sync mode; in async mode generation overlaps training).
+    """
+    from telescope.core.observe.blocks import block_files
+
+    events: dict[int, dict[tuple[str, str], list[float]]] = {}
+    for _, path in block_files(run_dir / "events"):
+        for e in map(json.loads, path.read_text().splitlines()):
+            by_kind = events.setdefault(int(e.get("step") or 0), {})
+            by_kind.setdefault((e["type"], e["phase"]), []).append(e["time"])
+    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    metrics = {row["step"]: row["metrics"] for row in rows}
+    out: dict[str, list[float]] = {}
+    for step in sorted(metrics)[warmup:]:
+        ev = events.get(step, {})
+        if not ev.get(("generation", "start")) or not ev.get(("trainer", "start")):
+            continue
+        gen = (min(ev[("generation", "start")]), max(ev[("generation", "end")]))
+        windows = {
+            "tl_generation": gen[1] - gen[0],
+            "tl_reward_tail": max(ev.get(("reward", "end"), [gen[1]])) - gen[1],
+            "tl_train_call": ev[("trainer", "end")][0] - ev[("trainer", "start")][0],
+            "tl_weight_sync": ev[("weight_sync", "end")][0] - ev[("weight_sync", "start")][0],
+        }
+        other = metrics[step]["timing_step_total"] - sum(windows.values())
+        if other >= 0:  # else the windows overlap (async mode): no remainder to show
+            windows["tl_other"] = other
+        for k, v in windows.items():
+            out.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 # --- report --------------------------------------------------------------------------------

@@ -5,6 +5,13 @@ decode steps, never inside one), drop aborted sequences, admit waiting sequences
 ``max_num_seqs`` (one batched prefill, which samples their first token), then one batched
 decode step for every running sequence. torch releases the GIL inside kernels, so the HTTP
 event loop stays responsive while the loop thread computes.
+
+A prompt is prefilled once while any sequence with it runs (and the weights did not change
+since): sequences with the same prompt (a GRPO group: ``n`` samples of one request, or one
+request per sample arriving a few milliseconds apart) get copies of its keys/values and last
+logits, then sample on their own. The held prompt (views of its prefill's tensors) is
+released with its last sequence. Only the last position's logits are computed
+(``logits_to_keep``) where the model supports it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,19 @@ from telescope.core.inference.transformers_engine.sampling import sample_next
 from telescope.core.inference.transformers_engine.scheduler import RequestState, Sequence, WaitQueue
 
 __all__ = ["EngineOptions", "GenerationEngine"]
+
+PromptKey = tuple[int, tuple[int, ...]]
+"""(``GenerationEngine.epoch``, prompt ids): keys/values of a prompt are valid only for the weights
+that computed them, and weights change only in a call run between steps (a weight swap)."""
+
+
+@dataclass
+class SharedPrompt:
+    """A prefilled prompt: its keys/values [1, heads, len, dim] per layer, last logits [vocab], users."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    logits: torch.Tensor
+    users: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,8 @@ class GenerationEngine:
     def __init__(self, model: Any, options: EngineOptions) -> None:
         self.model = model.eval()
         self._cache_kwarg = cache_kwarg(model)
+        # Sampling needs the last position only: the LM head over a whole prompt is wasted work.
+        self._last_logits = {"logits_to_keep": 1} if accepts(model, "logits_to_keep") else {}
         self.options = options
         self.device = next(model.parameters()).device
         self.queue = WaitQueue(options.scheduling_policy)
@@ -50,12 +72,19 @@ class GenerationEngine:
         self.cache = self._empty_cache()
         self.next_tokens = torch.empty(0, dtype=torch.long, device=self.device)
         self.weight_version = 0
+        # prompt_tokens: every admitted prompt's tokens; prompt_tokens_computed: those the model
+        # computed (the others were copied from the same prompt held for a running sequence).
         self.counters: dict[str, int] = {
             "prompt_tokens": 0, "generation_tokens": 0, "decode_steps": 0, "decode_rows": 0,
             "prefill_batches": 0, "sequences_finished": 0, "sequences_aborted": 0, "max_running": 0,
+            "prompt_tokens_computed": 0,
         }  # fmt: skip
         self._generator = torch.Generator().manual_seed(options.seed)
         self._seq_generators: dict[int, torch.Generator] = {}
+        self._prompts: dict[PromptKey, SharedPrompt] = {}
+        self.epoch = 0
+        """Calls run between steps so far (any of them may have changed the weights)."""
+        self._seq_prompt: dict[int, PromptKey] = {}
         self._requests: dict[str, RequestState] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -180,6 +209,8 @@ class GenerationEngine:
     def _run_calls(self) -> None:
         with self._lock:
             calls, self._calls = self._calls, []
+        if calls:  # a held prompt is not reused past a call that may have swapped the weights
+            self.epoch += 1
         for fn, box in calls:
             try:
                 box["result"] = fn()
@@ -208,6 +239,12 @@ class GenerationEngine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self._seq_generators.pop(id(seq), None)
+        key = self._seq_prompt.pop(id(seq), None)
+        if key is not None:
+            shared = self._prompts[key]
+            shared.users -= 1
+            if shared.users == 0:
+                del self._prompts[key]
         self.counters["sequences_aborted" if reason == "abort" else "sequences_finished"] += 1
         seq.request.finish(seq, reason)
         with self._lock:
@@ -225,17 +262,7 @@ class GenerationEngine:
                 self._seq_generators[id(seq)] = torch.Generator().manual_seed(
                     seq.params.seed + seq.choice_index
                 )
-        width = max(len(s.prompt_ids) for s in new)
-        ids = torch.zeros(len(new), width, dtype=torch.long)
-        mask = torch.zeros(len(new), width, dtype=torch.long)
-        for row, seq in enumerate(new):  # left padding: every prompt ends in the last column
-            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
-            mask[row, width - len(seq.prompt_ids) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        fresh = BatchCache([], mask)
-        logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp_(min=0), fresh)
-        self.counters["prefill_batches"] += 1
-        self.counters["prompt_tokens"] += int(mask.sum())
+        fresh, logits = self._prefill(new)
         tokens, logprobs = self._sample(new, logits)
         keep, finished = self._record(new, tokens, logprobs)
         if keep:
@@ -245,6 +272,61 @@ class GenerationEngine:
             self.running.extend(new[i] for i in keep)
         self.counters["max_running"] = max(self.counters["max_running"], len(self.running))
         self._finish_all(finished)
+
+    def _prefill(self, new: list[Sequence]) -> tuple[BatchCache, torch.Tensor]:
+        """A cache and last logits with a row per sequence of ``new``; prompts not held are computed."""
+        keys: list[PromptKey] = [(self.epoch, tuple(seq.prompt_ids)) for seq in new]
+        distinct = list(dict.fromkeys(keys))
+        missing = [key for key in distinct if key not in self._prompts]
+        if missing:
+            self._compute_prompts(missing)
+        self.counters["prefill_batches"] += 1
+        self.counters["prompt_tokens"] += sum(len(key[1]) for key in keys)
+        shared = [self._prompts[key] for key in distinct]
+        width = max(len(key[1]) for key in distinct)
+
+        def left_padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
+
+        layers = [
+            (torch.cat([left_padded(p.layers[n][0]) for p in shared]),
+             torch.cat([left_padded(p.layers[n][1]) for p in shared]))
+            for n in range(len(shared[0].layers))
+        ]  # fmt: skip
+        mask = torch.zeros(len(distinct), width, dtype=torch.long, device=self.device)
+        for row, key in enumerate(distinct):  # left padding: every prompt ends in the last column
+            mask[row, width - len(key[1]) :] = 1
+        cache = BatchCache(layers, mask)
+        logits = torch.stack([p.logits for p in shared])
+        position = {key: row for row, key in enumerate(distinct)}
+        rows = [position[key] for key in keys]
+        for seq, key in zip(new, keys, strict=True):
+            self._prompts[key].users += 1
+            self._seq_prompt[id(seq)] = key
+        if rows != list(range(len(distinct))):
+            cache.select(rows)  # repeated rows: each sequence owns a copy it extends on its own
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        return cache, logits
+
+    def _compute_prompts(self, keys: list[PromptKey]) -> None:
+        """One forward over the prompts of ``keys``; each is held in ``_prompts`` (no users yet)."""
+        prompts = [key[1] for key in keys]
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        fresh = BatchCache([], mask)
+        logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp_(min=0), fresh)
+        self.counters["prompt_tokens_computed"] += int(mask.sum())
+        for row, (key, prompt) in enumerate(zip(keys, prompts, strict=True)):
+            start = width - len(prompt)
+            self._prompts[key] = SharedPrompt(
+                [(k[row : row + 1, :, start:], v[row : row + 1, :, start:]) for k, v in fresh.layers],
+                logits[row],
+            )
 
     def _decode_step(self) -> None:
         mask = torch.cat(
@@ -274,6 +356,7 @@ class GenerationEngine:
             position_ids=positions,
             use_cache=True,
             **{self._cache_kwarg: dynamic},
+            **self._last_logits,
         )
         cache.absorb(dynamic, mask)
         return out.logits[:, -1, :]
@@ -320,7 +403,12 @@ class GenerationEngine:
         return None
 
 
+def accepts(model: Any, name: str) -> bool:
+    """Whether the model's ``forward`` takes the argument ``name``."""
+    return name in inspect.signature(model.forward).parameters
+
+
 def cache_kwarg(model: Any) -> str:
     """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x renamed
     it; ``past_key_values`` is deprecated there and goes in 5.40), else ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if accepts(model, "cache") else "past_key_values"
