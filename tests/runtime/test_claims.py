@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -167,7 +168,8 @@ def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
     import telescope.core.runtime.claims as claims
 
     proc, port = pick_in_other_process()
-    other = port + 1 if port + 1 < claims._ephemeral_low() else port - 1
+    # a neighbour that is free now (one taken by another process would be skipped too)
+    other = next(p for p in range(port + 1, claims._ephemeral_low()) if claims.port_free("127.0.0.1", p))
     picks = iter([port, other, port])
     monkeypatch.setattr(claims.random, "randrange", lambda lo, hi: next(picks))
     try:
@@ -193,3 +195,30 @@ def test_a_rendezvous_claim_from_another_machine_holds_for_its_lease(
     aged = {**json.loads(claim_file.read_text()), "time": time.time() - claims.RENDEZVOUS_LEASE_S - 1}
     claim_file.write_text(json.dumps(aged))
     assert claims.rendezvous_port("127.0.0.1", tries=3) == port  # past its lease: taken over
+
+
+def test_an_inference_port_block_skips_a_port_claimed_for_a_store(own_claims_dir: Path) -> None:
+    import telescope.core.runtime.claims as claims
+
+    base = free_port_block(4)
+    # a live run (this process) picked base+1 for its store and has not bound it yet
+    assert claims._claim_port(base + 1, {"pid": os.getpid(), "host": socket.gethostname()})
+    first, held = port_block("127.0.0.1", base, 2, {"run_dir": "x"})
+    assert first == base + 2
+    for h in held:
+        h.release()
+    claims.release_rendezvous_ports()
+    first, held = port_block("127.0.0.1", base, 2, {"run_dir": "x"})  # released: the block is free again
+    assert first == base
+    for h in held:
+        h.release()
+
+
+def test_a_rendezvous_claim_with_a_bad_pid_is_stale_not_an_error(own_claims_dir: Path) -> None:
+    import telescope.core.runtime.claims as claims
+
+    path = claims.claims_dir("rendezvous") / "25000.claim"
+    path.write_text(json.dumps({"pid": "x", "host": socket.gethostname(), "time": time.time()}))
+    assert claims._stale(path)
+    assert claims._claim_port(25000, {"pid": os.getpid(), "host": socket.gethostname()})
+    claims.release_rendezvous_ports()

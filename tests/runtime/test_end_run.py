@@ -107,6 +107,31 @@ def test_a_plugin_raising_at_the_end_of_a_run_that_succeeded_fails_the_run_namin
     assert hub.infos[-1]["failure"]["reason"] == f"RunStageError: {ending}"
 
 
+class EndsUnderAnotherName:
+    """A plugin implementing the hook under another function name (pluggy's ``specname``)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl(specname="telescope_run_end")
+    def on_run_end(self, status: str) -> None:
+        self.calls += 1
+        raise RuntimeError("plugin bug under another name")
+
+
+def test_each_plugin_is_called_once_and_blamed_only_for_its_own_error(tmp_path: Path) -> None:
+    named, failing = EndsUnderAnotherName(), FailsOnRunEnd()
+    pm, recorder = recording_plugin_manager(named, failing)
+    hub = FakeHub()
+    _end_run(pm, hub, FakeSession(), "failed", RuntimeError("trainer died"), tmp_path)  # type: ignore[arg-type]
+    assert named.calls == 1 and recorder.ends == ["failed"]
+    failures = {(f["plugin"], f["error"]) for f in hub.infos[-1]["hook_failures"]}
+    assert failures == {
+        (pm.get_name(named), "RuntimeError: plugin bug under another name"),
+        (pm.get_name(failing), "RuntimeError: plugin bug in run_end"),
+    }
+
+
 class StubSession:
     """Stands in for the run's Ray session: training is replaced by ``outcome`` (raised when an exception)."""
 

@@ -21,10 +21,11 @@ def test_a_requeued_prompt_is_served_before_the_prefetched_ones(tokenizer: Any) 
     async def serve() -> list[int]:
         await prompts.start()
         first = await prompts.next()
-        for _ in range(100):  # until the buffer is full again (the prefetch waits on it)
+        for _ in range(3000):  # until the buffer is full again (the prefetch waits on it)
             if prompts._queue is not None and prompts._queue.full():
                 break
             await asyncio.sleep(0.01)
+        assert prompts._queue is not None and prompts._queue.full(), "the prefetch did not refill in 30 s"
         prompts.requeue([first.item])  # its server was drained
         served = [first.item.group_id] + [(await prompts.next()).item.group_id for _ in range(4)]
         await prompts.stop()

@@ -5,6 +5,7 @@ server's last output lines instead of hanging it."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 import subprocess
 import sys
@@ -45,7 +46,8 @@ def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -
         bench._wait_for_server(proc, url, log, deadline_s=1.0)
     assert time.perf_counter() - t < 15
     msg = str(err.value)
-    assert url in msg and "still running after 1." in msg and "killed" in msg
+    waited = re.search(r"still running after (\d+\.\d+) ?s", msg)  # a loaded machine may overshoot
+    assert url in msg and waited and float(waited.group(1)) >= 1.0 and "killed" in msg
     assert "loading the run" in msg and str(log) in msg
     assert proc.poll() is not None  # killed, not left behind
 

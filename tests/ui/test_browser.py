@@ -251,8 +251,10 @@ def test_live_metrics_line_and_first_rollouts_appear_within_3s(
         assert (
             p.inner_text("#rollout-count") == f"{len(step_rows(1))} of {len(step_rows(1))} rollouts of step 1"
         )
-        log_step(fresh, 2)  # a newer step: offered by the step picker, the list stays on step 1
-        p.wait_for_selector('#step option[value="2"]', state="attached", timeout=3000)
+        log_step(fresh, 2)  # newer steps: offered by the step picker, the list stays on step 1
+        log_step(fresh, 3)  # two steps within one poll: both are offered, not only the latest
+        p.wait_for_selector('#step option[value="3"]', state="attached", timeout=3000)
+        assert p.eval_on_selector_all("#step option", "os => os.map(o => o.value)") == ["1", "2", "3"]
         assert "of step 1" in p.inner_text("#rollout-count")
         p.click("#next-step")
         p.wait_for_selector("text=rollouts of step 2")

@@ -444,4 +444,6 @@ def test_system_series_aligns_metrics_per_source_and_is_computed_once_per_change
         {"time": 10.0, "source": "system", "node": "n1", "metrics": {"cpu": 1.0}},
     )
     run.refresh(force=True)
-    assert run.system_series()["series"]["system n1"]["values"]["gpu"][-1] is None
+    after = run.system_series()["series"]["system n1"]
+    assert after["time"][-1] == 10.0 and after["values"]["cpu"][-1] == 1.0  # the new sample is in
+    assert len(after["values"]["gpu"]) == 11 and after["values"]["gpu"][-1] is None

@@ -229,9 +229,11 @@ def telescope_warning(message: str) -> None:
 def telescope_run_end(status: str, error: BaseException | None) -> None:
     """Called once when a run ends, however it ends, after its processes stopped.
 
-    The run's ``LoggerHub`` finishes here (``run.json`` gets its final status). Each plugin is
-    called on its own; one that raises is reported naming it and this hook, and never replaces
-    the run's own error (a run that had completed ends failed instead).
+    The run's ``LoggerHub`` finishes after every plugin's call: ``run.json`` gets its final status
+    then (a plugin raising here turns a completed run into a failed one), so a plugin reading the
+    run directory here sees it not yet finished; ``status`` is the ending. Each plugin is called
+    on its own; one that raises is reported naming it and this hook, and never replaces the run's
+    own error (a run that had completed ends failed instead).
 
     Args:
         status: ``"completed"``, ``"interrupted"`` or ``"failed"``.

@@ -116,7 +116,8 @@ def port_block(
             break
         claims: list[Claim] = []
         for port in range(first, first + count):
-            held = claim("ports", str(port), info) if port_free(host, port) else None
+            free = port_free(host, port) and not _rendezvous_claimed(port)  # a store may bind it soon
+            held = claim("ports", str(port), info) if free else None
             if held is None:
                 break
             claims.append(held)
@@ -172,6 +173,12 @@ def rendezvous_port(host: str = "0.0.0.0", tries: int = 200, owner: dict[str, An
         return int(sock.getsockname()[1])
 
 
+def _rendezvous_claimed(port: int) -> bool:
+    """Whether a live run claimed ``port`` for a store it has not bound yet."""
+    path = claims_dir(_RENDEZVOUS) / f"{port}.claim"
+    return path.exists() and not _stale(path)
+
+
 def _claim_port(port: int, holder: dict[str, Any]) -> bool:
     """Claim rendezvous ``port`` for ``holder``; False when a live claim holds it. Checked and written
     under the claims directory's lock, so of two processes picking the same port only one gets it."""
@@ -201,7 +208,9 @@ def _stale(path: Path) -> bool:
         return True
     if time.time() - data["time"] > RENDEZVOUS_LEASE_S:
         return True
-    return data.get("host") == socket.gethostname() and not _alive(int(data.get("pid", 0)))
+    if not isinstance(data.get("pid", 0), int):
+        return True
+    return data.get("host") == socket.gethostname() and not _alive(data.get("pid", 0))
 
 
 def _alive(pid: int) -> bool:

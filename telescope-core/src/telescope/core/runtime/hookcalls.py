@@ -51,6 +51,7 @@ def call_each(
         if impl.plugin_name in skip:
             continue
         # pluggy's own call on a caller holding this one plugin: wrappers and argument subsets as usual
+        # (pluggy >= 1.7 removes the others by identity, also one implementing the hook under a specname)
         only = pm.subset_hook_caller(
             name, remove_plugins=[i.plugin for i in impls if i.plugin is not impl.plugin]
         )

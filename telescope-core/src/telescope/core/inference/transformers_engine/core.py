@@ -9,7 +9,7 @@ event loop stays responsive while the loop thread computes.
 A prompt is prefilled once while any sequence with it runs (and the weights did not change
 since): sequences with the same prompt (a GRPO group: ``n`` samples of one request, or one
 request per sample arriving a few milliseconds apart) get copies of its keys/values and last
-logits, then sample on their own. The held prompt (views of its prefill's tensors) is
+logits, then sample on their own. The held prompt (copies of its rows of the prefill) is
 released with its last sequence. Only the last position's logits are computed
 (``logits_to_keep``) where the model supports it.
 """
@@ -323,9 +323,14 @@ class GenerationEngine:
         self.counters["prompt_tokens_computed"] += int(mask.sum())
         for row, (key, prompt) in enumerate(zip(keys, prompts, strict=True)):
             start = width - len(prompt)
+            # copies, not views: a view would keep the whole padded prefill batch (and, for a model
+            # without logits_to_keep, its full logits) alive until the batch's last sequence ends
             self._prompts[key] = SharedPrompt(
-                [(k[row : row + 1, :, start:], v[row : row + 1, :, start:]) for k, v in fresh.layers],
-                logits[row],
+                [
+                    (k[row : row + 1, :, start:].clone(), v[row : row + 1, :, start:].clone())
+                    for k, v in fresh.layers
+                ],
+                logits[row].clone(),
             )
 
     def _decode_step(self) -> None:

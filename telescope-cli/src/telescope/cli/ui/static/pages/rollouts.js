@@ -169,11 +169,14 @@ export async function refresh({ changed, revisions }) {
   if (!ctx) return;
   // A live run's latest step may still be filling: reload the list when its count may have changed.
   if (ctx.lastCount === 0 && changed(['metrics'])) { await load(); return; }
-  // A newer step: offered in the step picker (and by ›), the list shown stays as it is.
+  // Newer steps: offered in the step picker (and by ›), the list shown stays as it is. Every step
+  // logged since is asked for: steps can finish faster than the poll, which sees only the latest.
   const latest = (revisions[ctx.run] || {}).step, steps = ctx.steps || [];
   const select = document.getElementById('step');
   if (select && steps.length && typeof latest === 'number' && latest > steps[steps.length - 1]) {
-    steps.push(latest);
-    select.append(h('option', { value: latest }, latest));
+    const data = await runApi(ctx.run, 'rollouts', { step: ctx.step });
+    for (const s of data.steps || []) {
+      if (s > steps[steps.length - 1]) { steps.push(s); select.append(h('option', { value: s }, s)); }
+    }
   }
 }
