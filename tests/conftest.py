@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -53,3 +56,18 @@ def tiny_path(model_cache: str) -> str:
     from telescope.core.models import resolve_model_path
 
     return resolve_model_path("telescope/tiny")
+
+
+@pytest.fixture(scope="session")
+def bench_script() -> Callable[[str], ModuleType]:
+    """Loads a benchmark script of bench/ by name (``bench_script("ui")``: bench/ui.py) as a module."""
+
+    def load(name: str) -> ModuleType:
+        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -3,34 +3,25 @@ right-padded rows give every completion token the logprob of a one-sequence-at-a
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "trainer.py"
-
-
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_trainer", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.parametrize("layout", ["trl", "right"])
-def test_padded_rows_give_per_sequence_logprobs(tiny_model_dir: str, layout: str) -> None:
+def test_padded_rows_give_per_sequence_logprobs(
+    tiny_model_dir: str, layout: str, bench_script: Callable[[str], ModuleType]
+) -> None:
     from fsdp_helpers import make_samples
     from transformers import AutoModelForCausalLM
 
     from telescope.core.algorithms.logprobs import token_logprobs
 
-    bench = load_bench()
+    bench = bench_script("trainer")
     model = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
     )
@@ -52,8 +43,8 @@ def test_padded_rows_give_per_sequence_logprobs(tiny_model_dir: str, layout: str
             )
 
 
-def test_length_distributions_stay_in_range() -> None:
-    bench = load_bench()
+def test_length_distributions_stay_in_range(bench_script: Callable[[str], ModuleType]) -> None:
+    bench = bench_script("trainer")
     for dist in ("rl", "uniform"):
         samples = bench.make_samples(200, 512, 64, 0, (8, 32), dist)
         assert all(16 <= len(s.completion_ids) and s.length <= 512 for s in samples), dist

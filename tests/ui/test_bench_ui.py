@@ -4,26 +4,16 @@ server's last output lines instead of hanging it."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "ui.py"
-
-
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_ui", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _spawn(code: str, log: Path) -> subprocess.Popen[bytes]:
@@ -37,8 +27,10 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -> None:
-    bench, log = load_bench(), tmp_path / "server.log"
+def test_a_server_that_never_answers_is_killed_at_the_deadline(
+    tmp_path: Path, bench_script: Callable[[str], ModuleType]
+) -> None:
+    bench, log = bench_script("ui"), tmp_path / "server.log"
     proc = _spawn("import time; print('loading the run', flush=True); time.sleep(60)", log)
     url = f"http://127.0.0.1:{_port()}/api/poll"
     t = time.perf_counter()
@@ -52,8 +44,10 @@ def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -
     assert proc.poll() is not None  # killed, not left behind
 
 
-def test_a_server_that_exits_names_its_exit_code_and_output(tmp_path: Path) -> None:
-    bench, log = load_bench(), tmp_path / "server.log"
+def test_a_server_that_exits_names_its_exit_code_and_output(
+    tmp_path: Path, bench_script: Callable[[str], ModuleType]
+) -> None:
+    bench, log = bench_script("ui"), tmp_path / "server.log"
     proc = _spawn("import sys; print('OSError: address already in use'); sys.exit(3)", log)
     with pytest.raises(SystemExit) as err:
         bench._wait_for_server(proc, f"http://127.0.0.1:{_port()}/api/poll", log, deadline_s=30.0)
@@ -61,8 +55,10 @@ def test_a_server_that_exits_names_its_exit_code_and_output(tmp_path: Path) -> N
     assert "exited with code 3" in msg and "address already in use" in msg
 
 
-def test_a_server_that_comes_up_late_is_waited_for(tmp_path: Path) -> None:
-    bench, log, port = load_bench(), tmp_path / "server.log", _port()
+def test_a_server_that_comes_up_late_is_waited_for(
+    tmp_path: Path, bench_script: Callable[[str], ModuleType]
+) -> None:
+    bench, log, port = bench_script("ui"), tmp_path / "server.log", _port()
     proc = _spawn(
         "import time, http.server; time.sleep(0.5); "
         f"http.server.HTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()",
