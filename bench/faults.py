@@ -75,10 +75,11 @@ class Row:
 
 
 def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
+    from telescope.core import faults
     from telescope.core.config import load_config
     from telescope.core.observe import RunDirReader
     from telescope.core.plugins import load_plugins
-    from telescope.core.runtime import faults, run_training
+    from telescope.core.runtime import run_training
 
     run_dir = workdir / f"run_{len(list(workdir.iterdir()))}"  # a fresh folder per run
     os.environ.pop(faults.ENV_VAR, None)
@@ -110,7 +111,7 @@ def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
 
 def _heal_times(reader: Any) -> tuple[float | None, float | None]:
     """(kill -> restart begins, kill -> first verified weight sync after the restart)."""
-    from telescope.core.runtime import faults
+    from telescope.core import faults
 
     killed = faults.fired.get("server_kill")
     events = reader.events()
@@ -126,7 +127,7 @@ def _heal_times(reader: Any) -> tuple[float | None, float | None]:
 
 
 def _detect(scenario: Scenario, reader: Any, end: float) -> float | None:
-    from telescope.core.runtime import faults
+    from telescope.core import faults
 
     kind = scenario.fault_time
     if kind.startswith("trainer:"):

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from telescope.core.observe import Logger, LoggerHub, TimelineEvent
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.plugins import get_plugin_manager
-from telescope.core.runtime.groups import RolloutGroup, RolloutSample
+from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
 from telescope.core.testing import RunRecorder, make_config
 
 

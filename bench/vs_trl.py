@@ -11,7 +11,7 @@ template and LCS reward), 4 prompts x 8 completions per step, lr 1e-3 (constant)
 default (TRL: on; Telescope: off on CPU). TRL runs in this process with 2 torch threads and its defaults otherwise
 (HF ``generate``); Telescope runs ``run_training`` (Ray, the transformers engine, the FSDP
 backend on 1 rank) in sync (``max_async_rollout: 0``) and async (``1``) mode, threads chosen by
-its own rule (``telescope.core.runtime.threads``; recorded in run.json).
+its own rule (``telescope.core.cluster.threads``; recorded in run.json).
 
 Workloads (``--workloads``):
 - ``tiny``: ~0.33M parameters (hidden 128, 2 layers), <= 16 completion tokens (overhead bound);
@@ -236,7 +236,7 @@ def timeline_phases(run_dir: Path, warmup: int) -> dict[str, float]:
     outside these four (driver work between phases: batching, metrics, hooks, dispatch), only
     where they do not overlap (sync mode; in async mode generation overlaps training).
     """
-    from telescope.core.observe.blocks import block_files
+    from telescope.core.observe.rundir.blocks import block_files
 
     events: dict[int, dict[tuple[str, str], list[float]]] = {}
     for _, path in block_files(run_dir / "events"):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def expected_lr(cfg: Any, step: int) -> float:
-    """Warmup then cosine, written out independently of telescope.core.schedules."""
+    """Warmup then cosine, written out independently of telescope.core.training.schedules."""
     import math
 
     if step < cfg.warmup_steps:

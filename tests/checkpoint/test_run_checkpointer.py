@@ -106,7 +106,7 @@ def test_each_checkpoint_holds_the_driver_state_and_resume_reads_it_back(tmp_pat
 
 
 def test_a_save_failing_twice_stops_the_run_naming_the_folder_and_the_cause(tmp_path: Path) -> None:
-    from telescope.core.observe.storage import StorageError
+    from telescope.core.observe.rundir.storage import StorageError
 
     cfg = config(tmp_path / "run")  # checkpoint_failure: stop (the default)
     orch, trainer, failed = Orchestrator(), FileTrainer(fail=((4, 1), (4, 2))), []
@@ -153,7 +153,7 @@ def checkpoint_spans(orch: Orchestrator) -> list[tuple[str, int | None, dict[str
 
 
 def test_a_failed_save_ends_its_checkpoint_span_with_the_error(tmp_path: Path) -> None:
-    from telescope.core.observe.storage import StorageError
+    from telescope.core.observe.rundir.storage import StorageError
 
     cfg = config(tmp_path / "run")
     orch, trainer = Orchestrator(), FileTrainer(fail=((2, 1), (2, 2)))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from telescope.cli.app import app
 from telescope.core.observe import rollout_metrics
-from telescope.core.observe.reader import RunDirReader
+from telescope.core.observe.rundir.reader import RunDirReader
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "ui"))  # the run writers of the dashboard tests
 

@@ -30,9 +30,9 @@ from telescope.core.env import (
 )
 from telescope.core.inference.client import Completion
 from telescope.core.observe.adapters import records_from_group
-from telescope.core.observe.records import RolloutRecord
-from telescope.core.runtime.groups import RolloutGroup
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner, SampleTask
+from telescope.core.observe.rundir.records import RolloutRecord
+from telescope.core.rollouts.groups import RolloutGroup
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "third_party_env" / "src"
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import rollout_metrics
-from telescope.core.observe.records import RolloutRecord
+from telescope.core.observe.rundir.records import RolloutRecord
 from telescope.core.runtime.assemble import load_environments
 from telescope.core.testing import make_config
 
@@ -45,7 +45,7 @@ def test_metrics_log_raw_and_normalised_rewards_apart() -> None:
 def test_evals_record_their_declared_ranges(registry: Any, tmp_path: Any) -> None:
     from telescope.core.env import create_eval
     from telescope.core.observe import LoggerHub, RunDirReader, eval_info
-    from telescope.core.observe.local import LocalLogger
+    from telescope.core.observe.loggers.local import LocalLogger
 
     math500 = create_eval(registry, "math500", {"sample_data": True})
     (entry,) = eval_info({"math500": math500})

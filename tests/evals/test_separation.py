@@ -9,7 +9,7 @@ import pytest
 from telescope.core.env.resolve import create_environment
 from telescope.core.evals import sample_key, training_exclusions
 from telescope.core.plugins import load_plugins
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.testing import make_config
 
 _, REGISTRY = load_plugins()

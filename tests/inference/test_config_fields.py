@@ -130,9 +130,9 @@ def test_port_beyond_65535_is_a_clear_error() -> None:
 
 
 def test_transformers_threads_and_ignored_fields() -> None:
+    from telescope.core.cluster.threads import choose_torch_threads
     from telescope.core.inference.settings import TransformersEngineKwargs
     from telescope.core.inference.transformers_engine.server import _notes, server_threads
-    from telescope.core.runtime.threads import choose_torch_threads
 
     cfg = make_cfg(ray_inference_cpus_per_worker=3.5)
     # the engine kwarg wins over the run-wide rule; otherwise the rule decides

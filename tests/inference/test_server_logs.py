@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from telescope.core.errors import describe_failure, failure_log_tail
 from telescope.core.inference.launcher import ServerCommand, ServerProcess, ServerStartError, cause_line
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.engine import TransformersEngine
 from telescope.core.inference.transformers_engine.requestlog import RequestSummary
-from telescope.core.runtime.errors import describe_failure, failure_log_tail
 from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg

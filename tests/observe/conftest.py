@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 
 

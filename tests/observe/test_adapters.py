@@ -7,7 +7,7 @@ import pytest
 from telescope.core.observe import rollout_metrics
 from telescope.core.observe.adapters import records_from_group
 
-groups = pytest.importorskip("telescope.core.runtime.groups")
+groups = pytest.importorskip("telescope.core.rollouts.groups")
 
 
 def _sample(reward: float, n: int, finish: str = "stop"):

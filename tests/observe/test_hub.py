@@ -16,8 +16,8 @@ from telescope.core.observe import (
     build_logger_hub,
     enabled_logger_names,
 )
-from telescope.core.observe.console import ConsoleLogger
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.console import ConsoleLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.registry import Register
 from telescope.core.testing import make_config, registry_with
 

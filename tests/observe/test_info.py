@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from telescope.core.observe import LoggerHub, RunDirReader, environment_info
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from telescope.core.observe import SCHEMA_VERSION, LoggerHub, RunDirError, RunDirReader
-from telescope.core.observe.jsonl import JsonlReadStats, JsonlWriter, read_jsonl
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.rundir.jsonl import JsonlReadStats, JsonlWriter, read_jsonl
 
 ROLLOUT_FIELDS = {
     "step", "group_id", "env", "sample_id", "prompt_text", "prompt_ids", "completion_text", "completion_ids",
@@ -160,7 +160,7 @@ def test_resume_keeps_run_id_and_appends(tmp_path: Path, cfg) -> None:
 _WRITER_SCRIPT = r"""
 import sys, time
 from telescope.core.observe import LoggerHub, RolloutRecord
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 cfg = make_config(system_metrics_collection_interval_seconds=0.01, use_wandb=False)
 hub = LoggerHub([LocalLogger()])

@@ -12,14 +12,14 @@ import pytest
 
 from telescope.core.config import ConfigError, load_config
 from telescope.core.observe import SCHEMA_VERSION, TimelineEvent
-from telescope.core.observe.tables import ROLLOUT_TABLE_COLUMNS
+from telescope.core.observe.loggers.tables import ROLLOUT_TABLE_COLUMNS
 from telescope.core.testing import make_config, registry_with
 
 pytest.importorskip("mlflow", reason="mlflow is not installed: pip install mlflow-skinny")
 
 from mlflow.tracking import MlflowClient
 
-from telescope.core.observe.mlflow_logger import (
+from telescope.core.observe.loggers.mlflow_logger import (
     MlflowLogger,
     config_params,
     metric_key,

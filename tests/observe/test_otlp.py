@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from telescope.core.observe.otlp import OtlpReceiver
-from telescope.core.observe.otlp_wire import OtlpDecodeError, spans_from_protobuf
+from telescope.core.observe.samplers.otlp import OtlpReceiver
+from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_protobuf
 
 
 # --- a minimal protobuf encoder, written independently of the decoder under test ---------
@@ -128,7 +128,7 @@ def test_capacity_and_ttl() -> None:
 
 
 def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
-    from telescope.core.runtime.groups import RolloutGroup, RolloutSample
+    from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
     from telescope.core.runtime.reporting import StepRollouts
 
     def span(request_id: str, queue: float, ttft: float, decode: float) -> dict:

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import LoggerHub, RunDirReader
-from telescope.core.observe import system as system_module
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.system import GpuSampler
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.samplers import system as system_module
+from telescope.core.observe.samplers.system import GpuSampler
 from telescope.core.testing import make_config
 
 GB = 1024**3

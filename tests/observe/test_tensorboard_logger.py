@@ -10,7 +10,7 @@ import pytest
 
 from telescope.core.config import ConfigError, load_config
 from telescope.core.observe import TimelineEvent
-from telescope.core.observe.tables import markdown_table
+from telescope.core.observe.loggers.tables import markdown_table
 from telescope.core.testing import make_config, registry_with
 
 pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install tensorboard")
@@ -19,7 +19,7 @@ pytest.importorskip("torch.utils.tensorboard", reason="torch is not installed")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from telescope.core.observe.tensorboard_logger import TensorBoardLogger
+from telescope.core.observe.loggers.tensorboard_logger import TensorBoardLogger
 
 
 def _read(log_dir: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[tuple[int, str]]]]:

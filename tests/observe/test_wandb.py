@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from telescope.core.observe import SCHEMA_VERSION, LoggerHub, rollout_metrics
-from telescope.core.observe.code_files import is_excluded, select_code_files
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
+from telescope.core.observe.loggers.code_files import is_excluded, select_code_files
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.loggers.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
 from telescope.core.testing import make_config
 
 
@@ -57,7 +57,7 @@ def _inspect(run_path: Path) -> list[dict]:
 
 
 def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypatch, make_rows) -> None:
-    wandb_logger = pytest.importorskip("telescope.core.observe.wandb_logger")
+    wandb_logger = pytest.importorskip("telescope.core.observe.loggers.wandb_logger")
     pytest.importorskip("wandb")
     for var, sub in (
         ("WANDB_DATA_DIR", "data"),

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.observe import LoggerHub
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.wandb_logger import WandbLogger
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.loggers.wandb_logger import WandbLogger
 from telescope.core.testing import make_config
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from ports import free_port_block
 
-from telescope.core.runtime.claims import claim, claim_holder, port_block
+from telescope.core.cluster.claims import claim, claim_holder, port_block
 
 HOLD = (
-    "import sys, time\nfrom telescope.core.runtime.claims import claim\n"
+    "import sys, time\nfrom telescope.core.cluster.claims import claim\n"
     "held = claim(sys.argv[1], sys.argv[2], {'run_dir': '/runs/first'}); print('held', flush=True); time.sleep(120)"
 )
 
@@ -100,7 +100,7 @@ def test_two_runs_reserve_their_pools_on_one_cluster() -> None:
 def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
     own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     ports = {claims.rendezvous_port("127.0.0.1") for _ in range(20)}
@@ -121,7 +121,7 @@ def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
 
 
 PICK = (
-    "import random, sys\nfrom telescope.core.runtime.claims import rendezvous_port\n"
+    "import random, sys\nfrom telescope.core.cluster.claims import rendezvous_port\n"
     "random.seed(7)\nprint(rendezvous_port('127.0.0.1'), flush=True)\nsys.stdin.read()"
 )
 
@@ -165,7 +165,7 @@ def test_two_runs_picking_rendezvous_ports_at_once_get_different_ports(own_claim
 def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
     own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     proc, port = pick_in_other_process()
     # a neighbour that is free now (one taken by another process would be skipped too)
@@ -184,7 +184,7 @@ def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
 def test_a_rendezvous_claim_from_another_machine_holds_for_its_lease(
     own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     port = claims.rendezvous_port("127.0.0.1", owner={"pid": 1, "host": "another-node"})
     (claim_file,) = claims.claims_dir("rendezvous").glob("*.claim")
@@ -198,7 +198,7 @@ def test_a_rendezvous_claim_from_another_machine_holds_for_its_lease(
 
 
 def test_an_inference_port_block_skips_a_port_claimed_for_a_store(own_claims_dir: Path) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     base = free_port_block(4)
     # a live run (this process) picked base+1 for its store and has not bound it yet
@@ -215,7 +215,7 @@ def test_an_inference_port_block_skips_a_port_claimed_for_a_store(own_claims_dir
 
 
 def test_a_rendezvous_claim_with_a_bad_pid_is_stale_not_an_error(own_claims_dir: Path) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     path = claims.claims_dir("rendezvous") / "25000.claim"
     path.write_text(json.dumps({"pid": "x", "host": socket.gethostname(), "time": time.time()}))

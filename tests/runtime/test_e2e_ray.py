@@ -132,7 +132,7 @@ def test_eval_samples_never_reach_training(run_dir: Path) -> None:
 
 def test_every_run_file_follows_the_documented_schema(run_dir: Path) -> None:
     from telescope.core.observe import RolloutRecord
-    from telescope.core.observe.records import EVENT_TYPES, TimelineEvent
+    from telescope.core.observe.rundir.records import EVENT_TYPES, TimelineEvent
 
     reader = RunDirReader(run_dir)
     # Field sets come from the record classes (tests/observe/test_schema_doc.py ties them to the doc).

@@ -98,7 +98,7 @@ def test_final_eval_brings_held_servers_to_the_final_weights(tokenizer: Any) -> 
 def test_a_plugin_failing_on_periodic_eval_results_ends_the_run_naming_the_hook(tokenizer: Any) -> None:
     import pytest
 
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     def report(step: int, results: list[Any]) -> None:
         if step == 2:

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from telescope.core.runtime.errors import describe_failure, root_cause
+from telescope.core.errors import describe_failure, root_cause
 
 
 class FakeRayTaskError(RuntimeError):

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from telescope.core.runtime import faults
-from telescope.core.runtime.faults import FaultSpec, FaultSpecError, InjectedFault, parse
+from telescope.core import faults
+from telescope.core.faults import FaultSpec, FaultSpecError, InjectedFault, parse
 
 
 def test_a_spec_parses_into_typed_faults() -> None:

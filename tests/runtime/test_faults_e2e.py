@@ -1,7 +1,7 @@
 """Faults on the real runtime (Ray, transformers server, FSDP on gloo, the real run directory).
 
 The trainer failure runs by default; the others are marked slow (each also has a fast test
-with fakes in test_liveness.py). Each run is injected a fault through ``TELESCOPE_FAULTS`` (``telescope.core.runtime.faults``),
+with fakes in test_liveness.py). Each run is injected a fault through ``TELESCOPE_FAULTS`` (``telescope.core.faults``),
 which reaches the Ray workers through the run's runtime_env. A hang shows as a pytest timeout.
 """
 
@@ -63,7 +63,7 @@ def finished_run(
 def test_a_trainer_that_raises_at_step_3_ends_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "train_step_raise@3")  # raised in the Ray trainer actor
     with pytest.raises(RunStageError) as info:
@@ -81,7 +81,7 @@ def test_a_trainer_that_raises_at_step_3_ends_the_run(
 def test_a_prompt_failing_to_prepare_in_the_prefetch_ends_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "prompt_raise@40")  # long after the 24-prompt buffer first filled
     with pytest.raises(RunStageError) as info:
@@ -96,7 +96,7 @@ def test_a_prompt_failing_to_prepare_in_the_prefetch_ends_the_run(
 def test_failed_requests_are_counted_and_a_reward_that_always_raises_stops_the_run_naming_its_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.stall import RolloutsFailingError
+    from telescope.core.runtime.supervision.stall import RolloutsFailingError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "request_fail=0.1,reward_raise=countdown")
     run_dir = tmp_path / "run"
@@ -190,7 +190,7 @@ def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_
 def test_a_server_that_never_answers_fails_the_run_after_stall_timeout_with_a_dump(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.liveness import StallError
+    from telescope.core.runtime.supervision.liveness import StallError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "server_slow=3600")  # every request sleeps an hour first
     run_dir = tmp_path / "run"

@@ -15,8 +15,8 @@ import pytest
 from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
+from telescope.core.errors import RunStageError
 from telescope.core.inference.client import Completion
-from telescope.core.runtime.liveness import RunStageError
 
 
 @dataclass

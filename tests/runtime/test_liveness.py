@@ -19,8 +19,9 @@ from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
 from telescope.core import hookimpl
-from telescope.core.runtime.liveness import RunStageError, StallError
-from telescope.core.runtime.stall import RolloutsFailingError
+from telescope.core.errors import RunStageError
+from telescope.core.runtime.supervision.liveness import StallError
+from telescope.core.runtime.supervision.stall import RolloutsFailingError
 from telescope.core.testing import recording_hooks
 
 
@@ -208,7 +209,7 @@ def test_a_reward_that_always_raises_stops_the_run_naming_its_environment(
 
 def two_envs(orch: Any, bad: ToyEnv, weight_bad: float) -> None:
     """Add environment ``bad`` to a built orchestrator's prompt source."""
-    from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+    from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
     prompts = orch.prompts
     toy = prompts.envs["toy"]

@@ -11,12 +11,12 @@ from fakes import FakeClient, FakeTrainer, ToyEnv
 
 from telescope.core.algorithms import get_algorithm
 from telescope.core.env.chat import ChatOptions
-from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.rollouts.batching import BatchBuilder
+from telescope.core.rollouts.prompts import PromptSource
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.tokens import stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
-from telescope.core.runtime.prompts import PromptSource
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
-from telescope.core.runtime.tokens import stop_token_ids
 from telescope.core.testing import RunRecorder, make_config, recording_hooks
 
 
@@ -52,7 +52,7 @@ def varied_reward(completion: str, sample: Any) -> float:
 
 def test_a_plugin_failing_on_an_event_inside_a_request_ends_the_run_naming_the_hook(tokenizer: Any) -> None:
     from telescope.core import hookimpl
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     class FailsOnGenerationEnd:
         @hookimpl
@@ -175,7 +175,7 @@ def test_each_sample_has_a_generation_then_a_reward_span(tokenizer: Any) -> None
 
 
 def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> None:
-    from telescope.core.runtime.stall import RolloutsFailingError
+    from telescope.core.runtime.supervision.stall import RolloutsFailingError
 
     env = ToyEnv(varied_reward)
     orch, trainer, observer = build(tokenizer, env, FakeClient(varied_reply(tokenizer)), max_model_len=4)
@@ -193,8 +193,8 @@ def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> 
 
 
 def test_the_failure_streak_resets_on_any_scored_group() -> None:
-    from telescope.core.runtime.groups import GroupFailure
-    from telescope.core.runtime.stall import FailureStreak
+    from telescope.core.rollouts.groups import GroupFailure
+    from telescope.core.runtime.supervision.stall import FailureStreak
 
     streak = FailureStreak(limit=3)
     assert streak.record(GroupFailure("rollout_error", "ConnectionError: refused")) is None
@@ -208,8 +208,8 @@ def test_the_failure_streak_resets_on_any_scored_group() -> None:
 
 
 def test_failure_streaks_are_kept_per_environment() -> None:
-    from telescope.core.runtime.groups import GroupFailure
-    from telescope.core.runtime.stall import FailureStreaks
+    from telescope.core.rollouts.groups import GroupFailure
+    from telescope.core.runtime.supervision.stall import FailureStreaks
 
     streaks = FailureStreaks(limit=3)
     broken = GroupFailure("reward_error", "ZeroDivisionError")

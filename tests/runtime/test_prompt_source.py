@@ -8,8 +8,8 @@ from typing import Any
 from fakes import ToyEnv
 
 from telescope.core.env.chat import ChatOptions
-from telescope.core.runtime.prompts import PromptSource
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.prompts import PromptSource
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
 
 def test_a_requeued_prompt_is_served_before_the_prefetched_ones(tokenizer: Any) -> None:

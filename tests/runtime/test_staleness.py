@@ -16,7 +16,7 @@ from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
 from telescope.core.inference.client import Completion
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.testing import make_config
 
 

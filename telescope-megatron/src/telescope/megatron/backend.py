@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from telescope.core.schedules import LRSchedule
 from telescope.core.trainer import RankBatch, TrainerBackend
 from telescope.core.training.process_group import init_process_group
+from telescope.core.training.schedules import LRSchedule
 from telescope.core.training.timing import StepTimer
 from telescope.megatron import checkpoint
 from telescope.megatron.availability import unavailable_reason

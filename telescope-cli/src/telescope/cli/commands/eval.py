@@ -16,7 +16,7 @@ CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _summary(ref: Any, results: list[Any]) -> None:
-    from telescope.core.observe.console import format_eval
+    from telescope.core.observe.loggers.console import format_eval
 
     for r in results:
         err_console.print(

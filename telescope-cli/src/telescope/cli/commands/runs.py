@@ -14,7 +14,7 @@ from rich.table import Table
 
 from telescope.cli.errors import say
 from telescope.cli.style import new_app
-from telescope.core.observe.reader import RunDirError, RunDirReader
+from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
 
 app = new_app(help="Inspect run directories.", no_args_is_help=True)

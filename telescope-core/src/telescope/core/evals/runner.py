@@ -22,10 +22,10 @@ from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import RewardResult, Sample
 from telescope.core.evals.aggregate import CompletionOutcome, EvalResult, aggregate
 from telescope.core.evals.resolve import LoadedEval, load_eval
-from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner, SampleTask, request_seed
-from telescope.core.runtime.scheduler import PromptItem
-from telescope.core.runtime.tokens import Interleaver, stop_token_ids
+from telescope.core.rollouts.prompts import PreparedPrompt, PromptSource
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask, request_seed
+from telescope.core.rollouts.scheduler import PromptItem
+from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 
 __all__ = ["EvalRunner", "eval_scoring_env", "eval_settings"]
 

@@ -125,7 +125,7 @@ def _append(path: Path, records: list[dict[str, Any]]) -> None:
 
 def write_results(out_dir: Path, ref: CheckpointRef, results: list[EvalResult]) -> None:
     """Append one results line per eval and one samples line per eval sample."""
-    from telescope.core.observe.local import eval_sample_record
+    from telescope.core.observe.loggers.local import eval_sample_record
 
     now = time.time()
     _append(out_dir / "metrics.jsonl", [{"step": ref.step, "name": r.name, "checkpoint": ref.path, "time": now,

@@ -73,8 +73,8 @@ class VllmEngineKwargs(BaseModel):
 
 
 def num_servers(cfg: Any) -> int:
-    """Inference servers of a run: workers / tensor parallel size."""
-    return int(cfg.inference_num_workers // cfg.inference_tensor_parallel_size)
+    """Inference servers of a run (``TelescopeConfig.num_inference_servers``)."""
+    return int(cfg.num_inference_servers)
 
 
 def server_port(cfg: Any, index: int) -> int:

@@ -1,6 +1,6 @@
 """Turn the orchestrator's rollout groups into ``RolloutRecord`` rows.
 
-Duck-typed on ``telescope.core.runtime.groups.RolloutGroup``/``RolloutSample`` (read by
+Duck-typed on ``telescope.core.rollouts.groups.RolloutGroup``/``RolloutSample`` (read by
 attribute name, not imported), so the observe package does not depend on the runtime.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from telescope.core.observe.records import RolloutRecord
+from telescope.core.observe.rundir.records import RolloutRecord
 
 __all__ = ["records_from_group"]
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.observe.records import TimelineEvent
-from telescope.core.runtime.errors import describe_failure, exception_chain
+from telescope.core.errors import describe_failure, exception_chain
+from telescope.core.observe.rundir.records import TimelineEvent
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -163,7 +163,7 @@ class RunCheckpointer:
         return None
 
     def _failed(self, step: int, error: Exception) -> None:
-        from telescope.core.observe.storage import StorageError, describe_os_error
+        from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 
         steps = self.mgr.steps()
         previous = (

@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from telescope.core import faults
 from telescope.core.config import ConfigError, TelescopeConfig
-from telescope.core.runtime import faults
 
 __all__ = ["Pools", "connect", "reserve_pools", "shutdown"]
 
@@ -116,7 +116,7 @@ def _resolve_auto(address: str) -> str:
 
 
 def _private_owner(address: str) -> dict[str, Any] | None:
-    from telescope.core.runtime.claims import claim_holder
+    from telescope.core.cluster.claims import claim_holder
 
     return claim_holder("ray-clusters", address)
 
@@ -136,7 +136,7 @@ def _gcs_address() -> str:
 
 def _claim_private(run_dir: str) -> Any:
     """Mark the cluster this run started as private (another run's ``ray_address: auto`` skips it)."""
-    from telescope.core.runtime.claims import claim
+    from telescope.core.cluster.claims import claim
 
     address = _gcs_address()
     log.info("started a private local Ray cluster at %s for this run", address)

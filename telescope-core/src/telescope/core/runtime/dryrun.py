@@ -120,7 +120,7 @@ async def dry_run(
     from telescope.core.env.chat import ChatOptions
     from telescope.core.env.check import check_environment
     from telescope.core.inference.auto import resolve_inference_engine
-    from telescope.core.runtime.preflight import unsupported_problems
+    from telescope.core.runtime.supervision.preflight import unsupported_problems
 
     lines = [CheckLine("settings", False, p) for p in unsupported_problems(cfg)]
     model = model_problem(cfg.model)

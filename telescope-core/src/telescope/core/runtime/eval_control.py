@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.runtime.liveness import RunStageError, stage_error
+from telescope.core.errors import RunStageError, stage_error
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig

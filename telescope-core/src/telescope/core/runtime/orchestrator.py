@@ -27,24 +27,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from telescope.core.observe.records import TimelineEvent
-from telescope.core.runtime import faults
-from telescope.core.runtime.batching import BatchBuilder, TrainBatch
-from telescope.core.runtime.groups import (
+from telescope.core import faults
+from telescope.core.errors import stage_error
+from telescope.core.observe.rundir.records import TimelineEvent
+from telescope.core.rollouts.batching import BatchBuilder, TrainBatch
+from telescope.core.rollouts.groups import (
     GroupFailure,
     RolloutGroup,
     RolloutSample,
     reward_failed,
     zero_advantage_kind,
 )
-from telescope.core.runtime.healing import ServerRestartsExhaustedError
-from telescope.core.runtime.lanes import Lanes, QueuedSample
-from telescope.core.runtime.liveness import DiscardTally, StallError, stage_error
-from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
+from telescope.core.rollouts.lanes import Lanes, QueuedSample
+from telescope.core.rollouts.prompts import PreparedPrompt, PromptSource
+from telescope.core.rollouts.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
 from telescope.core.runtime.reporting import StepRollouts
-from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
-from telescope.core.runtime.stall import FailureStreaks
 from telescope.core.runtime.step_metrics import step_metrics
+from telescope.core.runtime.supervision.healing import ServerRestartsExhaustedError
+from telescope.core.runtime.supervision.liveness import DiscardTally, StallError
+from telescope.core.runtime.supervision.stall import FailureStreaks
 
 if TYPE_CHECKING:
     import pluggy

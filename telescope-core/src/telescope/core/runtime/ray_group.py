@@ -146,7 +146,7 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
 def rendezvous_host(rank_node_ips: list[str]) -> str:
     """Rank 0's address for the trainer rendezvous: loopback (fastest, always reachable) only when
     every rank shares rank 0's node, whichever node the driver is on."""
-    from telescope.core.runtime.addresses import LOOPBACK
+    from telescope.core.cluster.addresses import LOOPBACK
 
     first = rank_node_ips[0]
     return LOOPBACK if all(ip == first for ip in rank_node_ips) else first
@@ -156,7 +156,7 @@ def node_free_port(pg: Any, index: int) -> int:
     """A port free on the node of bundle ``index`` (rank 0 listens there, not on the driver's node)."""
     import ray
 
-    from telescope.core.runtime.claims import rendezvous_port
+    from telescope.core.cluster.claims import rendezvous_port
 
     probe: Any = ray.remote(num_cpus=0)(rendezvous_port)
     owner = {"pid": os.getpid(), "host": socket.gethostname()}  # the driver: the run's end releases it
@@ -182,7 +182,7 @@ def start_servers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, en
     """Create one server actor per bundle and wait for every server to answer /health."""
     import ray
 
-    from telescope.core.runtime.addresses import DRIVER_ADDRESS_ENV, reachable_url
+    from telescope.core.cluster.addresses import DRIVER_ADDRESS_ENV, reachable_url
 
     remote: Any = ray.remote(InferenceServerWorker)
     driver_ip = str(ray.util.get_node_ip_address())

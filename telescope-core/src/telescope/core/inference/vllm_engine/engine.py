@@ -83,7 +83,7 @@ class VllmEngine(InferenceEngine):
 
     def otlp_endpoint(self) -> str | None:
         """Where this node's server sends traces: the driver's OTLP receiver (loopback on its node)."""
-        from telescope.core.runtime.addresses import driver_host_from
+        from telescope.core.cluster.addresses import driver_host_from
 
         return otlp_endpoint(self.cfg, driver_host_from(_node_ip()))
 

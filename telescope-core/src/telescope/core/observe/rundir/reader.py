@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from telescope.core.observe.blocks import block_files, block_name
-from telescope.core.observe.jsonl import JsonlReadStats, read_jsonl
-from telescope.core.observe.layout import (
+from telescope.core.observe.rundir.blocks import block_files, block_name
+from telescope.core.observe.rundir.jsonl import JsonlReadStats, read_jsonl
+from telescope.core.observe.rundir.layout import (
     CONFIG_FILE,
     EVAL_METRICS_FILE,
     EVAL_SAMPLES_FILE,
@@ -26,7 +26,7 @@ from telescope.core.observe.layout import (
     RUN_FILE,
     SYSTEM_FILE,
 )
-from telescope.core.observe.records import SCHEMA_VERSION
+from telescope.core.observe.rundir.records import SCHEMA_VERSION
 
 __all__ = ["RunDirError", "RunDirReader", "read_run_meta"]
 

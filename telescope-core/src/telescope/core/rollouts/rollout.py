@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from telescope.core import faults
 from telescope.core.env.base import MultiTurnEnvironment, SingleTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
-from telescope.core.runtime import faults
-from telescope.core.runtime.groups import RolloutSample, normalize_reward
-from telescope.core.runtime.tokens import Interleaver
+from telescope.core.rollouts.groups import RolloutSample, normalize_reward
+from telescope.core.rollouts.tokens import Interleaver
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig

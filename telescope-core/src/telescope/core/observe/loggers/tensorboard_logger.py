@@ -20,10 +20,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from telescope.core.observe.layout import config_to_dict
-from telescope.core.observe.records import RolloutRecord
-from telescope.core.observe.scalars import ScalarLogger, import_for
-from telescope.core.observe.tables import ROLLOUT_TABLE_COLUMNS, eval_table, markdown_table, rollout_table_row
+from telescope.core.observe.loggers.scalars import ScalarLogger, import_for
+from telescope.core.observe.loggers.tables import (
+    ROLLOUT_TABLE_COLUMNS,
+    eval_table,
+    markdown_table,
+    rollout_table_row,
+)
+from telescope.core.observe.rundir.layout import config_to_dict
+from telescope.core.observe.rundir.records import RolloutRecord
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardLogger"]
 

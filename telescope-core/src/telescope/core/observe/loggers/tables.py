@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from telescope.core.observe.records import RolloutRecord
+from telescope.core.observe.rundir.records import RolloutRecord
 
 __all__ = [
     "ROLLOUT_TABLE_COLUMNS",

@@ -72,7 +72,7 @@ class FailureSignature:
 
 
 def signature(exc: BaseException, step: int, dead: list[DeadRank]) -> FailureSignature:
-    from telescope.core.runtime.errors import root_cause
+    from telescope.core.errors import root_cause
 
     if dead:  # the pids and actor ids in a death report differ every time: the ranks are what repeats
         return FailureSignature("TrainerDied", ",".join(str(d.rank) for d in dead), step)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from telescope.core.observe.storage import StorageError, describe_os_error
+from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 
 __all__ = ["JsonlReadStats", "JsonlWriter", "iter_jsonl", "read_jsonl"]
 

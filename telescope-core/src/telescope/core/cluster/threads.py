@@ -48,14 +48,12 @@ def node_cpus() -> int:
 
 def choose_torch_threads(cfg: TelescopeConfig, component: Component, cpus: int | None = None) -> ThreadChoice:
     """Threads for one ``component`` process of the run ``cfg`` on a node with ``cpus`` cores."""
-    from telescope.core.inference.settings import num_servers
-
     cpus = max(1, cpus if cpus is not None else node_cpus())
     override = cfg.trainer_torch_threads if component == "trainer" else cfg.inference_torch_threads
     if override is not None:
         return ThreadChoice(int(override), f"{component}_torch_threads")
     if cfg.max_async_rollout == 0:
-        peers = cfg.trainer_num_workers if component == "trainer" else num_servers(cfg)
+        peers = cfg.trainer_num_workers if component == "trainer" else cfg.num_inference_servers
         threads = max(1, cpus // max(1, peers))
         return ThreadChoice(threads, f"sync: {cpus} node cores / {peers} {component} process(es)")
     placed = cfg.ray_trainer_cpus_per_worker if component == "trainer" else cfg.ray_inference_cpus_per_worker

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.observe.otlp_wire import OtlpDecodeError, spans_from_json, spans_from_protobuf
+from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_json, spans_from_protobuf
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig

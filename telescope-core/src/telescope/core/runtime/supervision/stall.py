@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from telescope.core.runtime.groups import GroupFailure
+from telescope.core.rollouts.groups import GroupFailure
 
 __all__ = ["FailureStreak", "FailureStreaks", "RolloutsFailingError"]
 

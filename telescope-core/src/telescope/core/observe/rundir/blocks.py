@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from telescope.core.observe.jsonl import JsonlWriter, _dumps
+from telescope.core.observe.rundir.jsonl import JsonlWriter, _dumps
 
 __all__ = ["BLOCK_PATTERN", "EventBlocks", "StepBlocks", "block_files", "block_name"]
 

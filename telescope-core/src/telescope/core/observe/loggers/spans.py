@@ -13,8 +13,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from telescope.core.observe.records import TimelineEvent
-from telescope.core.observe.tables import markdown_table
+from telescope.core.observe.loggers.tables import markdown_table
+from telescope.core.observe.rundir.records import TimelineEvent
 
 __all__ = ["SpanStats", "SpanTimes", "span_label"]
 

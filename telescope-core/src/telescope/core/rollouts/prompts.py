@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from telescope.core import faults
 from telescope.core.env.base import MultiTurnEnvironment
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import Sample
-from telescope.core.runtime import faults
-from telescope.core.runtime.liveness import stage_error
-from telescope.core.runtime.scheduler import PromptItem, PromptScheduler
+from telescope.core.errors import stage_error
+from telescope.core.rollouts.scheduler import PromptItem, PromptScheduler
 
 __all__ = ["PreparedPrompt", "PromptSource"]
 

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from telescope.core.observe.blocks import block_files
-from telescope.core.observe.layout import (
+from telescope.core.observe.periodic import IntervalGate
+from telescope.core.observe.rundir.blocks import block_files
+from telescope.core.observe.rundir.layout import (
     CONFIG_FILE,
     EVAL_METRICS_FILE,
     EVAL_SAMPLES_FILE,
@@ -30,7 +31,6 @@ from telescope.core.observe.layout import (
     RUN_FILE,
     SYSTEM_FILE,
 )
-from telescope.core.observe.periodic import IntervalGate
 
 __all__ = ["FINAL_FILES", "RECORD_FILES", "BlockUploader"]
 

@@ -12,7 +12,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.runtime.errors import describe_failure
+from telescope.core.errors import describe_failure
 
 if TYPE_CHECKING:
     import pluggy

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from telescope.core.packing import Packer
-from telescope.core.runtime.groups import RolloutGroup
+from telescope.core.rollouts.groups import RolloutGroup
 from telescope.core.trainer import RankBatch, TrainSample
 
 if TYPE_CHECKING:

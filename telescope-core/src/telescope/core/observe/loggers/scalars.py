@@ -7,9 +7,9 @@ from types import ModuleType
 from typing import Any
 
 from telescope.core.observe.base import Logger
-from telescope.core.observe.records import TimelineEvent
-from telescope.core.observe.spans import SpanTimes
-from telescope.core.observe.tables import eval_scalars, finite_scalars
+from telescope.core.observe.loggers.spans import SpanTimes
+from telescope.core.observe.loggers.tables import eval_scalars, finite_scalars
+from telescope.core.observe.rundir.records import TimelineEvent
 
 __all__ = ["ScalarLogger", "import_for"]
 

@@ -19,13 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.observe.base import Logger
-from telescope.core.observe.code_files import select_code_files
-from telescope.core.observe.layout import LOGS_DIR, config_to_dict
+from telescope.core.observe.loggers.code_files import select_code_files
+from telescope.core.observe.loggers.scalars import import_for
+from telescope.core.observe.loggers.tables import (
+    ROLLOUT_TABLE_COLUMNS,
+    eval_scalars,
+    eval_table,
+    rollout_table_row,
+)
+from telescope.core.observe.loggers.wandb_uploads import BlockUploader
 from telescope.core.observe.periodic import IntervalBuffer
-from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord
-from telescope.core.observe.scalars import import_for
-from telescope.core.observe.tables import ROLLOUT_TABLE_COLUMNS, eval_scalars, eval_table, rollout_table_row
-from telescope.core.observe.wandb_uploads import BlockUploader
+from telescope.core.observe.rundir.layout import LOGS_DIR, config_to_dict
+from telescope.core.observe.rundir.records import SCHEMA_VERSION, RolloutRecord
 
 __all__ = ["ROLLOUT_TABLE_COLUMNS", "WandbLogger", "log_files_to_upload"]
 

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
-__all__ = ["describe_failure", "exception_chain", "failure_log_tail", "root_cause"]
+__all__ = [
+    "RunStageError",
+    "describe_failure",
+    "exception_chain",
+    "failure_log_tail",
+    "root_cause",
+    "stage_error",
+]
+
+log = logging.getLogger("telescope.orchestrator")
+
+_FIXES = {
+    "train_step": "the trainer's traceback is in <run_dir>/logs/telescope.log",
+    "weight sync": "an inference server may have died or stopped answering: see <run_dir>/logs/inference",
+    "prompt preparation": "check the environment's kwargs and dataset (the traceback is in "
+    "<run_dir>/logs/telescope.log); --enable_prompt_prefetch false prepares prompts inline",
+}
 
 
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:
@@ -57,3 +74,25 @@ def failure_log_tail(exc: BaseException, lines: int = 12) -> list[str]:
     if not isinstance(tail, list | tuple):
         return []
     return [str(line) for line in tail][-lines:]
+
+
+class RunStageError(RuntimeError):
+    """A part of the run failed; the message says which, at which step, and the fix when known."""
+
+
+def stage_error(stage: str, exc: BaseException, step: int | None = None) -> BaseException:
+    """``RunStageError`` for ``exc`` raised in ``stage``; logs the full traceback (file logs only).
+
+    The original exception is not chained (``describe_failure`` would unwrap down to it and
+    drop the stage); its one-line description is part of the message instead.
+    """
+    from telescope.core.config import ConfigError
+
+    if isinstance(exc, (RunStageError, ConfigError)):
+        return exc  # already says where; a config error keeps its own type (exit code 2)
+    where = f"step {step}: {stage}" if step is not None else stage
+    log.info("%s failed", where, exc_info=exc)  # the traceback, for telescope.log (INFO, not the console)
+    fix = next((f"; {fix}" for key, fix in _FIXES.items() if stage.startswith(key)), "")
+    error = RunStageError(f"{where} failed: {describe_failure(exc)}{fix}")
+    error.original = exc  # type: ignore[attr-defined]
+    return error

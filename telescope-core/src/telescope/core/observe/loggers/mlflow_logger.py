@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from telescope.core.observe.layout import config_to_dict
+from telescope.core.observe.loggers.scalars import ScalarLogger, import_for
+from telescope.core.observe.loggers.tables import ROLLOUT_TABLE_COLUMNS, eval_table, rollout_table_row
 from telescope.core.observe.periodic import IntervalBuffer
-from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord
-from telescope.core.observe.scalars import ScalarLogger, import_for
-from telescope.core.observe.tables import ROLLOUT_TABLE_COLUMNS, eval_table, rollout_table_row
+from telescope.core.observe.rundir.layout import config_to_dict
+from telescope.core.observe.rundir.records import SCHEMA_VERSION, RolloutRecord
 
 __all__ = ["MLFLOW_DIR", "RUN_STATUS", "MlflowLogger", "config_params", "metric_key", "tracking_uri"]
 

@@ -14,9 +14,12 @@ from typing import Any
 import yaml
 
 from telescope.core.observe.base import Logger
-from telescope.core.observe.blocks import EventBlocks, StepBlocks
-from telescope.core.observe.jsonl import JsonlWriter
-from telescope.core.observe.layout import (
+from telescope.core.observe.logfilter import shared_repeat_filter
+from telescope.core.observe.loggers.progress import StepProgress
+from telescope.core.observe.periodic import IntervalBuffer, IntervalGate
+from telescope.core.observe.rundir.blocks import EventBlocks, StepBlocks
+from telescope.core.observe.rundir.jsonl import JsonlWriter
+from telescope.core.observe.rundir.layout import (
     CONFIG_FILE,
     EVAL_METRICS_FILE,
     EVAL_SAMPLES_FILE,
@@ -29,13 +32,10 @@ from telescope.core.observe.layout import (
     config_to_dict,
     write_json_atomic,
 )
-from telescope.core.observe.logfilter import shared_repeat_filter
-from telescope.core.observe.periodic import IntervalBuffer, IntervalGate
-from telescope.core.observe.progress import StepProgress
-from telescope.core.observe.reader import read_run_meta
-from telescope.core.observe.records import SCHEMA_VERSION, RolloutRecord, TimelineEvent
+from telescope.core.observe.rundir.reader import read_run_meta
+from telescope.core.observe.rundir.records import SCHEMA_VERSION, RolloutRecord, TimelineEvent
+from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 from telescope.core.observe.stdio import STDOUT_LOG_NAME, StdioCapture
-from telescope.core.observe.storage import StorageError, describe_os_error
 
 __all__ = ["LocalLogger"]
 

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.logfilter import shared_repeat_filter
-from telescope.core.observe.progress import (
+from telescope.core.observe.loggers.progress import (
     Field,
     StepLine,
     StepProgress,
