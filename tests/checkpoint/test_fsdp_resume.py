@@ -48,8 +48,15 @@ def uninterrupted(untied_model_dir: str, tmp_path_factory: pytest.TempPathFactor
     backend.save_checkpoint(str(light), training_state=False)
     saved = weights(backend)
     rest = run_steps(backend, cfg, range(3, 6))
-    return {"cfg": cfg, "metrics": first + rest, "final": weights(backend), "saved": saved,
-            "full": full, "light": light, "mgr": mgr}  # fmt: skip
+    return {
+        "cfg": cfg,
+        "metrics": first + rest,
+        "final": weights(backend),
+        "saved": saved,
+        "full": full,
+        "light": light,
+        "mgr": mgr,
+    }
 
 
 def test_resume_in_a_fresh_trainer_repeats_the_uninterrupted_run(uninterrupted: dict[str, Any]) -> None:

@@ -143,9 +143,13 @@ class _Detailed(SingleTurnEnvironment):
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         if completion == "boom":
             raise RuntimeError("the checker crashed on 'boom'")
-        return RewardResult(1.0, {"correct": 1.0}, golden_answers={"correct": sample.answer},
-                            info_turns=[info_turn("tests", "3 of 3 passed")],
-                            sample_tags={"topic": sample.metadata["topic"]})  # fmt: skip
+        return RewardResult(
+            1.0,
+            {"correct": 1.0},
+            golden_answers={"correct": sample.answer},
+            info_turns=[info_turn("tests", "3 of 3 passed")],
+            sample_tags={"topic": sample.metadata["topic"]},
+        )
 
 
 class _Game(MultiTurnEnvironment):

@@ -8,6 +8,11 @@ def make_cfg(**overrides: object):  # type: ignore[no-untyped-def]
     from telescope.core.testing import make_config
 
     # float32 servers: these tests compare logprobs and weights with float32 references exactly.
-    base = {"model": "telescope/tiny", "max_model_len": 512, "ray_inference_cpus_per_worker": 1.0, "seed": 7,
-            "inference_dtype": "float32"}  # fmt: skip
+    base = {
+        "model": "telescope/tiny",
+        "max_model_len": 512,
+        "ray_inference_cpus_per_worker": 1.0,
+        "seed": 7,
+        "inference_dtype": "float32",
+    }
     return make_config(**{**base, **overrides})

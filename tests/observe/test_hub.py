@@ -103,8 +103,12 @@ def test_build_from_registry_honours_config(tmp_path: Path) -> None:
     assert [lg.name for lg in hub.loggers] == ["local", "console", "extra"]
     assert isinstance(hub.loggers[0], LocalLogger) and isinstance(hub.loggers[1], ConsoleLogger)
     assert enabled_logger_names(make_config(use_wandb=True), registry) == [
-        "local", "console", "extra", "needs_missing", "wandb"
-    ]  # fmt: skip
+        "local",
+        "console",
+        "extra",
+        "needs_missing",
+        "wandb",
+    ]
     hub = build_logger_hub(make_config(use_wandb=True), registry, exclude=("console", "wandb"))
     names = [lg.name for lg in hub.loggers]
     assert "needs_missing" not in names and hub.skipped["needs_missing"].startswith("missing dep")

@@ -112,8 +112,12 @@ def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path: Path) -> None:
 
 def test_markdown_cells_stay_on_one_line() -> None:
     table = markdown_table(["a", "b"], [["x|y", "line1\nline2"], ["z" * 12, None]], max_chars=11)
-    assert table.splitlines() == ["| a | b |", "|---|---|", "| x\\|y | line1<br>line2 |",
-                                  "| zzzzzzzzzzz… (+1 chars) | None |"]  # fmt: skip
+    assert table.splitlines() == [
+        "| a | b |",
+        "|---|---|",
+        "| x\\|y | line1<br>line2 |",
+        "| zzzzzzzzzzz… (+1 chars) | None |",
+    ]
 
 
 def test_missing_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

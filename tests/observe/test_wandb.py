@@ -51,8 +51,13 @@ def test_log_upload_switches(tmp_path: Path) -> None:
 
 def _inspect(run_path: Path) -> list[dict]:
     exe = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(exe), "leet", "inspect", "--json", str(run_path)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(exe), "leet", "inspect", "--json", str(run_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
@@ -69,8 +74,14 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
     monkeypatch.setenv("WANDB_SILENT", "true")
     code_root, run_dir = tmp_path / "code", tmp_path / "run"
     _code_tree(code_root)
-    cfg = make_config(use_wandb=True, wandb_project="proj", wandb_run_name="offline-test", wandb_tags=["t1"],
-                      wandb_code_max_file_size_mb=0.25, wandb_code_exclude_patterns=[".venv", "*.log"])  # fmt: skip
+    cfg = make_config(
+        use_wandb=True,
+        wandb_project="proj",
+        wandb_run_name="offline-test",
+        wandb_tags=["t1"],
+        wandb_code_max_file_size_mb=0.25,
+        wandb_code_exclude_patterns=[".venv", "*.log"],
+    )
     hub = LoggerHub([LocalLogger(), wandb_logger.WandbLogger(code_root=str(code_root))])
     hub.start(cfg, run_dir, system_metrics=False)
     for step in (1, 2):
@@ -105,9 +116,10 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
     assert table["columns"] == ROLLOUT_TABLE_COLUMNS and len(table["data"]) == len(make_rows(1))
     code_paths = {
         c["path"]
-        for r in records if r["type"] == "artifact" and r["artifact"]["type"] == "code"
+        for r in records
+        if r["type"] == "artifact" and r["artifact"]["type"] == "code"
         for c in r["artifact"]["manifest"]["contents"]
-    }  # fmt: skip
+    }
     assert code_paths == {"pkg/train.py", "run.yaml"}
     assert (runs[0] / "files" / "logs" / "telescope.log").exists()
     evals = [h for h in history if "eval/math/pass@1" in h]

@@ -89,10 +89,16 @@ def test_two_runs_reserve_their_pools_on_one_cluster() -> None:
     try:
         first = reserve_pools(cfg, 1, False, "run-one")
         second = reserve_pools(cfg, 1, False, "run-two")  # the same names without run ids were refused
-        names = {placement_group_table(p)["name"] for p in (first.inference, first.trainer, second.inference,
-                                                                second.trainer)}  # fmt: skip
-        assert names == {"telescope-inference-run-one", "telescope-trainer-run-one",
-                         "telescope-inference-run-two", "telescope-trainer-run-two"}  # fmt: skip
+        names = {
+            placement_group_table(p)["name"]
+            for p in (first.inference, first.trainer, second.inference, second.trainer)
+        }
+        assert names == {
+            "telescope-inference-run-one",
+            "telescope-trainer-run-one",
+            "telescope-inference-run-two",
+            "telescope-trainer-run-two",
+        }
     finally:
         ray.shutdown()
 

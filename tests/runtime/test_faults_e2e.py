@@ -146,8 +146,15 @@ def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     # holds the prompts drawn but not trained yet (the ledger a resume would serve first). No
     # prefetch: a re-queued prompt is then served before any new one (with prefetch, after the
     # prompts already prefetched), so it must be trained within these 8 steps.
-    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1,
-                                    checkpoint_every=8, enable_prompt_prefetch=False)  # fmt: skip
+    run_dir, metrics = finished_run(
+        tmp_path,
+        monkeypatch,
+        "server_kill@5",
+        8,
+        max_async_rollout=1,
+        checkpoint_every=8,
+        enable_prompt_prefetch=False,
+    )
     assert metrics[-1]["faults/inference_restarts"] == 1.0
     rows = RunDirReader(run_dir).rollouts()
     kept = [(r["step"], r["group_id"], r["sample_id"]) for r in rows if r["kept"]]
@@ -174,15 +181,24 @@ def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
 def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@3", 6, inference_num_workers=2,
-                                    inference_max_restarts=0, inference_base_port=free_port_block(2))  # fmt: skip
+    run_dir, metrics = finished_run(
+        tmp_path,
+        monkeypatch,
+        "server_kill@3",
+        6,
+        inference_num_workers=2,
+        inference_max_restarts=0,
+        inference_base_port=free_port_block(2),
+    )
     assert metrics[-1]["faults/inference_restarts"] == 0.0
     rows = [r for r in RunDirReader(run_dir).rollouts() if r["kept"]]
     trained = {(r["step"], r["group_id"]) for r in rows}
     assert len({gid for _, gid in trained}) == len(trained) == 6 * 2
     assert {r["server"] for r in rows if r["step"] > 4} == {1}  # only the surviving server after the drop
-    assert "inference server 0 died 1 times (inference_max_restarts=0): dropped" in (
-        run_dir / "logs" / "telescope.log").read_text()  # fmt: skip
+    assert (
+        "inference server 0 died 1 times (inference_max_restarts=0): dropped"
+        in (run_dir / "logs" / "telescope.log").read_text()
+    )
 
 
 @pytest.mark.slow

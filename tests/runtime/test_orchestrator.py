@@ -27,13 +27,29 @@ def build(
     plugins: tuple[object, ...] = (),
     **overrides: Any,
 ) -> tuple[Orchestrator, FakeTrainer, RunRecorder]:
-    fields = {"environments": [{"name": "toy"}], "group_size": 4, "prompts_batch_size_for_trainer": 2,
-              "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 256, "pad_to_multiple_of": 8,
-              "max_concurrent_prompts_per_server": 2, "prompt_prefetch_buffer_size": 4, **overrides}  # fmt: skip
+    fields = {
+        "environments": [{"name": "toy"}],
+        "group_size": 4,
+        "prompts_batch_size_for_trainer": 2,
+        "number_of_steps": 3,
+        "max_async_rollout": 0,
+        "max_tokens": 8,
+        "seq_len": 256,
+        "pad_to_multiple_of": 8,
+        "max_concurrent_prompts_per_server": 2,
+        "prompt_prefetch_buffer_size": 4,
+        **overrides,
+    }
     cfg = make_config(**fields)
     env.samples()
-    prompts = PromptSource(PromptScheduler([SourceEnv("toy", 1.0, len(env))], cfg.seed), {"toy": env},
-                           {"toy": (None, None)}, tokenizer, ChatOptions(), cfg.prompt_prefetch_buffer_size)  # fmt: skip
+    prompts = PromptSource(
+        PromptScheduler([SourceEnv("toy", 1.0, len(env))], cfg.seed),
+        {"toy": env},
+        {"toy": (None, None)},
+        tokenizer,
+        ChatOptions(),
+        cfg.prompt_prefetch_buffer_size,
+    )
     runner = RolloutRunner(tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), None)
     trainer, (hook, recorder) = FakeTrainer(), recording_hooks(*plugins)
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm), 0)
@@ -115,8 +131,14 @@ def test_stale_rollouts_are_cancelled_and_aborted_on_the_server(tokenizer: Any) 
         return 30.0 if any(rid.startswith(p) for p in slow) else 0.0
 
     client = FakeClient(varied_reply(tokenizer), delay=delay)
-    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), client, max_async_rollout=2,
-                                    max_off_policy_steps=1, number_of_steps=4)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer,
+        ToyEnv(varied_reward),
+        client,
+        max_async_rollout=2,
+        max_off_policy_steps=1,
+        number_of_steps=4,
+    )
     start = time.time()
     counts = asyncio.run(orch.run())
     assert time.time() - start < 20, "the slow group should have been cancelled, not awaited"

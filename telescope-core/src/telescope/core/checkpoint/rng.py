@@ -58,8 +58,11 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         else:
-            logger.warning("checkpoint has CUDA RNG states for %d devices, this process sees %d: "
-                           "CUDA RNG not restored", len(cuda), torch.cuda.device_count())  # fmt: skip
+            logger.warning(
+                "checkpoint has CUDA RNG states for %d devices, this process sees %d: CUDA RNG not restored",
+                len(cuda),
+                torch.cuda.device_count(),
+            )
 
 
 def save_rng_states(directory: str | Path, rank: int, extra: dict[str, Any] | None = None) -> Path:
@@ -77,8 +80,9 @@ def load_rng_states(directory: str | Path, rank: int) -> dict[str, Any] | None:
 
     path = rng_file(directory, rank)
     if not path.is_file():
-        logger.warning("%s is missing (saved with fewer ranks?): rank %d keeps its current RNG state",
-                       path, rank)  # fmt: skip
+        logger.warning(
+            "%s is missing (saved with fewer ranks?): rank %d keeps its current RNG state", path, rank
+        )
         return None
     # weights_only=False: python/numpy states are tuples of plain objects, written by us
     states = torch.load(path, weights_only=False)

@@ -56,8 +56,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _while_stopping(signum: int, frame: FrameType | None) -> None:
-    log.warning("received %s while stopping: the processes are being stopped, please wait",
-                signal.Signals(signum).name)  # fmt: skip
+    log.warning(
+        "received %s while stopping: the processes are being stopped, please wait",
+        signal.Signals(signum).name,
+    )
 
 
 @contextlib.contextmanager

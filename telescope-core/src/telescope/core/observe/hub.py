@@ -92,9 +92,13 @@ class LoggerHub:
         with self._lock:
             self.failures[(lg.name, method)] += 1
             first = self.fatal is None
-            fatal = self.fatal or (exc if isinstance(exc, StorageError) else StorageError(
-                f"logger '{lg.name}' could not write the run directory ({method}): {describe_os_error(exc)}"
-            ))  # fmt: skip
+            fatal = self.fatal or (
+                exc
+                if isinstance(exc, StorageError)
+                else StorageError(
+                    f"logger '{lg.name}' could not write the run directory ({method}): {describe_os_error(exc)}"
+                )
+            )
             self.fatal = fatal
         if self.on_fatal is None:
             raise fatal from exc

@@ -66,7 +66,10 @@ class BatchBuilder:
     def _packer_for(self, dp_world_size: int) -> Packer:
         if self._packer is None or self._packer.dp_world_size != dp_world_size:
             self._packer = Packer(
-                self.cfg.seq_len, self.cfg.pad_to_multiple_of, dp_world_size,
-                num_minibatches=self.cfg.number_of_minibatches, pad_token_id=self.pad_token_id,
-            )  # fmt: skip
+                self.cfg.seq_len,
+                self.cfg.pad_to_multiple_of,
+                dp_world_size,
+                num_minibatches=self.cfg.number_of_minibatches,
+                pad_token_id=self.pad_token_id,
+            )
         return self._packer

@@ -41,9 +41,14 @@ class PromptSource:
     """Hands out prepared prompts; with prefetch a background task keeps a buffer full."""
 
     def __init__(
-        self, scheduler: PromptScheduler, envs: dict[str, Any], ranges: dict[str, tuple[float | None, float | None]],
-        tokenizer: Any, chat: ChatOptions, prefetch: int,
-    ) -> None:  # fmt: skip
+        self,
+        scheduler: PromptScheduler,
+        envs: dict[str, Any],
+        ranges: dict[str, tuple[float | None, float | None]],
+        tokenizer: Any,
+        chat: ChatOptions,
+        prefetch: int,
+    ) -> None:
         self.scheduler = scheduler
         self.envs = envs
         self.ranges = ranges

@@ -48,8 +48,15 @@ class GenerationSettings:
 
     @classmethod
     def from_config(cls, cfg: TelescopeConfig, stop_ids: list[int]) -> GenerationSettings:
-        return cls(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.max_model_len, stop_ids,
-                   cfg.vllm_scheduling_policy == "priority", cfg.rollout_token_view_max_tokens)  # fmt: skip
+        return cls(
+            cfg.temperature,
+            cfg.top_p,
+            cfg.max_tokens,
+            cfg.max_model_len,
+            stop_ids,
+            cfg.vllm_scheduling_policy == "priority",
+            cfg.rollout_token_view_max_tokens,
+        )
 
 
 @dataclass
@@ -87,11 +94,14 @@ class RolloutRunner:
         if room < 1:
             return None
         return {
-            "temperature": self.settings.temperature, "top_p": self.settings.top_p,
-            "max_tokens": min(self.settings.max_tokens, room), "stop_token_ids": self.settings.stop_token_ids,
-            "priority": -turn if self.settings.priority_by_turn else 0, "request_id": request_id,
+            "temperature": self.settings.temperature,
+            "top_p": self.settings.top_p,
+            "max_tokens": min(self.settings.max_tokens, room),
+            "stop_token_ids": self.settings.stop_token_ids,
+            "priority": -turn if self.settings.priority_by_turn else 0,
+            "request_id": request_id,
             "seed": None if seed is None else (seed + turn) & 0x7FFFFFFF,
-        }  # fmt: skip
+        }
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
@@ -132,8 +142,18 @@ class RolloutRunner:
         text = self.decode(choice.token_ids)
         env: SingleTurnEnvironment = task.env
         result = await env.score(text, task.sample, self.stop_text(choice.token_ids))
-        sample = self._finish(task, choice.token_ids, choice.logprobs, None, choice.finish_reason or "stop",
-                              result, text, start_version, (t0, t1, time.time()), num_turns=1)  # fmt: skip
+        sample = self._finish(
+            task,
+            choice.token_ids,
+            choice.logprobs,
+            None,
+            choice.finish_reason or "stop",
+            result,
+            text,
+            start_version,
+            (t0, t1, time.time()),
+            num_turns=1,
+        )
         sample.response_ids = [choice.response_id] if choice.response_id else []
         return sample
 
@@ -164,10 +184,16 @@ class RolloutRunner:
             finish = choice.finish_reason or "stop"
             text = self.decode(ids)
             assistant = {"role": "assistant", "content": _strip_eos(text, self.stop_text(ids))}
-            state.trajectory.append(TrajectoryStep(
-                prompt=[dict(m) for m in messages], completion=[assistant], prompt_token_ids=list(prompt_ids),
-                completion_token_ids=ids, completion_logprobs=list(choice.logprobs),
-                is_truncated=finish == "length"))  # fmt: skip
+            state.trajectory.append(
+                TrajectoryStep(
+                    prompt=[dict(m) for m in messages],
+                    completion=[assistant],
+                    prompt_token_ids=list(prompt_ids),
+                    completion_token_ids=ids,
+                    completion_logprobs=list(choice.logprobs),
+                    is_truncated=finish == "length",
+                )
+            )
             env_messages = await env.env_response([*messages, assistant], state)
             done, reason = env.is_done(state)
             if done:
@@ -186,8 +212,18 @@ class RolloutRunner:
         on_generated()
         result = await env.score(state, task.sample, self.eos_text)
         texts = "".join(str(m.get("content", "")) for s in state.trajectory for m in s.completion)  # type: ignore[union-attr]
-        sample = self._finish(task, completion, logprobs, mask, finish, result, texts, start_version,
-                              (t0, t1, time.time()), num_turns=state.num_turns)  # fmt: skip
+        sample = self._finish(
+            task,
+            completion,
+            logprobs,
+            mask,
+            finish,
+            result,
+            texts,
+            start_version,
+            (t0, t1, time.time()),
+            num_turns=state.num_turns,
+        )
         sample.info["stop_reason"] = state.stop_reason
         sample.response_ids = response_ids
         return sample
@@ -211,26 +247,56 @@ class RolloutRunner:
         return list(full[len(seen) :]) if list(full[: len(seen)]) == seen else None
 
     def _finish(
-        self, task: SampleTask, completion: list[int], logprobs: list[float], mask: list[int] | None,
-        finish: str, result: RewardResult, text: str, start_version: int, times: tuple[float, float, float],
-        *, num_turns: int,
-    ) -> RolloutSample:  # fmt: skip
+        self,
+        task: SampleTask,
+        completion: list[int],
+        logprobs: list[float],
+        mask: list[int] | None,
+        finish: str,
+        result: RewardResult,
+        text: str,
+        start_version: int,
+        times: tuple[float, float, float],
+        *,
+        num_turns: int,
+    ) -> RolloutSample:
         t0, t1, t2 = times
         raw = float(result.total_reward)
         return RolloutSample(
-            prompt_ids=list(task.prompt_ids), completion_ids=list(completion), inference_logprobs=list(logprobs),
-            loss_mask=mask, finish_reason=finish, reward=normalize_reward(raw, task.reward_min, task.reward_max),
-            raw_reward=raw, sample_metrics=dict(result.sample_metrics), prompt_text=task.prompt_text,
-            completion_text=text, server=task.server, lane=task.lane, model_version_start=start_version,
-            model_version_end=task.model_version(), num_turns=num_turns,
+            prompt_ids=list(task.prompt_ids),
+            completion_ids=list(completion),
+            inference_logprobs=list(logprobs),
+            loss_mask=mask,
+            finish_reason=finish,
+            reward=normalize_reward(raw, task.reward_min, task.reward_max),
+            raw_reward=raw,
+            sample_metrics=dict(result.sample_metrics),
+            prompt_text=task.prompt_text,
+            completion_text=text,
+            server=task.server,
+            lane=task.lane,
+            model_version_start=start_version,
+            model_version_end=task.model_version(),
+            num_turns=num_turns,
             completion_token_texts=self.token_texts(completion),
-            timings={"generation_start": t0, "generation_end": t1, "reward_end": t2,
-                     "generation_s": t1 - t0, "reward_s": t2 - t1},
-            info={"golden_answers": result.golden_answers, "sample_tags": result.sample_tags,
-                  "info_turns": result.info_turns,
-                  "reward_errors": [t["info_value"] for t in result.info_turns
-                                    if str(t.get("info_key", "")).startswith(("reward_error", "reward_timeout"))]},
-        )  # fmt: skip
+            timings={
+                "generation_start": t0,
+                "generation_end": t1,
+                "reward_end": t2,
+                "generation_s": t1 - t0,
+                "reward_s": t2 - t1,
+            },
+            info={
+                "golden_answers": result.golden_answers,
+                "sample_tags": result.sample_tags,
+                "info_turns": result.info_turns,
+                "reward_errors": [
+                    t["info_value"]
+                    for t in result.info_turns
+                    if str(t.get("info_key", "")).startswith(("reward_error", "reward_timeout"))
+                ],
+            },
+        )
 
 
 class PromptTooLongError(ValueError):

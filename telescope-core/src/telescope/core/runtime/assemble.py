@@ -122,8 +122,13 @@ def sync_group_spec(
 ) -> dict[str, Any]:
     """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
     the rendezvous and every collective)."""
-    return {"host": host, "port": port, "world_size": world_size, "backend": backend,
-            "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
+    return {
+        "host": host,
+        "port": port,
+        "world_size": world_size,
+        "backend": backend,
+        "timeout_s": float(cfg.ray_broadcast_init_timeout_s),
+    }
 
 
 async def init_weight_sync(session: RunSession, clients: list[Any], ranks_per_server: int = 1) -> None:
@@ -177,8 +182,10 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)
-    sources = [SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))
-               for e in cfg.environments]  # fmt: skip
+    sources = [
+        SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))
+        for e in cfg.environments
+    ]
     ranges = {name: (env.reward_min, env.reward_max) for name, env in envs.items()}
     prefetch = cfg.prompt_prefetch_buffer_size if cfg.enable_prompt_prefetch else 0
     prompts = PromptSource(PromptScheduler(sources, cfg.seed), envs, ranges, tokenizer, chat, prefetch)
@@ -193,9 +200,11 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     orchestrator.tokenizer = tokenizer
     orchestrator.rollouts.traces = session.traces
     orchestrator.healer = RayServerHealer(
-        session.servers.actors, clients, lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
+        session.servers.actors,
+        clients,
+        lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
         trainer.excluded,
-    )  # fmt: skip
+    )
     return orchestrator, clients
 
 

@@ -48,8 +48,9 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
     """The config every process receives: the model path resolved once, the engine decided once."""
     from telescope.core.models.tiny import resolve_model_path
 
-    return cfg.model_copy(update={"model": resolve_model_path(cfg.model), "inference_engine": engine,
-                                  "run_dir": str(run_dir)})  # fmt: skip
+    return cfg.model_copy(
+        update={"model": resolve_model_path(cfg.model), "inference_engine": engine, "run_dir": str(run_dir)}
+    )
 
 
 def run_training(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
@@ -94,11 +95,27 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
         try:
             hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
             if resume is not None:
-                hook.telescope_run_info(info={"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
-                                                         "superseded": [str(p) for p in superseded]}})  # fmt: skip
+                hook.telescope_run_info(
+                    info={
+                        "resume": {
+                            "from_step": resume.step,
+                            "checkpoint": str(resume.path),
+                            "superseded": [str(p) for p in superseded],
+                        }
+                    }
+                )
             summary = startup_summary(cfg, engine, why)  # once: run.json and telescope.log share it
-            hook.telescope_run_info(info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names,
-                                                    "summary": summary.line, "notes": list(summary.notes)}})  # fmt: skip
+            hook.telescope_run_info(
+                info={
+                    "setup": {
+                        "inference_engine": engine,
+                        "why": why,
+                        "plugins": pset.names,
+                        "summary": summary.line,
+                        "notes": list(summary.notes),
+                    }
+                }
+            )
             with sigterm_as_interrupt():
                 _train_recovering(sessions, hub, pset, engine)
             status = "completed"
@@ -146,8 +163,14 @@ def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSe
             if plan is None:
                 raise
             point = plan.point
-            restarts.append({"from_step": point.step, "reason": plan.reason, "checkpoint": str(point.path),
-                             "time": time.time()})  # fmt: skip
+            restarts.append(
+                {
+                    "from_step": point.step,
+                    "reason": plan.reason,
+                    "checkpoint": str(point.path),
+                    "time": time.time(),
+                }
+            )
             session.stop()
             pset.pm.hook.telescope_run_info(info={"restarts": restarts})
             again = RunSession(session.cfg, session.plugins, session.registry, session.run_dir)
@@ -176,8 +199,15 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
     sig = signature(exc, step, dead)
     point = restart_point(session.cfg)
     limit = session.cfg.max_run_restarts
-    why = ("no checkpoint to restart from" if point is None else f"max_run_restarts ({limit}) used up"
-           if done >= limit else f"it failed the same way at step {step} before" if sig in seen else "")  # fmt: skip
+    why = (
+        "no checkpoint to restart from"
+        if point is None
+        else f"max_run_restarts ({limit}) used up"
+        if done >= limit
+        else f"it failed the same way at step {step} before"
+        if sig in seen
+        else ""
+    )
     if why:
         if done or point is not None:
             log.error("not restarting the run: %s", why)
@@ -187,8 +217,13 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
     assert point is not None  # ``why`` says so when there is none
     seen.add(sig)
     reason = describe_failure(died or exc)
-    log.warning("%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts "
-                "%d)", reason, point.step, done + 1, limit)  # fmt: skip
+    log.warning(
+        "%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts %d)",
+        reason,
+        point.step,
+        done + 1,
+        limit,
+    )
     return RestartPlan(point, reason)
 
 
@@ -224,8 +259,14 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
         session.traces = hub.add_otlp_receiver()
 
 
-def _end_run(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, status: str,
-             error: BaseException | None, run_dir: Path) -> BaseException | None:  # fmt: skip
+def _end_run(
+    pm: pluggy.PluginManager,
+    hub: LoggerHub,
+    session: RunSession,
+    status: str,
+    error: BaseException | None,
+    run_dir: Path,
+) -> BaseException | None:
     """Stop every process, then end the run (the hub closes the run directory with its final status).
 
     A plugin raising on the way is reported naming the hook and the plugin; it never replaces
@@ -242,8 +283,15 @@ def _end_run(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, stat
     return ending
 
 
-def _stop_and_finish(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, status: str,
-                     error: BaseException | None, failures: list[HookFailure], run_dir: Path) -> BaseException | None:  # fmt: skip
+def _stop_and_finish(
+    pm: pluggy.PluginManager,
+    hub: LoggerHub,
+    session: RunSession,
+    status: str,
+    error: BaseException | None,
+    failures: list[HookFailure],
+    run_dir: Path,
+) -> BaseException | None:
     """Stop the workers, then telescope_run_end, then the hub, each even when the one before raised."""
     try:
         session.stop()
@@ -259,8 +307,9 @@ def _stop_and_finish(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSessi
     return ending
 
 
-def _report_hook_failures(hub: LoggerHub, failures: list[HookFailure], status: str,
-                          run_dir: Path) -> BaseException | None:  # fmt: skip
+def _report_hook_failures(
+    hub: LoggerHub, failures: list[HookFailure], status: str, run_dir: Path
+) -> BaseException | None:
     """Log each plugin's failure and keep them in run.json; after a successful run, the first one
     becomes the run's failure (returned)."""
     from telescope.core.errors import stage_error

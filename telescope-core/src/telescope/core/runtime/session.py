@@ -75,11 +75,19 @@ class RunSession:
         self.pools = reserve_pools(self.cfg, num_servers(self.cfg), use_gpus, self.run_id)
         self._move_ports_if_taken(num_servers(self.cfg))
         cfg, data = self.cfg, self.cfg.to_dict()
-        self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,
-                                       cfg.ray_trainer_cpus_per_worker)  # fmt: skip
+        self.trainers = start_trainers(
+            data, self.plugins, self.pools, cfg.trainer_num_workers, cfg.ray_trainer_cpus_per_worker
+        )
         init_refs = [t.init.remote() for t in self.trainers]
-        self.servers = start_servers(data, self.plugins, self.pools, cfg.inference_engine, num_servers(cfg),
-                                     cfg.ray_inference_cpus_per_worker, str(self.run_dir / "logs" / "inference"))  # fmt: skip
+        self.servers = start_servers(
+            data,
+            self.plugins,
+            self.pools,
+            cfg.inference_engine,
+            num_servers(cfg),
+            cfg.ray_inference_cpus_per_worker,
+            str(self.run_dir / "logs" / "inference"),
+        )
         self.trainer_info = ray.get(init_refs)
 
     def _move_ports_if_taken(self, count: int) -> None:
@@ -97,8 +105,14 @@ class RunSession:
         first, claims = port_block(host or "0.0.0.0", base, count, {"run_dir": str(self.run_dir)})
         self._claims += claims
         if first != base:
-            log.warning("inference ports %d-%d are in use or held by another Telescope run: the servers listen "
-                        "on %d-%d instead", base, base + count - 1, first, first + count - 1)  # fmt: skip
+            log.warning(
+                "inference ports %d-%d are in use or held by another Telescope run: the servers listen "
+                "on %d-%d instead",
+                base,
+                base + count - 1,
+                first,
+                first + count - 1,
+            )
             self.cfg = self.cfg.model_copy(update={"inference_base_port": first})
 
     def fail(self, error: BaseException) -> None:

@@ -59,10 +59,24 @@ def torch_thread_info(trainer_info: list[dict[str, Any]], servers: Any) -> dict[
 class TrainerWorker:
     """One trainer rank: the configured backend plus the sending end of the weight sync."""
 
-    def __init__(self, cfg_data: dict[str, Any], plugins: list[str], rank: int, world_size: int,
-                 master_addr: str, master_port: int) -> None:  # fmt: skip
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
-                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})  # fmt: skip
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        plugins: list[str],
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+    ) -> None:
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+            }
+        )
         self.cfg, registry = _load(cfg_data, plugins)
         self._threads = _set_threads(self.cfg, "trainer")
         self.rank = rank
@@ -120,8 +134,12 @@ class TrainerWorker:
                 pass
             return {}
         report = self._sender.send(weights, version)
-        return {"fingerprints": report.fingerprints, "num_tensors": report.num_tensors,
-                "num_bytes": report.num_bytes, "seconds": time.perf_counter() - start}  # fmt: skip
+        return {
+            "fingerprints": report.fingerprints,
+            "num_tensors": report.num_tensors,
+            "num_bytes": report.num_bytes,
+            "seconds": time.perf_counter() - start,
+        }
 
     def save_checkpoint(self, directory: str, training_state: bool = True) -> None:
         """Write this rank's part of a checkpoint (collective)."""

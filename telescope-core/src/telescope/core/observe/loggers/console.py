@@ -127,8 +127,14 @@ class ConsoleLogger(Logger):
 
             self._status = LiveStatus(self.total, self._clock)
             # redirect: what the process prints (Ray's worker lines) goes above the status line
-            self._live = Live(self._status, console=self.console, refresh_per_second=2, transient=True,
-                              redirect_stdout=True, redirect_stderr=True)  # fmt: skip
+            self._live = Live(
+                self._status,
+                console=self.console,
+                refresh_per_second=2,
+                transient=True,
+                redirect_stdout=True,
+                redirect_stderr=True,
+            )
             self._live.start()
         # cleaned in both modes: on a terminal, rich alone would keep only the text after the last
         # '\r' of a worker's progress bar, dropping Ray's "(TrainerWorker pid=..)" in front of it

@@ -26,19 +26,47 @@ __all__ = [
 
 #: Columns of the ``rollouts`` table (token ids stay in the local rollouts blocks).
 ROLLOUT_TABLE_COLUMNS = [
-    "step", "group_id", "sample_id", "env", "prompt", "completion", "reward", "advantage", "kept",
-    "discard_reason", "stop_reason", "model_version", "prompt_tokens", "completion_tokens", "server",
-    "lane", "sample_metrics",
-]  # fmt: skip
+    "step",
+    "group_id",
+    "sample_id",
+    "env",
+    "prompt",
+    "completion",
+    "reward",
+    "advantage",
+    "kept",
+    "discard_reason",
+    "stop_reason",
+    "model_version",
+    "prompt_tokens",
+    "completion_tokens",
+    "server",
+    "lane",
+    "sample_metrics",
+]
 
 
 def rollout_table_row(r: RolloutRecord) -> list[Any]:
     """``r`` as one row of ``ROLLOUT_TABLE_COLUMNS``."""
     return [
-        r.step, r.group_id, r.sample_id, r.env, r.prompt_text, r.completion_text, r.reward, r.advantage,
-        r.kept, r.discard_reason or "", r.stop_reason, r.model_version, r.prompt_tokens,
-        r.completion_tokens, r.server, r.lane, json.dumps(r.sample_metrics, sort_keys=True),
-    ]  # fmt: skip
+        r.step,
+        r.group_id,
+        r.sample_id,
+        r.env,
+        r.prompt_text,
+        r.completion_text,
+        r.reward,
+        r.advantage,
+        r.kept,
+        r.discard_reason or "",
+        r.stop_reason,
+        r.model_version,
+        r.prompt_tokens,
+        r.completion_tokens,
+        r.server,
+        r.lane,
+        json.dumps(r.sample_metrics, sort_keys=True),
+    ]
 
 
 def table_cell(value: Any) -> Any:

@@ -131,9 +131,10 @@ class RunDirReader:
         """evals/samples.jsonl rows (filtered by eval name and/or step)."""
         rows = self._read(EVAL_SAMPLES_FILE)
         return [
-            r for r in rows
+            r
+            for r in rows
             if (name is None or r.get("name") == name) and (step is None or r.get("step") == step)
-        ]  # fmt: skip
+        ]
 
     def system(self) -> list[dict[str, Any]]:
         return self._read(SYSTEM_FILE)

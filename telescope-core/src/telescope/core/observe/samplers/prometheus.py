@@ -96,8 +96,13 @@ class PrometheusScraper:
         with urllib.request.urlopen(f"{self.urls[server]}/metrics", timeout=self._timeout) as resp:
             text = resp.read().decode("utf-8", errors="replace")
         metrics = reduce_vllm_metrics(parse_prometheus(text))
-        return {"time": time.time(), "node": socket.gethostname(), "source": "vllm", "server": server,
-                "metrics": metrics}  # fmt: skip
+        return {
+            "time": time.time(),
+            "node": socket.gethostname(),
+            "source": "vllm",
+            "server": server,
+            "metrics": metrics,
+        }
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -35,10 +35,21 @@ _GB = 1024**3
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-        "keepcost",
-    )]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _malloc_in_use_bytes() -> int | None:
@@ -120,8 +131,13 @@ class TorchMemorySampler:
         metrics = self._reader()
         if not metrics:
             return False
-        sample = {"time": self._clock(), "node": self._node, "source": "torch", "rank": self.rank,
-                  "metrics": metrics}  # fmt: skip
+        sample = {
+            "time": self._clock(),
+            "node": self._node,
+            "source": "torch",
+            "rank": self.rank,
+            "metrics": metrics,
+        }
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
                 self.dropped += 1

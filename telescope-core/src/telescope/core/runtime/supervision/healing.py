@@ -41,9 +41,12 @@ class RayServerHealer:
     """
 
     def __init__(
-        self, actors: list[Any], clients: list[Any], reform_sync_group: Callable[[list[Any]], Awaitable[None]],
+        self,
+        actors: list[Any],
+        clients: list[Any],
+        reform_sync_group: Callable[[list[Any]], Awaitable[None]],
         excluded: set[int],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.actors = actors
         self.clients = clients
         self.reform_sync_group = reform_sync_group

@@ -146,5 +146,7 @@ def report_dead(dead: list[DeadRank], step: int) -> TrainerDiedError:
     for d in dead:
         tail = "\n".join(f"    {line}" for line in d.log_tail) or "    (no log lines found)"
         log.error("%s at step %d; its last log lines:\n%s", d.describe(), step, tail)
-    return TrainerDiedError("; ".join(d.describe() for d in dead) + f" (at step {step}; its last log lines are "
-                            "in logs/telescope.log)")  # fmt: skip
+    return TrainerDiedError(
+        "; ".join(d.describe() for d in dead) + f" (at step {step}; its last log lines are "
+        "in logs/telescope.log)"
+    )
