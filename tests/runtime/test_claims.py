@@ -228,3 +228,56 @@ def test_a_rendezvous_claim_with_a_bad_pid_is_stale_not_an_error(own_claims_dir:
     assert claims._stale(path)
     assert claims._claim_port(25000, {"pid": os.getpid(), "host": socket.gethostname()})
     claims.release_rendezvous_ports()
+
+
+# --- the claims folder is private (a shared /tmp must not let another user redirect a run's writes) ---
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh $TMPDIR for the claims folder; returns the folder claims.py will use."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path / f"telescope-{os.getuid()}"
+
+
+def test_the_claims_folder_is_created_private(private_tmp: Path) -> None:
+    held = claim("ports", "7001", {})
+    assert held is not None
+    held.release()
+    for folder in (private_tmp, private_tmp / "ports"):
+        assert (folder.stat().st_mode & 0o777) == 0o700
+    assert ((private_tmp / "ports" / "7001.lock").stat().st_mode & 0o077) == 0
+
+
+def test_a_planted_symlink_is_refused_and_its_target_left_intact(private_tmp: Path, tmp_path: Path) -> None:
+    from telescope.core.cluster.claims import ClaimsDirError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (private_tmp / "ports").mkdir(parents=True)
+    (private_tmp / "ports" / "7002.lock").symlink_to(victim)
+    with pytest.raises(ClaimsDirError, match="7002.lock is a symlink"):
+        claim("ports", "7002", {"run_dir": "x"})
+    with pytest.raises(ClaimsDirError, match="symlink"):
+        claim_holder("ports", "7002")
+    assert victim.read_text() == "precious"
+
+
+def test_a_claims_folder_that_is_a_symlink_is_refused(private_tmp: Path, tmp_path: Path) -> None:
+    from telescope.core.cluster.claims import ClaimsDirError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    private_tmp.symlink_to(elsewhere)
+    with pytest.raises(ClaimsDirError, match="is not a folder"):
+        claim("ports", "7003", {})
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_existing_loose_claims_folder_of_ours_is_made_private(private_tmp: Path) -> None:
+    private_tmp.mkdir(mode=0o777)
+    os.chmod(private_tmp, 0o777)
+    held = claim("ports", "7004", {})
+    assert held is not None
+    held.release()
+    assert (private_tmp.stat().st_mode & 0o777) == 0o700

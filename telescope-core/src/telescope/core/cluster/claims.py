@@ -4,17 +4,23 @@ Two runs on one machine must not pick the same inference ports (both probe 8100 
 before either server binds it) nor join each other's private Ray cluster. A claim is an
 ``flock`` on a small file under ``$TMPDIR/telescope-<uid>/``, held for the run's life; the
 kernel drops it when the process dies, so a crashed run never blocks the next one.
+
+The folder is private: created 0700 (an existing one of ours is made 0700), refused when it
+is a symlink or another user owns it, and every claim file is opened without following a symlink (``O_NOFOLLOW``), so a file
+planted in a shared ``/tmp`` can neither redirect a run's writes nor be truncated by them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import random
 import re
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,6 +30,7 @@ from typing import IO, Any
 __all__ = [
     "RENDEZVOUS_LEASE_S",
     "Claim",
+    "ClaimsDirError",
     "claim",
     "claim_holder",
     "claims_dir",
@@ -34,11 +41,51 @@ __all__ = [
 ]
 
 
+class ClaimsDirError(RuntimeError):
+    """The claims folder is not private to this user (see the module docstring)."""
+
+
 def claims_dir(kind: str) -> Path:
-    """``$TMPDIR/telescope-<uid>/<kind>`` (created)."""
-    path = Path(tempfile.gettempdir()) / f"telescope-{os.getuid()}" / kind
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """``$TMPDIR/telescope-<uid>/<kind>`` (created, private to this user)."""
+    root = Path(tempfile.gettempdir()) / f"telescope-{os.getuid()}"
+    for path in (root, root / kind):
+        _private_dir(path)
+    return root / kind
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` 0700, or check that an existing one is a real folder of ours (then made 0700)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a folder (a symlink or a file)"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    elif info.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours, from an older release or a loose umask: make it private
+    if problem:
+        raise ClaimsDirError(
+            f"Telescope's claims folder {path} {problem}: another user may be trying to interfere with "
+            f"this run's port and cluster claims; remove it (or set TMPDIR to a private folder) and retry"
+        )
+
+
+def _open_claim_file(path: Path, mode: str) -> IO[str]:
+    """Open a claim file for ``mode`` ('a+', 'a' or 'r') without following a symlink, created 0600."""
+    flags = {
+        "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
+        "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        "r": os.O_RDONLY,
+    }[mode]
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ClaimsDirError(f"claim file {path} is a symlink: remove it and retry") from None
+        raise
+    return open(fd, mode, encoding="utf-8")
 
 
 def _file(kind: str, name: str) -> Path:
@@ -64,7 +111,7 @@ class Claim:
 def claim(kind: str, name: str, info: dict[str, Any]) -> Claim | None:
     """Claim ``name`` of ``kind`` for this process (``info`` is what others see); None if a live run holds it."""
     path = _file(kind, name)
-    handle = open(path, "a+", encoding="utf-8")
+    handle = _open_claim_file(path, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -82,7 +129,7 @@ def claim_holder(kind: str, name: str) -> dict[str, Any] | None:
     path = _file(kind, name)
     if not path.exists():
         return None
-    with open(path, encoding="utf-8") as handle:
+    with _open_claim_file(path, "r") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -192,7 +239,7 @@ def _claim_port(port: int, holder: dict[str, Any]) -> bool:
 
 @contextlib.contextmanager
 def _rendezvous_lock() -> Iterator[None]:
-    with open(claims_dir(_RENDEZVOUS) / "claims.lock", "a", encoding="utf-8") as lock:
+    with _open_claim_file(claims_dir(_RENDEZVOUS) / "claims.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held for a few file operations; dropped on exit or death
         yield
 
