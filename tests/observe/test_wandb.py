@@ -30,8 +30,33 @@ def _code_tree(root: Path) -> None:
 def test_select_code_files(tmp_path: Path) -> None:
     _code_tree(tmp_path)
     assert select_code_files(tmp_path, 0.25, [".venv", "*.log"]) == ["pkg/train.py", "run.yaml"]
-    assert "big.bin" in select_code_files(tmp_path, 1.0, [".venv"])
+    assert "big.bin" not in select_code_files(tmp_path, 1.0, [".venv"])  # not a source file
     assert is_excluded("a/b/__pycache__/x.pyc", ["__pycache__"]) and not is_excluded("src/x.py", ["*.pyc"])
+
+
+def test_code_upload_never_takes_secrets(tmp_path: Path) -> None:
+    """What a run's working directory often holds besides code: none of it may leave the machine."""
+    secrets = [
+        ".env",
+        ".env.local",
+        "prod.env",
+        "id_rsa",
+        "id_ed25519.pub",
+        ".aws/credentials",
+        ".ssh/config",
+        "certs/server.key",
+        "certs/server.pem",
+        "gcp-credentials.yaml",
+        "my_secret.yaml",
+        ".netrc",
+        ".git/config",
+        ".config/gh/hosts.yml",
+    ]
+    sources = ["train.py", "configs/run.yaml", "Makefile", "README.md", "envs/tokenizer.py"]
+    for rel in secrets + sources + ["data/weights.bin", "model.safetensors"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("API_KEY=sk-123\n")
+    assert select_code_files(tmp_path, 1.0, []) == sorted(sources)
 
 
 def test_log_upload_switches(tmp_path: Path) -> None:
