@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import struct
 import threading
 import time
@@ -209,3 +210,24 @@ def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
         "vllm_decode_time": 4.0,
     }
     assert unseen == {"generation_s": 1.0}
+
+
+def test_oversized_and_bomb_exports_are_refused_before_any_work() -> None:
+    """A 64 KB gzip body that inflates to 64 MB used to cost the driver seconds of CPU and GBs of memory."""
+    from telescope.core.observe.samplers import otlp
+
+    bomb = gzip.compress(b"\0" * (64 * 1024 * 1024))
+    assert len(bomb) < 128 * 1024
+    rx = OtlpReceiver(port=0)
+    rx.start()
+    try:
+        assert _post(rx.port, bomb, "application/x-protobuf", "gzip") == 400
+        with socket.create_connection(("127.0.0.1", rx.port), timeout=5) as conn:  # announce, never send
+            conn.sendall(
+                f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: {otlp.MAX_BODY_BYTES + 1}\r\n\r\n".encode()
+            )
+            assert conn.recv(64).startswith(b"HTTP/1.0 413")
+        assert rx.bad_requests == 2
+        assert _post(rx.port, gzip.compress(_export([VLLM_SPAN])), "application/x-protobuf", "gzip") == 200
+    finally:
+        rx.stop()

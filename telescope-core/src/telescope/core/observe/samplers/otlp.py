@@ -2,15 +2,19 @@
 
 vLLM exports one span per request with ``gen_ai.request.id`` and latency attributes; the
 orchestrator looks a finished request up by id to fill the rollout's ``timings``.
+
+Bodies are capped before any work: at most ``MAX_BODY_BYTES`` on the wire (413 unread above it)
+and ``MAX_DECODED_BYTES`` once gunzipped (a small gzip bomb used to cost seconds of the driver's
+CPU and gigabytes of memory).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -21,7 +25,17 @@ if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
 
-__all__ = ["VLLM_TIMING_ATTRIBUTES", "OtlpReceiver"]
+__all__ = ["MAX_BODY_BYTES", "MAX_DECODED_BYTES", "VLLM_TIMING_ATTRIBUTES", "OtlpReceiver"]
+
+#: Largest export body read from the wire (vLLM batches spans; a batch is a few hundred KB).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Largest body after gunzip.
+MAX_DECODED_BYTES = 32 * 1024 * 1024
+
+
+class _TooLarge(ValueError):
+    """An export over ``MAX_BODY_BYTES`` or ``MAX_DECODED_BYTES``."""
+
 
 _log = logging.getLogger("telescope.observe")
 
@@ -67,7 +81,19 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    length = int(self.headers.get("Content-Length", 0))
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    receiver.bad_requests += 1
+                    self.send_response(413 if length > MAX_BODY_BYTES else 400)
+                    self.send_header("Content-Length", "0")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    return
+                body = self.rfile.read(length)
                 ok = self.path.rstrip("/") == "/v1/traces" and receiver.ingest(
                     body, self.headers.get("Content-Type", ""), self.headers.get("Content-Encoding", "")
                 )
@@ -83,8 +109,10 @@ class OtlpReceiver:
     def ingest(self, body: bytes, content_type: str = "application/x-protobuf", encoding: str = "") -> bool:
         """Store the spans of one export; False (counted) when the body cannot be decoded."""
         try:
+            if len(body) > MAX_BODY_BYTES:
+                raise _TooLarge(f"{len(body)} bytes")
             if encoding == "gzip":
-                body = gzip.decompress(body)
+                body = _gunzip_capped(body)
             if "json" in content_type:
                 spans = spans_from_json(json.loads(body))
             else:
@@ -138,3 +166,14 @@ class OtlpReceiver:
         if self._thread.is_alive():  # shutdown() waits for serve_forever: only when it runs
             self._server.shutdown()
         self._server.server_close()
+
+
+def _gunzip_capped(body: bytes) -> bytes:
+    """``gzip.decompress`` that stops at ``MAX_DECODED_BYTES`` instead of inflating a bomb."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = inflater.decompress(body, MAX_DECODED_BYTES + 1)
+    if len(out) > MAX_DECODED_BYTES or inflater.unconsumed_tail:
+        raise _TooLarge(f"more than {MAX_DECODED_BYTES} bytes once decompressed")
+    if not inflater.eof:
+        raise ValueError("truncated gzip body")
+    return out
