@@ -97,6 +97,7 @@ class WeightSender:
         for work in self._in_flight:
             work.wait()
         self._in_flight = []
+        self.group.synchronize()  # NCCL: wait() returned before the transfer; time the transfer itself
         self.group.layouts.end_sync(report.num_messages)
         self._pool = {k: v for k, v in self._pool.items() if k[1] < report.num_messages}
         report.seconds = time.perf_counter() - start
