@@ -47,11 +47,26 @@ class BuiltModel:
     padded_vocab: int
 
 
-def materialize(kw: dict[str, Any]) -> dict[str, Any]:
-    """Strings in the torch-free settings dicts -> the objects Megatron expects."""
+def attn_backend(name: str, enum_cls: Any = None) -> Any:
+    """Megatron's ``AttnBackend`` member for ``name``. ``TransformerConfig`` compares
+    ``attention_backend`` with the enum's members, so a string silently selects nothing."""
+    if enum_cls is None:
+        from megatron.core.transformer.enums import AttnBackend as enum_cls
+    try:
+        return enum_cls[name]
+    except KeyError:
+        known = ", ".join(m.name for m in enum_cls)
+        raise ValueError(f"attention_backend: {name!r} is not one of Megatron's AttnBackend ({known})") from None
+
+
+def materialize(kw: dict[str, Any], attn_backend_enum: Any = None) -> dict[str, Any]:
+    """Strings in the torch-free settings dicts -> the objects Megatron expects (dtypes, the
+    activation function, the ``AttnBackend`` enum)."""
     out = dict(kw)
     if out.get("activation_func") == "silu":
         out["activation_func"] = torch.nn.functional.silu
+    if isinstance(out.get("attention_backend"), str):
+        out["attention_backend"] = attn_backend(out["attention_backend"], attn_backend_enum)
     for key in (
         "params_dtype",
         "pipeline_dtype",
