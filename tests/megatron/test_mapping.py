@@ -243,3 +243,60 @@ def test_placement_names_round_trip() -> None:
     )
     with pytest.raises(ValueError, match="earlier pipeline stage"):
         local_name("decoder.layers.1.mlp.linear_fc1.weight", layer_offset=2)
+
+
+def _saved_state(model, tmp_path) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """What transformers writes to disk: per-expert names for MoE (the hub's layout), whatever its
+    in-memory modules hold (transformers 5 fuses the experts on load and splits them on save)."""
+    from safetensors.torch import load_file
+
+    model.save_pretrained(tmp_path)
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(tmp_path.glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+@pytest.mark.parametrize("te_spec", [False, True])
+def test_moe_checkpoints_convert_in_both_expert_layouts(tiny_models, tmp_path, te_spec: bool) -> None:
+    """vLLM 0.16/0.17 pin transformers < 5 and load per-expert names; transformers 5 holds fused experts."""
+    from telescope.megatron.mapping.rules import detect_expert_layout
+
+    model = tiny_models("qwen3_moe")
+    spec = model_spec_from_hf_config(model.config)
+    fused, per_expert = _hf_state(model), _saved_state(model, tmp_path)
+    assert detect_expert_layout(fused) == "fused" and detect_expert_layout(per_expert) == "per_expert"
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in per_expert
+    from_fused = hf_to_megatron(fused, spec, te_spec=te_spec)
+    from_files = hf_to_megatron(per_expert, spec, te_spec=te_spec)
+    assert from_fused.keys() == from_files.keys()
+    for name, tensor in from_fused.items():
+        assert torch.equal(tensor, from_files[name]), name
+    back = megatron_to_hf(from_fused, spec, te_spec=te_spec, expert_layout="per_expert")
+    tied = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+    assert back.keys() == per_expert.keys() - tied
+    for name, tensor in back.items():
+        assert torch.equal(tensor, per_expert[name]), name
+    stream = MegatronToHFStream(spec, te_spec=te_spec, expert_layout="per_expert")
+    streamed = dict(stream.convert_all(iter(reversed(list(from_fused.items())))))
+    assert streamed.keys() == back.keys() and all(torch.equal(streamed[n], back[n]) for n in back)
+    with pytest.raises(ValueError, match="expert_layout 'stacked': use one of per_expert, fused"):
+        megatron_to_hf(from_fused, spec, expert_layout="stacked")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("engine", "transformers_version", "layout"),
+    [
+        ("vllm", "4.57.1", "per_expert"),
+        ("vllm", "5.24.0", "per_expert"),  # vLLM loads per-expert names whatever the trainer's transformers
+        ("auto", "5.24.0", "per_expert"),  # auto picks vllm on the GPU machines Megatron runs on
+        ("transformers", "5.24.0", "fused"),
+        ("transformers", "4.57.1", "per_expert"),
+    ],
+)
+def test_weight_syncs_send_experts_in_the_layout_the_engine_loads(
+    engine: str, transformers_version: str, layout: str
+) -> None:
+    from telescope.megatron.mapping.rules import inference_expert_layout
+
+    assert inference_expert_layout(engine, transformers_version) == layout

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from telescope.megatron.mapping.tp import expert_index, shard_tensor, tp_partiti
 from telescope.megatron.options import MegatronBackendKwargs
 from telescope.megatron.parallel import ParallelLayout
 from telescope.megatron.settings import ddp_config_kwargs, gpt_model_kwargs, transformer_config_kwargs
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["BuiltModel", "build_model", "rank_offsets"]
 
@@ -51,12 +54,16 @@ def attn_backend(name: str, enum_cls: Any = None) -> Any:
     """Megatron's ``AttnBackend`` member for ``name``. ``TransformerConfig`` compares
     ``attention_backend`` with the enum's members, so a string silently selects nothing."""
     if enum_cls is None:
-        from megatron.core.transformer.enums import AttnBackend as enum_cls
+        from megatron.core.transformer.enums import AttnBackend
+
+        enum_cls = AttnBackend
     try:
         return enum_cls[name]
     except KeyError:
         known = ", ".join(m.name for m in enum_cls)
-        raise ValueError(f"attention_backend: {name!r} is not one of Megatron's AttnBackend ({known})") from None
+        raise ValueError(
+            f"attention_backend: {name!r} is not one of Megatron's AttnBackend ({known})"
+        ) from None
 
 
 def materialize(kw: dict[str, Any], attn_backend_enum: Any = None) -> dict[str, Any]:
@@ -105,7 +112,7 @@ def rank_offsets(gpt: Any, spec: ModelSpec) -> tuple[int, int]:
 
 
 def build_model(
-    cfg: Any, kwargs: MegatronBackendKwargs, layout: ParallelLayout, device: torch.device
+    cfg: TelescopeConfig, kwargs: MegatronBackendKwargs, layout: ParallelLayout, device: torch.device
 ) -> BuiltModel:
     """GPTModel for this rank with the HF weights loaded, in Float16Module and Megatron DDP."""
     from transformers import AutoConfig
@@ -144,7 +151,7 @@ def build_model(
     return BuiltModel([ddp], gpt, tc, spec, hf_config, padded_vocab)
 
 
-def _wire_grad_sync(tc: Any, ddp: Any, cfg: Any) -> None:
+def _wire_grad_sync(tc: Any, ddp: Any, cfg: TelescopeConfig) -> None:
     """What Megatron's own training loop sets up: without ``finalize_model_grads_func`` the
     schedules never all-reduce gradients across data-parallel ranks."""
     from megatron.core.distributed import finalize_model_grads
@@ -156,7 +163,7 @@ def _wire_grad_sync(tc: Any, ddp: Any, cfg: Any) -> None:
 
 
 @torch.no_grad()
-def load_hf_weights(gpt: Any, cfg: Any, spec: ModelSpec, use_te: bool, padded_vocab: int) -> None:
+def load_hf_weights(gpt: Any, cfg: TelescopeConfig, spec: ModelSpec, use_te: bool, padded_vocab: int) -> None:
     """Copy this rank's part of the HF checkpoint into ``gpt`` (every local parameter is set)."""
     from transformers import AutoModelForCausalLM
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from telescope.megatron.model import BuiltModel
 from telescope.megatron.packed import packed_boundaries, pad_row, split_segments, to_packed_seq_params
 from telescope.megatron.vocab_parallel import vocab_parallel_logprobs_and_entropy
 
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 __all__ = ["MegatronState", "model_call_kwargs", "run_minibatches"]
 
 logger = logging.getLogger(__name__)
@@ -42,7 +45,7 @@ logger = logging.getLogger(__name__)
 class MegatronState:
     """Everything a step needs; built by ``MegatronBackend.init``."""
 
-    cfg: Any
+    cfg: TelescopeConfig
     built: BuiltModel
     optimizer: Any
     algorithm: Algorithm
