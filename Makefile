@@ -46,6 +46,7 @@ test-slow: bootstrap
 # $(VLLM_VENV) (a ~430 MB download, once): it cannot be imported without CUDA, so the tests read its
 # source (AST). Without that venv the tests skip, saying so.
 test-vllm-contract: bootstrap
-	@bash scripts/bootstrap.sh --vllm-source $(VLLM_CONTRACT_VERSION)
+	@TELESCOPE_VLLM_VENV=$(VLLM_VENV) bash scripts/bootstrap.sh --vllm-source $(VLLM_CONTRACT_VERSION)
+	$(VLLM_VENV)/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 	TELESCOPE_VLLM_VENV=$(VLLM_VENV) TELESCOPE_VLLM_CONTRACT_VERSION=$(VLLM_CONTRACT_VERSION) \
 		$(BIN)/python -m pytest -q -rs tests/inference/test_vllm_contract.py
