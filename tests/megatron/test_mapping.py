@@ -300,3 +300,56 @@ def test_weight_syncs_send_experts_in_the_layout_the_engine_loads(
     from telescope.megatron.mapping.rules import inference_expert_layout
 
     assert inference_expert_layout(engine, transformers_version) == layout
+
+
+class RecordingSource(dict):  # type: ignore[type-arg]
+    """An HF state dict that records which tensors were read."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.read: list[str] = []
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.read.append(name)
+        return super().__getitem__(name)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
+def test_megatron_tensors_read_from_the_checkpoint_files_equal_the_whole_model_conversion(
+    tiny_models, tmp_path, kind: str
+) -> None:
+    from telescope.megatron.mapping.source import MegatronFromHF, open_hf_checkpoint
+
+    model = tiny_models(kind)
+    spec = model_spec_from_hf_config(model.config)
+    model.save_pretrained(tmp_path)
+    checkpoint = open_hf_checkpoint(str(tmp_path))
+    assert checkpoint is not None and len(checkpoint) > 0
+    lazy = MegatronFromHF(checkpoint, spec, te_spec=True, padded_vocab=128)
+    assert lazy.missing() == []
+    whole = hf_to_megatron(_hf_state(model), spec, te_spec=True, padded_vocab=128)
+    for name in reversed(list(whole)):  # any order
+        assert torch.equal(lazy.get(name), whole[name]), name
+    with pytest.raises(KeyError, match="has no HF source tensor"):
+        lazy.get("decoder.layers.99.mlp.linear_fc2.weight")
+
+
+def test_a_rank_reads_only_the_hf_tensors_of_what_it_holds(tiny_models) -> None:
+    from telescope.megatron.mapping.source import MegatronFromHF
+
+    model = tiny_models("qwen3_moe")
+    spec = model_spec_from_hf_config(model.config)
+    source = RecordingSource(_hf_state(model))
+    lazy = MegatronFromHF(source, spec, te_spec=False, padded_vocab=128)
+    lazy.get("decoder.layers.2.self_attention.linear_qkv.weight")
+    assert sorted(source.read) == [f"model.layers.2.self_attn.{p}_proj.weight" for p in "kqv"]
+    source.read.clear()
+    lazy.get("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight")
+    lazy.get("decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight")  # same fused rule: no reread
+    assert source.read == ["model.layers.0.mlp.experts.gate_up_proj"]
+
+
+def test_a_folder_without_safetensors_is_left_to_from_pretrained(tmp_path) -> None:
+    from telescope.megatron.mapping.source import open_hf_checkpoint
+
+    assert open_hf_checkpoint(str(tmp_path)) is None

@@ -5,7 +5,8 @@ tests/megatron/test_megatron_core_cpu.py): local spec, fp32, all five architectu
 EP 2 - logits equal HF's. Never run: CUDA, the TE spec, bf16 (Float16Module), FP8; the ``gpu``
 tests in tests/megatron/test_gpu.py cover those.
 
-Weights: the HF model is loaded on CPU with ``from_pretrained`` (so hub ids, local paths and
+Weights: read tensor by tensor from the checkpoint's safetensors files (``mapping.source``; a rank
+reads only what it holds), else the HF model is loaded on CPU with ``from_pretrained`` (so hub ids, local paths and
 transformers' own checkpoint conversions all work), converted with ``telescope.megatron.mapping``
 and each rank copies in its own TP shard / pipeline layers / experts.
 """
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from telescope.megatron.mapping import ModelSpec, hf_to_megatron, model_spec_from_hf_config
+from telescope.megatron.mapping import ModelSpec, model_spec_from_hf_config
 from telescope.megatron.mapping.placement import global_name
+from telescope.megatron.mapping.source import MegatronFromHF, open_hf_checkpoint
 from telescope.megatron.mapping.tp import expert_index, shard_tensor, tp_partition
 from telescope.megatron.options import MegatronBackendKwargs
 from telescope.megatron.parallel import ParallelLayout
@@ -169,9 +171,17 @@ def load_hf_weights(gpt: Any, cfg: TelescopeConfig, spec: ModelSpec, use_te: boo
 
     from megatron.core import parallel_state as ps
 
-    hf = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    full = hf_to_megatron(hf.state_dict(), spec, te_spec=use_te, padded_vocab=padded_vocab)
-    del hf
+    checkpoint = open_hf_checkpoint(cfg.model)
+    full = (
+        None
+        if checkpoint is None
+        else MegatronFromHF(checkpoint, spec, te_spec=use_te, padded_vocab=padded_vocab)
+    )
+    if full is None or full.missing():  # nothing to read lazily: the whole model, once, on this rank
+        why = "no local safetensors checkpoint" if full is None else f"its files lack {full.missing()[:3]}"
+        logger.warning("%s: %s; loading the whole model on every rank with from_pretrained", cfg.model, why)
+        state = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).state_dict()
+        full = MegatronFromHF(state, spec, te_spec=use_te, padded_vocab=padded_vocab)
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     etp, etp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
     layer_offset, expert_offset = rank_offsets(gpt, spec)
@@ -183,7 +193,7 @@ def load_hf_weights(gpt: Any, cfg: TelescopeConfig, spec: ModelSpec, use_te: boo
             raise KeyError(f"Megatron parameter {name} (global {gname}) has no HF source tensor")
         is_expert = expert_index(gname) is not None
         shard = shard_tensor(
-            full[gname], tp_partition(gname), etp if is_expert else tp, etp_rank if is_expert else tp_rank
+            full.get(gname), tp_partition(gname), etp if is_expert else tp, etp_rank if is_expert else tp_rank
         )
         if shard.shape != param.shape:
             raise ValueError(
