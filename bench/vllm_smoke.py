@@ -67,6 +67,23 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
         (after,) = await client.complete([1, 2, 3, 4], max_tokens=8, temperature=1.0, ignore_eos=True)
         row("completion after the sync", f"ok: {after.token_ids}" if len(after.token_ids) == 8 else "FAILED")
         ok &= len(after.token_ids) == 8
+        version = 2
+        for clear in (False, True):  # pause_clear_cache: what a sync costs requests in flight
+            timed = engine.client(url, pause_clear_cache=clear)
+            async with timed:
+                prompts = [[1 + (i % 50)] * 200 for i in range(32)]
+                t0 = time.perf_counter()
+                running = [
+                    asyncio.create_task(timed.complete(p, max_tokens=256, ignore_eos=True)) for p in prompts
+                ]
+                await asyncio.sleep(0.5)
+                update = asyncio.create_task(timed.update_weights(version))
+                await asyncio.to_thread(sender.send, iter(named), version)
+                response = await update
+                await asyncio.gather(*running)
+                row(f"32 requests in flight across a sync, pause_clear_cache={clear}",
+                    f"all done after {time.perf_counter() - t0:.2f} s (sync {response.seconds:.2f} s)")  # fmt: skip
+            version += 1
     return ok
 
 
