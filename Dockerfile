@@ -46,11 +46,13 @@ RUN pip install \
       -e ./telescope-cli -e .
 
 # flash-attn is an sdist that imports torch while building: no build isolation. MAX_JOBS bounds
-# the compiler's memory; TransformerEngine (telescope-megatron[te]) compiles the same way.
+# the compiler's memory; TransformerEngine (telescope-megatron[te]) compiles the same way, here with its
+# CUDA 12 core library named explicitly (core_cu12: this image's CUDA; megatron-core's own te extra
+# asks for core_cu13).
 ARG MAX_JOBS=8
 ARG WITH_TRANSFORMER_ENGINE=0
 RUN MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation "flash-attn>=2.6" \
  && if [ "${WITH_TRANSFORMER_ENGINE}" = "1" ]; then \
-      MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation -e "./telescope-megatron[te]"; fi
+      MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation "transformer-engine[core_cu12,pytorch]"; fi
 
 CMD ["/bin/bash"]

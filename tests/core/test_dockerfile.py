@@ -35,6 +35,10 @@ def test_the_base_image_is_cuda_12_8_which_the_pinned_vllms_torch_is_built_for()
     # flash-attn and TransformerEngine compile only when nvcc's major version matches torch's.
     assert _arg("VLLM_SPEC") == "vllm==0.17.1"
     assert _arg("CUDA_IMAGE").startswith("nvidia/cuda:12.8.")
+    # TransformerEngine's core library for CUDA 12, not 13 (megatron-core's te extra asks for core_cu13)
+    assert "transformer-engine[core_cu12,pytorch]" in DOCKERFILE and "core_cu13" not in DOCKERFILE.replace(
+        "asks for core_cu13", ""
+    )
 
 
 def test_the_image_installs_the_extras_bootstrap_installs() -> None:
