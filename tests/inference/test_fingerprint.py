@@ -93,3 +93,38 @@ def test_loaded_weights_are_checked_with_the_digest_the_receiver_used() -> None:
         model.bias[0] += 1
     with pytest.raises(WeightSyncMismatchError):
         loader.verify(named, where="test", received=received)
+
+
+def test_a_sync_verified_with_sum64_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NCCL groups' path (sum64 on both sides, the receiver reading its digests back once), run
+    over a gloo group in one process (two threads), with the device choice forced to sum64."""
+    import threading
+
+    from telescope.core.weights import GroupSpec, WeightSyncSettings, receiver, sender
+    from telescope.core.weights.group import WeightSyncGroup, free_port
+    from telescope.core.weights.verify import check_sync
+
+    monkeypatch.setattr(sender, "digest_for_device", lambda device: "sum64")
+    monkeypatch.setattr(receiver, "digest_for_device", lambda device: "sum64")
+    spec = GroupSpec(host="127.0.0.1", port=free_port(), world_size=2, timeout_s=60)
+    gen = torch.Generator().manual_seed(4)
+    named = [("a", torch.randn(5, 7, generator=gen)), ("b", torch.randn(3, generator=gen).bfloat16()),
+             ("c", torch.randn(300, 200, generator=gen))]  # fmt: skip
+    groups: dict[int, WeightSyncGroup] = {}
+    threads = [
+        threading.Thread(target=lambda r=r: groups.__setitem__(r, WeightSyncGroup(spec, r))) for r in (0, 1)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got: dict[str, torch.Tensor] = {}
+    recv = receiver.WeightReceiver(groups[1], verify=True)
+    thread = threading.Thread(target=lambda: got.update({n: t.clone() for n, t in recv.receive()}))
+    thread.start()
+    report = sender.WeightSender(groups[0], WeightSyncSettings(bucket_mb=1)).send(iter(named), 1)
+    thread.join()
+    assert recv.last_sync is not None and report.fingerprints is not None
+    assert report.fingerprints == {n: fp.fingerprint(t, "sum64") for n, t in named}
+    check_sync(report.fingerprints, {"server": recv.last_sync.received_fingerprints}, 1)
+    assert all(torch.equal(got[n], t) for n, t in named)

@@ -24,7 +24,7 @@ from telescope.core.weights.verify import compare_fingerprints
 
 __all__ = [
     "DIGESTS", "algorithm_of", "compare_fingerprints", "digest", "digest_for_device", "fingerprint",
-    "format_fingerprint", "sum64_digest",
+    "format_fingerprint", "sum64_digest", "sum64_tensor",
 ]  # fmt: skip
 
 DIGESTS = ("xxh3", "sum64")
@@ -66,16 +66,21 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
         return raw.clone().view(word)
 
 
-def sum64_digest(tensor: torch.Tensor) -> int:
+def sum64_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """``sum_i (w_i xor (i * A)) * ((i * B) | 1)`` mod 2^64 over the words ``w_i`` of ``tensor``'s bytes,
-    computed where the tensor is (see the module docstring); one device sync per tensor."""
+    as a 0-dim int64 tensor where the tensor is (queued: no device sync; see the module docstring)."""
     words = _words(tensor)
     total = torch.zeros((), dtype=torch.int64, device=words.device)
     for start in range(0, words.numel(), SUM64_CHUNK):
         chunk = words[start : start + SUM64_CHUNK].to(torch.int64)
         index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=words.device)
         total += ((chunk ^ (index * _A)) * ((index * _B) | 1)).sum()
-    return int(total.item())
+    return total
+
+
+def sum64_digest(tensor: torch.Tensor) -> int:
+    """``sum64_tensor`` as an int (one device sync)."""
+    return int(sum64_tensor(tensor).item())
 
 
 def _xxh3_digest(tensor: torch.Tensor) -> int:
