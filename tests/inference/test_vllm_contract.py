@@ -340,3 +340,14 @@ def test_we_check_every_opentelemetry_module_vllms_tracing_imports() -> None:
         if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("opentelemetry.exporter")
     }
     assert imported and imported <= set(auto.TRACING_MODULES), imported - set(auto.TRACING_MODULES)
+
+
+def test_seeded_requests_take_vllms_per_request_sampling_loop() -> None:
+    """Why ``per_request_seed`` is off by default on vLLM: its sampler draws seeded requests one by one."""
+    tree = _tree("v1/sample/ops/topk_topp_sampler.py")
+    loops = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.For) and ast.unparse(n.iter).endswith("generators.items()")
+    ]
+    assert loops, "vLLM no longer samples seeded requests one by one: per_request_seed could default on"
