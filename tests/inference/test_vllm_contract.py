@@ -351,3 +351,20 @@ def test_seeded_requests_take_vllms_per_request_sampling_loop() -> None:
         if isinstance(n, ast.For) and ast.unparse(n.iter).endswith("generators.items()")
     ]
     assert loops, "vLLM no longer samples seeded requests one by one: per_request_seed could default on"
+
+
+def test_pause_keep_with_clear_cache_resets_running_requests_kv() -> None:
+    """Why the client sends ``clear_cache`` explicitly: vLLM's default (true) resets its caches, running
+    requests included (``_reset_caches`` -> ``reset_prefix_cache(reset_running_requests=True)``), also
+    in ``keep`` mode."""
+    tree = _tree("v1/engine/core.py")
+    pauses = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "pause_scheduler"]
+    assert pauses and all(
+        "clear_cache" in ast.unparse(p) and "_reset_caches" in ast.unparse(p) for p in pauses
+    )
+    resets = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_reset_caches"]
+    assert resets and "reset_running_requests" in ast.unparse(resets[0])
+    handler = _routes()["/pause"]
+    names = [a.arg for a in handler.args.args][-len(handler.args.defaults) :]
+    defaults = dict(zip(names, handler.args.defaults, strict=True))
+    assert "True" in ast.unparse(defaults["clear_cache"])  # vLLM's default: the client must say false
