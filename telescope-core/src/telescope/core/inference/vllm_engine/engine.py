@@ -91,6 +91,8 @@ class VllmEngine(InferenceEngine):
         """A ``VllmClient``: weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
         from telescope.core.inference.vllm_engine.client import VllmClient
 
+        options.setdefault("pause_clear_cache", self.kwargs.pause_clear_cache)
+        options.setdefault("per_request_seed", self.kwargs.per_request_seed)
         return VllmClient(url, **options)
 
 
