@@ -183,14 +183,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-_OPEN_CIRCLE = pytest.mark.xfail(strict=True, reason="megatron backend <-> checkpoint: being broken up (#32)")
-
-
-@pytest.mark.parametrize(
-    "src",
-    [pytest.param(p, marks=_OPEN_CIRCLE) if "megatron" in str(p) else p for p in PACKAGE_SRCS],
-    ids=lambda p: p.parent.name,
-)
+@pytest.mark.parametrize("src", PACKAGE_SRCS, ids=lambda p: p.parent.name)
 def test_no_module_circles(src: Path) -> None:
     known = modules(src)
     graph: dict[str, set[str]] = {name: set() for name in known}
