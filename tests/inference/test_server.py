@@ -126,12 +126,26 @@ def test_seeded_requests_repeat(server: SimpleNamespace) -> None:
         ({"prompt": [1, 100000]}, "outside"),
         ({"prompt": []}, "empty"),
         ({"temperature": -1}, "temperature"),
+        # hostile requests, refused before they reach the generation thread (a seed >= 2^64 killed it)
+        ({"seed": 2**64}, "seed"),
+        ({"seed": 2**63 - 2, "n": 4}, "seed .* is too large"),
+        ({"n": 10**6}, "less than or equal to 1024"),
+        ({"prompt": [[5, 6]] * 1000, "n": 5}, "5000 sequences"),
+        ({"prompt": "x" * (512 * 32 + 1)}, "16385 characters"),
     ],
 )
 def test_bad_requests_get_clear_400s(server: SimpleNamespace, params: dict, message: str) -> None:
     prompt = params.pop("prompt", PROMPT)
     with pytest.raises((InferenceServerError, ValueError), match=message):
         run(_complete(server.url, prompt, **params))
+
+
+def test_the_loop_survives_hostile_requests(server: SimpleNamespace) -> None:
+    for params in ({"seed": 2**64}, {"seed": 2**64 - 1}, {"n": 10**6}):
+        with pytest.raises((InferenceServerError, ValueError)):
+            run(_complete(server.url, PROMPT, **params))
+    out = run(_complete(server.url, PROMPT, max_tokens=3, ignore_eos=True, seed=2**62))
+    assert len(out[0].token_ids) == 3
 
 
 def test_health_models_and_version(server: SimpleNamespace) -> None:

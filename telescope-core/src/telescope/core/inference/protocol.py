@@ -46,6 +46,11 @@ ENDPOINTS = {
 
 TokenPrompt = list[int]
 
+#: Largest ``n`` a request may ask for (a GRPO group is rarely above 64; 10^6 once queued a million sequences).
+MAX_N = 1024
+#: Largest seed: seeds are 64-bit and a request's choices use ``seed + choice_index``.
+MAX_SEED = 2**63 - 1
+
 
 class CompletionRequest(BaseModel):
     """Body of ``POST /v1/completions`` (the fields both engines honour)."""
@@ -56,8 +61,8 @@ class CompletionRequest(BaseModel):
     """Token ids (preferred: no re-tokenization drift), a list of them, text, or a list of texts."""
     model: str | None = None
     """Served model name (informational; each server serves one model)."""
-    n: int = Field(default=1, ge=1)
-    """Samples per prompt."""
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    """Samples per prompt (at most ``MAX_N``)."""
     temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature; 0 = greedy."""
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -76,8 +81,8 @@ class CompletionRequest(BaseModel):
     """Lower is scheduled earlier (needs vllm_scheduling_policy: priority when non-zero)."""
     request_id: str | None = None
     """Caller-chosen id, so the request can be aborted; a random one otherwise."""
-    seed: int | None = None
-    """Per-request sampling seed."""
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    """Per-request sampling seed (0 to 2^63 - 1; choice i samples with ``seed + i``)."""
     return_token_ids: bool = True
     """Return ``token_ids`` and ``prompt_token_ids`` in each choice (always on for Telescope)."""
     return_tokens_as_token_ids: bool = False

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from telescope.core.inference.protocol import (
     ENDPOINTS,
+    MAX_SEED,
     AbortRequest,
     CompletionRequest,
     WeightSyncInitRequest,
@@ -63,11 +64,40 @@ async def _parse(request: web.Request, model: Any) -> Any:
         raise BadRequest(f"body is not JSON: {exc}") from None
 
 
-def _prompts(state: Any, body: CompletionRequest) -> list[list[int]]:
+#: Sequences one request may put in the queue (prompts x n).
+MAX_SEQUENCES_PER_REQUEST = 4096
+#: Characters of prompt text per token of ``max_model_len`` accepted before tokenizing (a token is a
+#: few characters; a 60 MB prompt used to hold the event loop for minutes before being refused).
+MAX_CHARS_PER_TOKEN = 32
+
+
+def _prompt_items(state: Any, body: CompletionRequest) -> list[Any]:
+    """The request's prompts, checked for count and text size before any tokenizing (cheap)."""
     raw = body.prompt
     if not raw:
         raise BadRequest("prompt is empty")
     items: list[Any] = [raw] if isinstance(raw, str) or isinstance(raw[0], int) else list(raw)
+    if len(items) * body.n > MAX_SEQUENCES_PER_REQUEST:
+        raise BadRequest(
+            f"{len(items)} prompts x n={body.n} is {len(items) * body.n} sequences; at most "
+            f"{MAX_SEQUENCES_PER_REQUEST} per request: split it into several requests"
+        )
+    max_chars = state.options.max_model_len * MAX_CHARS_PER_TOKEN
+    for i, item in enumerate(items):
+        if isinstance(item, str) and len(item) > max_chars:
+            raise BadRequest(
+                f"prompt {i} has {len(item)} characters; more than max_model_len "
+                f"{state.options.max_model_len} tokens can hold (limit {max_chars} characters)"
+            )
+    if body.seed is not None and body.seed + len(items) * body.n > MAX_SEED:
+        raise BadRequest(
+            f"seed {body.seed} is too large for {len(items) * body.n} choices; use a seed below 2^62"
+        )
+    return items
+
+
+def _prompts(state: Any, body: CompletionRequest, items: list[Any]) -> list[list[int]]:
+    """Token ids of ``items`` (text is tokenized: run it off the event loop), checked against the model."""
     prompts: list[list[int]] = [
         state.tokenizer(p, add_special_tokens=False)["input_ids"] if isinstance(p, str) else list(p)
         for p in items
@@ -104,7 +134,11 @@ async def completions(request: web.Request) -> web.Response:
     try:
         body = await _parse(request, CompletionRequest)
         _check_supported(state, body)
-        prompts = _prompts(state, body)
+        items = _prompt_items(state, body)
+        if any(isinstance(item, str) for item in items):  # tokenizing may take long: not on the loop
+            prompts = await asyncio.to_thread(_prompts, state, body, items)
+        else:
+            prompts = _prompts(state, body, items)
     except BadRequest as exc:
         return _error(400, str(exc))
     request_id = body.request_id or f"cmpl-{uuid.uuid4().hex}"
