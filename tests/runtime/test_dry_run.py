@@ -34,7 +34,10 @@ def test_resources_against_a_cpu_machine() -> None:
     assert needed_resources(cfg, use_gpus=True) == {"CPU": 6.0, "GPU": 6.0}
     problems = resource_problems(cfg, "vllm", {"CPU": 2.0})
     assert problems[0].startswith("inference_engine: vllm needs a CUDA GPU and none is visible")
-    assert "reserve 6 CPUs (4 inference, 2 trainer workers) but 2 are available" in problems[1]
+    assert (
+        "reserve 6 CPUs (4 inference x ray_inference_cpus_per_worker 1, 2 trainer x "
+        "ray_trainer_cpus_per_worker 2) but 2 are available" in problems[1]
+    )
     assert len(problems) == 2  # no GPU demanded where no GPU is used
     gpu_short = resource_problems(cfg, "vllm", {"CPU": 64.0, "GPU": 4.0})
     assert gpu_short == [p for p in gpu_short if "reserve 6 GPUs" in p] and len(gpu_short) == 1

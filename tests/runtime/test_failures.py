@@ -9,6 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+
+import pytest
 
 from telescope.core.errors import describe_failure, root_cause
 
@@ -164,3 +167,31 @@ def test_launch_refuses_a_port_already_in_use() -> None:
         with pytest.raises(RuntimeError, match=f"port {port} .* already in use"):
             check_port_free(f"http://127.0.0.1:{port}")
     check_port_free(f"http://127.0.0.1:{port}")  # free again: no error
+
+
+@pytest.mark.slow
+def test_pools_that_cannot_fit_a_local_cluster_fail_at_once(tmp_path: Path) -> None:
+    """64 CPUs per trainer on a machine with a few: the dry run's message, not 15 minutes of Ray
+    autoscaler errors (ray_placement_timeout_s)."""
+    from ports import free_port_block
+
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    cmd = [
+        sys.executable,
+        "-c",
+        "from telescope.cli.app import main; main()",
+        "train",
+        str(quickstart),
+        "--run_dir",
+        str(tmp_path / "run"),
+        "--ray_trainer_cpus_per_worker",
+        "64",
+        "--ray_address",
+        "local",
+        "--inference_base_port",
+        str(free_port_block(1)),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "ray_trainer_cpus_per_worker 64" in done.stdout + done.stderr
+    assert "cannot grow" in done.stdout + done.stderr

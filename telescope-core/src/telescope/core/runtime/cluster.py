@@ -191,15 +191,26 @@ class Pools:
     trainer_gpus: float
 
 
-def reserve_pools(cfg: TelescopeConfig, num_servers: int, use_gpus: bool, run_id: str = "") -> Pools:
+def reserve_pools(
+    cfg: TelescopeConfig, num_servers: int, use_gpus: bool, run_id: str = "", *, static_cluster: bool = False
+) -> Pools:
     """One bundle per inference server and per trainer rank, with the configured strategies.
 
     The groups are named ``<ray_namespace>-inference-<run_id>`` (and ``-trainer-``): two runs on
-    one cluster never ask for the same name.
+    one cluster never ask for the same name. On a ``static_cluster`` (one this run started: no
+    autoscaler can add nodes) pools that cannot fit fail at once with the dry run's message instead
+    of waiting ``ray_placement_timeout_s``.
     """
     suffix = f"-{run_id or uuid.uuid4().hex[:12]}"
     import ray
     from ray.util.placement_group import placement_group
+
+    if static_cluster:
+        from telescope.core.runtime.dryrun import resource_problems
+
+        problems = resource_problems(cfg, "", ray.cluster_resources())
+        if problems:
+            raise ConfigError("; ".join(problems) + " (the local Ray cluster this run started cannot grow)")
 
     inf_gpus = float(cfg.inference_tensor_parallel_size) if use_gpus else 0.0
     tr_gpus = 1.0 if use_gpus else 0.0

@@ -73,8 +73,10 @@ def resource_problems(cfg: TelescopeConfig, engine: str, available: dict[str, fl
         have = float(available.get(kind, 0))
         if need[kind] > have:
             problems.append(
-                f"the worker pools reserve {need[kind]:g} {kind}s ({cfg.inference_num_workers} inference, "
-                f"{cfg.trainer_num_workers} trainer workers) but {have:g} are available; lower the worker "
+                f"the worker pools reserve {need[kind]:g} {kind}s ({cfg.inference_num_workers} inference "
+                f"x ray_inference_cpus_per_worker {cfg.ray_inference_cpus_per_worker:g}, "
+                f"{cfg.trainer_num_workers} trainer x ray_trainer_cpus_per_worker "
+                f"{cfg.ray_trainer_cpus_per_worker:g}) but {have:g} are available; lower the worker "
                 f"counts or ray_*_cpus_per_worker, or add nodes"
             )
     return problems

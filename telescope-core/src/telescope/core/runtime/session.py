@@ -72,7 +72,9 @@ class RunSession:
         self._claims += [joined["private_claim"]] if joined.get("private_claim") else []
         route_sigterm_to_interrupt()  # ray.init installed its own (sys.exit from any frame)
         use_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self.pools = reserve_pools(self.cfg, num_servers(self.cfg), use_gpus, self.run_id)
+        self.pools = reserve_pools(
+            self.cfg, num_servers(self.cfg), use_gpus, self.run_id, static_cluster=self.started_here
+        )
         self._move_ports_if_taken(num_servers(self.cfg))
         cfg, data = self.cfg, self.cfg.to_dict()
         self.trainers = start_trainers(
