@@ -18,7 +18,6 @@ from ui_browser import Page, launch, require_browser
 from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
-from telescope.cli.ui.metric_docs import describe
 from telescope.cli.ui.server import ServerThread
 from telescope.core.observe import LoggerHub, RolloutRecord, TimelineEvent
 
@@ -110,6 +109,10 @@ def test_metrics_open_on_an_overview_and_sections_collapse_and_pin(browser: Any,
     p.click('details[data-section="debug"] summary .pin')
     p.wait_for_function("document.querySelectorAll('details.section')[1].dataset.section === 'debug'")
     p.click('details[data-section="reward"] summary')  # collapse 'reward'
+    # the browser remembers it (the toggle event comes a task later: wait for it before reloading)
+    p.wait_for_function(
+        "JSON.parse(localStorage.getItem('telescope.metrics.collapsed') || '[]').includes('reward')"
+    )
     p.reload()
     p.wait_for_selector('details[data-section="Overview"]')
     assert p.eval_on_selector_all("details.section", "ds => ds.map(d => d.dataset.section)")[:2] == [
@@ -394,6 +397,9 @@ def test_charts_explain_their_keys_hide_duplicates_count_the_filter_and_share_ho
         p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
         keys = set(p.eval_on_selector_all(".chart", "cs => cs.map(c => c.dataset.key)"))
         assert "perf/async_level" in keys and "async_level" not in keys
+        # the registry, imported here: without it, this test fails on its own (the others run)
+        from telescope.cli.ui.metric_docs import describe
+
         assert (
             p.get_attribute('.chart[data-key="reward/mean"]', "title")
             == f"reward/mean: {describe('reward/mean')}"

@@ -32,7 +32,7 @@ function renderHealth() {
   el.textContent = health.text ? `${key}: ${word}${health.text}` : '';
   const dot = document.getElementById('live');
   for (const s of ['slow', 'overdue']) dot.classList.toggle(s, health.state === s);
-  el.title = health.state === 'overdue' ? 'the current step has run far longer than the median step: ranks may be stuck (see Logs, Infra)' : '';
+  el.title = el.textContent + (health.state === 'overdue' ? ': the current step has run far longer than the median step, ranks may be stuck (see Logs, Infra)' : '');
 }
 
 function renderPicker(page) {

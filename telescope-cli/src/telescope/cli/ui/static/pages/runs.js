@@ -36,6 +36,8 @@ export function duration(s) {
   return `${t}s`;
 }
 
+const speed = median => (median === null || median === undefined ? '–' : median < 0.01 ? '<0.01 s/step' : `${median.toFixed(2)} s/step`);
+
 function lastUpdate(run) {
   const ago = (run.health || {}).last_step_ago;
   return ago === null || ago === undefined ? '–' : `${duration(ago)} ago`;
@@ -75,7 +77,7 @@ function draw(runs) {
     h('td', { class: 'num' }, fmt(run.reward)),
     h('td', { class: 'spark' }, sparkline(run.reward_trend || [])),
     h('td', { class: 'last-update' }, lastUpdate(run)),
-    h('td', { class: 'num speed' }, (run.health || {}).median_step ? `${run.health.median_step.toFixed(2)} s/step` : '–'),
+    h('td', { class: 'num speed' }, speed((run.health || {}).median_step)),
     h('td', { class: 'num eta' }, run.eta_s === null || run.eta_s === undefined ? '–' : duration(run.eta_s)),
     h('td', {}, fmtTime(run.created_at)),
     h('td', {}, Object.entries(run.highlights).map(([k, v]) => h('span', { class: 'chip' }, `${k}: ${fmt(v)}`))),
