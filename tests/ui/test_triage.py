@@ -301,6 +301,14 @@ def test_custom_view_drags_sections_and_metrics_and_is_kept_next_to_the_runs(
     assert not (tmp_path / "runs" / "escape.json").exists()
     other.close()
     assert not tab.errors
+    # a damaged layout file: the sections view still draws, the Custom view says what is wrong
+    (tmp_path / "runs" / ".telescope-ui" / "layout.json").write_text("{not json")
+    damaged = Page(browser, served[0].url)
+    p = damaged.open("metrics?runs=done")
+    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    p = damaged.open("metrics?runs=done&view=custom")
+    p.wait_for_selector("#layout-error")
+    assert "layout.json is not a readable layout" in p.inner_text("#layout-error")
 
 
 # ---- 6. logs -------------------------------------------------------------------------------------

@@ -22,7 +22,11 @@ const stored = (name, fallback) => { try { return JSON.parse(localStorage.getIte
 // name, port or browser sees it. A layout left in this browser's localStorage by an earlier
 // version is moved there once.
 export async function loadCustom() {
-  const data = await api('/api/layout');
+  let data;
+  try { data = await api('/api/layout'); } catch (err) {
+    // a damaged layout file must not take the Metrics page down: the Custom view says what is wrong
+    return { sections: [], exported: [], path: '', error: `layout not loaded: ${err.message}` };
+  }
   let old = null;
   try { old = JSON.parse(localStorage.getItem(CUSTOM_KEY)); } catch { old = null; }
   if (!data.sections.length && Array.isArray(old) && old.length) {
@@ -317,7 +321,7 @@ export async function render(main, { params, selected }) {
           options: { view: params.view || 'sections', smoothing: Number(params.smooth || 0), x: params.x || 'step', filter: params.q || '' } };
   main.append(ctx.root);
   const [data, layout] = await Promise.all([fetchData(selected), loadCustom()]);
-  Object.assign(ctx, data, { layout, layoutError: '' });
+  Object.assign(ctx, data, { layout, layoutError: layout.error || '' });
   performance.mark('metrics-data');
   draw();
 }
