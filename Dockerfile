@@ -1,4 +1,4 @@
-# Telescope for GPU machines: CUDA 12.8 (devel: flash-attn compiles here), Python 3.12, vLLM,
+# Telescope for GPU machines: CUDA 12.8 (devel: flash-attn compiles here), Python 3.12, vLLM 0.17.1,
 # flash-attn and every Telescope package with every extra. See docs/gpu.md.
 # Status: written by hand, NOT built in this repository (no GPU or image registry in CI).
 #
@@ -26,25 +26,33 @@ RUN apt-get update \
 WORKDIR /opt/telescope
 COPY . .
 
-# vLLM first: it pins the torch build that everything else then uses.
-ARG VLLM_SPEC=vllm
+# vLLM first: it pins the torch build that everything else then uses. Pinned to a release whose torch
+# is built for this image's CUDA: vLLM 0.17.1 pins torch 2.10.0 (CUDA 12.8 wheels). An unpinned vllm
+# takes the newest (0.33 pins torch 2.14, built for CUDA 13), and then flash-attn and TransformerEngine
+# fail torch's check that nvcc's major version matches torch's. Pinning another release: match
+# CUDA_IMAGE to its torch's CUDA. The vLLM contract tests (make test-vllm-contract) check this version.
+ARG VLLM_SPEC=vllm==0.17.1
 RUN pip install "${VLLM_SPEC}"
 
-# Every package, every extra (the vllm extra adds the OpenTelemetry exporter and NVML).
+# Every package with the extras scripts/bootstrap.sh installs (the vllm extra adds the OpenTelemetry
+# exporters and NVML). Not Daytona (telescope-sandboxes[daytona], in [all]): its SDK pins OpenTelemetry
+# below what Ray's dashboard needs (telescope-sandboxes/README.md); it gets its own venv there.
 RUN pip install \
       -e "./telescope-core[torch,inference,ray,math,wandb,tensorboard,mlflow,system,gpu,vllm]" \
       -e ./telescope-fsdp \
       -e "./telescope-megatron[megatron]" \
       -e "./telescope-envs[datasets,math,code]" \
-      -e "./telescope-sandboxes[all]" \
+      -e "./telescope-sandboxes[e2b,modal,prime]" \
       -e ./telescope-cli -e .
 
 # flash-attn is an sdist that imports torch while building: no build isolation. MAX_JOBS bounds
-# the compiler's memory; TransformerEngine (telescope-megatron[te]) compiles the same way.
+# the compiler's memory; TransformerEngine (telescope-megatron[te]) compiles the same way, here with its
+# CUDA 12 core library named explicitly (core_cu12: this image's CUDA; megatron-core's own te extra
+# asks for core_cu13).
 ARG MAX_JOBS=8
 ARG WITH_TRANSFORMER_ENGINE=0
 RUN MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation "flash-attn>=2.6" \
  && if [ "${WITH_TRANSFORMER_ENGINE}" = "1" ]; then \
-      MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation -e "./telescope-megatron[te]"; fi
+      MAX_JOBS=${MAX_JOBS} pip install --no-build-isolation "transformer-engine[core_cu12,pytorch]"; fi
 
 CMD ["/bin/bash"]

@@ -3,8 +3,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Daytona's SDK and its tests live in their own venv (see telescope-sandboxes/README.md).
 DAYTONA_VENV ?= .venv-daytona
+# The vLLM release the contract tests read (its package only, no dependencies: vLLM's wheel is CUDA-only)
+# and the Dockerfile installs; tests/core/test_dockerfile.py keeps the two equal.
+VLLM_CONTRACT_VERSION ?= 0.17.1
+VLLM_VENV ?= .venv-vllm
 
-.PHONY: bootstrap quickstart test lint typecheck test-slow test-daytona
+.PHONY: bootstrap quickstart test lint typecheck test-slow test-daytona test-vllm-contract
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -36,3 +40,13 @@ test-daytona:
 # -rs: each skip says why (e.g. Megatron-Core is not installed by default).
 test-slow: bootstrap
 	TELESCOPE_RUN_SLOW=1 $(BIN)/python -m pytest -q -rs -m slow --durations=20
+
+# Our launch argv, request bodies, routes and worker extension against vLLM's own source
+# (tests/inference/test_vllm_contract.py). vLLM's wheel is installed without its dependencies into
+# $(VLLM_VENV) (a ~430 MB download, once): it cannot be imported without CUDA, so the tests read its
+# source (AST). Without that venv the tests skip, saying so.
+test-vllm-contract: bootstrap
+	@TELESCOPE_VLLM_VENV=$(VLLM_VENV) bash scripts/bootstrap.sh --vllm-source $(VLLM_CONTRACT_VERSION)
+	$(VLLM_VENV)/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+	TELESCOPE_VLLM_VENV=$(VLLM_VENV) TELESCOPE_VLLM_CONTRACT_VERSION=$(VLLM_CONTRACT_VERSION) \
+		$(BIN)/python -m pytest -q -rs tests/inference/test_vllm_contract.py

@@ -34,16 +34,34 @@ def free_port() -> int:
 def run(max_async: int, steps: int, delay: float, root: Path) -> list[dict[str, float]]:
     pset, registry = load_plugins()
     run_dir = root / f"async{max_async}"
-    cfg = load_config(None, {
-        "model": "telescope/tiny", "mixed_precision_dtype": None, "environments": [{"name": "reverse_text"}],
-        "inference_engine": "transformers", "inference_num_workers": 1, "trainer_num_workers": 2,
-        "inference_engine_kwargs": {"simulated_decode_step_s": delay, "num_threads": 1},
-        "ray_inference_cpus_per_worker": 0.5, "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local",
-        "inference_base_port": free_port(), "group_size": 8, "prompts_batch_size_for_trainer": 8,
-        "number_of_steps": steps, "max_async_rollout": max_async, "max_tokens": 24, "seq_len": 1024,
-        "pad_to_multiple_of": 8, "learning_rate": 1e-4, "discard_group_zero_advantage": False,
-        "use_wandb": False, "run_dir": str(run_dir),
-    }, registry)  # fmt: skip
+    cfg = load_config(
+        None,
+        {
+            "model": "telescope/tiny",
+            "mixed_precision_dtype": None,
+            "environments": [{"name": "reverse_text"}],
+            "inference_engine": "transformers",
+            "inference_num_workers": 1,
+            "trainer_num_workers": 2,
+            "inference_engine_kwargs": {"simulated_decode_step_s": delay, "num_threads": 1},
+            "ray_inference_cpus_per_worker": 0.5,
+            "ray_trainer_cpus_per_worker": 0.5,
+            "ray_address": "local",
+            "inference_base_port": free_port(),
+            "group_size": 8,
+            "prompts_batch_size_for_trainer": 8,
+            "number_of_steps": steps,
+            "max_async_rollout": max_async,
+            "max_tokens": 24,
+            "seq_len": 1024,
+            "pad_to_multiple_of": 8,
+            "learning_rate": 1e-4,
+            "discard_group_zero_advantage": False,
+            "use_wandb": False,
+            "run_dir": str(run_dir),
+        },
+        registry,
+    )
     run_training(cfg, pset, registry)
     rows = [json.loads(line)["metrics"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows

@@ -37,9 +37,16 @@ def build_model(directory: Path) -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=16384, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=16384,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
@@ -84,8 +91,12 @@ def bench_mode(backend: Any, root: Path, training_state: bool, reps: int) -> dic
         saves.append(timed(save))
         loads.append(timed(lambda: backend.load_checkpoint(str(mgr.path(mgr.latest() or 0)))))
     path = mgr.path(mgr.latest() or 0)
-    return {"save_s": statistics.median(saves), "load_s": statistics.median(loads),
-            "size_mb": folder_bytes(path) / 1e6, "path": str(path)}  # type: ignore[dict-item]  # fmt: skip
+    return {
+        "save_s": statistics.median(saves),
+        "load_s": statistics.median(loads),
+        "size_mb": folder_bytes(path) / 1e6,
+        "path": str(path),
+    }  # type: ignore[dict-item]
 
 
 def main() -> None:
@@ -103,13 +114,21 @@ def main() -> None:
         from telescope.fsdp.backend import FSDPBackend
         from telescope.fsdp.options import FSDPBackendKwargs
 
-        cfg = make_config(model=str(root / "model"), model_dtype="float32", mixed_precision_dtype=None,
-                          seq_len=512, pad_to_multiple_of=8, number_of_steps=10)  # fmt: skip
+        cfg = make_config(
+            model=str(root / "model"),
+            model_dtype="float32",
+            mixed_precision_dtype=None,
+            seq_len=512,
+            pad_to_multiple_of=8,
+            number_of_steps=10,
+        )
         backend = FSDPBackend(cfg, FSDPBackendKwargs(device="cpu", gradient_checkpointing=False))
         backend.init()
         one_step(backend, cfg)
-        print(f"model: Qwen2-shaped, {params / 1e6:.1f}M parameters, fp32, FSDP world size 1 (gloo, CPU), "
-              f"{args.threads} threads, median of {args.reps}")  # fmt: skip
+        print(
+            f"model: Qwen2-shaped, {params / 1e6:.1f}M parameters, fp32, FSDP world size 1 (gloo, CPU), "
+            f"{args.threads} threads, median of {args.reps}"
+        )
         print(f"{'mode':<26}{'save s':>9}{'load s':>9}{'size MB':>10}")
         results = {}
         for training_state in (True, False):

@@ -29,14 +29,29 @@ from pathlib import Path
 from typing import Any
 
 BASE: dict[str, Any] = {
-    "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
-    "environments": [{"name": "reverse_text"}], "inference_engine": "transformers", "inference_num_workers": 1,
-    "trainer_num_workers": 1, "ray_inference_cpus_per_worker": 0.5, "ray_trainer_cpus_per_worker": 0.5,
-    "ray_address": "local", "group_size": 2, "prompts_batch_size_for_trainer": 2, "max_async_rollout": 1,
-    "max_tokens": 6, "seq_len": 256, "pad_to_multiple_of": 8, "learning_rate": 1e-3,
-    "discard_group_zero_advantage": False, "use_wandb": False, "eval_before_training": False,
-    "eval_after_training": False, "seed": 5,
-}  # fmt: skip
+    "model": "telescope/tiny",
+    "model_dtype": "float32",
+    "mixed_precision_dtype": None,
+    "environments": [{"name": "reverse_text"}],
+    "inference_engine": "transformers",
+    "inference_num_workers": 1,
+    "trainer_num_workers": 1,
+    "ray_inference_cpus_per_worker": 0.5,
+    "ray_trainer_cpus_per_worker": 0.5,
+    "ray_address": "local",
+    "group_size": 2,
+    "prompts_batch_size_for_trainer": 2,
+    "max_async_rollout": 1,
+    "max_tokens": 6,
+    "seq_len": 256,
+    "pad_to_multiple_of": 8,
+    "learning_rate": 1e-3,
+    "discard_group_zero_advantage": False,
+    "use_wandb": False,
+    "eval_before_training": False,
+    "eval_after_training": False,
+    "seed": 5,
+}
 TWO_ENVS = [{"name": "reverse_text", "weight": 1.0}, {"name": "countdown", "weight": 4.0}]
 
 
@@ -54,12 +69,18 @@ SCENARIOS = [
     Scenario("trainer raises at step 3", "train_step_raise@3", {}, "trainer:3"),
     Scenario("prompt 40 fails to prepare", "prompt_raise@40", {}, "prompt_raise"),
     Scenario("10% of requests fail", "request_fail=0.1", {}, ""),
-    Scenario("reward raises in 1 of 2 envs, 100 steps", "reward_raise=countdown",
-             {"environments": TWO_ENVS, "number_of_steps": 100}, "reward_raise"),
+    Scenario(
+        "reward raises in 1 of 2 envs, 100 steps",
+        "reward_raise=countdown",
+        {"environments": TWO_ENVS, "number_of_steps": 100},
+        "reward_raise",
+    ),
     Scenario("server 0.2 s slower per request", "server_slow=0.2", {}, ""),
     Scenario("server SIGKILLed after step 5", "server_kill@5", {}, "server_kill"),
-    Scenario("server never answers (stall 10 s)", "server_slow=3600", {"stall_timeout_s": 10}, "first_generation"),
-]  # fmt: skip
+    Scenario(
+        "server never answers (stall 10 s)", "server_slow=3600", {"stall_timeout_s": 10}, "first_generation"
+    ),
+]
 
 
 @dataclass
@@ -75,10 +96,11 @@ class Row:
 
 
 def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
+    from telescope.core import faults
     from telescope.core.config import load_config
     from telescope.core.observe import RunDirReader
     from telescope.core.plugins import load_plugins
-    from telescope.core.runtime import faults, run_training
+    from telescope.core.runtime import run_training
 
     run_dir = workdir / f"run_{len(list(workdir.iterdir()))}"  # a fresh folder per run
     os.environ.pop(faults.ENV_VAR, None)
@@ -104,13 +126,21 @@ def run_one(scenario: Scenario, steps: int, workdir: Path) -> Row:
     detect, recover = _heal_times(reader) if scenario.fault_time == "server_kill" else (None, None)
     if outcome != "finished":
         detect = _detect(scenario, reader, end)
-    return Row(scenario.name, outcome, detect, end - start, recover, done, steps - done,
-               sum(n - 1 for n in kept.values() if n > 1))  # fmt: skip
+    return Row(
+        scenario.name,
+        outcome,
+        detect,
+        end - start,
+        recover,
+        done,
+        steps - done,
+        sum(n - 1 for n in kept.values() if n > 1),
+    )
 
 
 def _heal_times(reader: Any) -> tuple[float | None, float | None]:
     """(kill -> restart begins, kill -> first verified weight sync after the restart)."""
-    from telescope.core.runtime import faults
+    from telescope.core import faults
 
     killed = faults.fired.get("server_kill")
     events = reader.events()
@@ -126,13 +156,16 @@ def _heal_times(reader: Any) -> tuple[float | None, float | None]:
 
 
 def _detect(scenario: Scenario, reader: Any, end: float) -> float | None:
-    from telescope.core.runtime import faults
+    from telescope.core import faults
 
     kind = scenario.fault_time
     if kind.startswith("trainer:"):
         step = int(kind.split(":")[1])
-        times = [e["time"] for e in reader.events() if e["type"] == "trainer" and e["phase"] == "start"
-                 and e["step"] == step]  # fmt: skip
+        times = [
+            e["time"]
+            for e in reader.events()
+            if e["type"] == "trainer" and e["phase"] == "start" and e["step"] == step
+        ]
         return end - min(times) if times else None
     if kind == "first_generation":
         times = [e["time"] for e in reader.events() if e["type"] == "generation"]

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from telescope.core.observe import Logger, LoggerHub, TimelineEvent
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.plugins import get_plugin_manager
-from telescope.core.runtime.groups import RolloutGroup, RolloutSample
+from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
 from telescope.core.testing import RunRecorder, make_config
 
 
@@ -40,9 +40,12 @@ def workload(samples: int, group_size: int) -> tuple[list[TimelineEvent], list[R
     for index in range(samples):
         gid, sid = divmod(index, group_size)
         where = {"step": 1, "group_id": gid, "sample_id": sid, "server": 0, "lane": sid}
-        events += [TimelineEvent.of("generation", "start", **where), TimelineEvent.of("generation", "end", **where),
-                   TimelineEvent.of("reward", "start", step=1, group_id=gid, sample_id=sid),
-                   TimelineEvent.of("reward", "end", step=1, group_id=gid, sample_id=sid)]  # fmt: skip
+        events += [
+            TimelineEvent.of("generation", "start", **where),
+            TimelineEvent.of("generation", "end", **where),
+            TimelineEvent.of("reward", "start", step=1, group_id=gid, sample_id=sid),
+            TimelineEvent.of("reward", "end", step=1, group_id=gid, sample_id=sid),
+        ]
     for gid in range(samples // group_size):
         sample = RolloutSample([1, 2, 3], [4, 5], [-0.5, -0.5], None, "stop", 1.0, 1.0)
         groups.append(RolloutGroup(gid, "toy", gid, [sample] * group_size, 0))
@@ -119,8 +122,10 @@ def main() -> None:
         local.finish()
     names = list(figures)
     overhead = (figures[names[1]] - figures[names[0]]) / args.samples * 1e6
-    print(f"dispatch overhead of the hooks: {overhead:.2f} µs per sample "
-          f"({figures[names[1]] / figures[names[3]]:.0%} of the hooked path with the local logger)")  # fmt: skip
+    print(
+        f"dispatch overhead of the hooks: {overhead:.2f} µs per sample "
+        f"({figures[names[1]] / figures[names[3]]:.0%} of the hooked path with the local logger)"
+    )
 
 
 if __name__ == "__main__":

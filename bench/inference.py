@@ -39,9 +39,16 @@ def generate_run(model, batch: list[list[int]], max_tokens: int) -> int:  # type
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
     with torch.no_grad():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-            do_sample=True, temperature=1.0, top_p=None, top_k=None, pad_token_id=0,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_p=None,
+            top_k=None,
+            pad_token_id=0,
+        )
     return int((out.shape[1] - width) * len(batch))
 
 
@@ -77,8 +84,10 @@ def main() -> None:
         cfg, TransformersEngineKwargs(max_num_seqs=64, num_threads=args.threads), port=free_port()
     )
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model)).eval()
-    print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.threads} thread(s), "
-          f"{args.max_tokens} tokens per sample, median of {args.reps}")  # fmt: skip
+    print(
+        f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.threads} thread(s), "
+        f"{args.max_tokens} tokens per sample, median of {args.reps}"
+    )
     print(f"{'concurrent':>10} {'engine tok/s':>13} {'generate tok/s':>15} {'ratio':>6}")
     try:
         for count in (int(c) for c in args.concurrency.split(",")):

@@ -24,14 +24,24 @@ from telescope.core.plugins import load_plugins
 
 def countdown_cases(n: int) -> list[tuple[Any, Sample]]:
     sample = Sample("q", "22", {"nums": [3, 5, 7], "target": 22})
-    texts = ["<think>3*5=15</think><answer>3 * 5 + 7</answer>", "<think>x</think><answer>3 + 5 + 7</answer>",
-             "<answer>__import__('os')</answer>", "<think>" + "a" * 10_000 + "</think><answer>1</answer>"]  # fmt: skip
+    texts = [
+        "<think>3*5=15</think><answer>3 * 5 + 7</answer>",
+        "<think>x</think><answer>3 + 5 + 7</answer>",
+        "<answer>__import__('os')</answer>",
+        "<think>" + "a" * 10_000 + "</think><answer>1</answer>",
+    ]
     return [(texts[i % len(texts)], sample) for i in range(n)]
 
 
 def math_cases(n: int) -> list[tuple[Any, Sample]]:
-    pairs = [("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{6}", "6"), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
-             ("no box", "3"), ("\\boxed{x^2+2x+1}", "(x+1)^2"), ("\\boxed{7}", "8")]  # fmt: skip
+    pairs = [
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{6}", "6"),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+        ("no box", "3"),
+        ("\\boxed{x^2+2x+1}", "(x+1)^2"),
+        ("\\boxed{7}", "8"),
+    ]
     return [(pairs[i % len(pairs)][0], Sample("q", pairs[i % len(pairs)][1])) for i in range(n)]
 
 

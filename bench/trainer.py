@@ -72,10 +72,15 @@ def save_model(shape: str, directory: Path, seq_len: int) -> tuple[str, int]:
 
     hidden, layers, heads, kv, inter, vocab, tied = SHAPES[shape]
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(seq_len, 4096),
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        max_position_embeddings=max(seq_len, 4096),
         tie_word_embeddings=tied,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(directory / shape)
@@ -131,9 +136,16 @@ def describe_lengths(batches: list[list[TrainSample]], seq_len: int) -> str:
 
 def bench_config(model_dir: str, seq_len: int, mixed_precision: str | None) -> Any:
     return make_config(
-        model=model_dir, model_dtype="float32", mixed_precision_dtype=mixed_precision, learning_rate=1e-5,
-        lr_scheduler="none", seq_len=seq_len, pad_to_multiple_of=64, entropy_chunk_size=1024, algorithm="grpo",
-    )  # fmt: skip
+        model=model_dir,
+        model_dtype="float32",
+        mixed_precision_dtype=mixed_precision,
+        learning_rate=1e-5,
+        lr_scheduler="none",
+        seq_len=seq_len,
+        pad_to_multiple_of=64,
+        entropy_chunk_size=1024,
+        algorithm="grpo",
+    )
 
 
 class PackedRunner:
@@ -301,10 +313,12 @@ def packed_breakdown(metrics: dict[str, float]) -> str:
 
 
 def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
-    print(f"CPU, {torch.get_num_threads()} threads, seq_len {args.seq_len}, {args.samples} samples/step, "
-          f"{args.steps} timed steps x {args.repeats} repeats (fastest kept) after 1 warm-up, {args.clock} clock, "
-          f"packed attention {args.packed_attn}, padded layout {args.padded_layout}, "
-          f"padded batch size {args.padded_batch_size}")  # fmt: skip
+    print(
+        f"CPU, {torch.get_num_threads()} threads, seq_len {args.seq_len}, {args.samples} samples/step, "
+        f"{args.steps} timed steps x {args.repeats} repeats (fastest kept) after 1 warm-up, {args.clock} clock, "
+        f"packed attention {args.packed_attn}, padded layout {args.padded_layout}, "
+        f"padded batch size {args.padded_batch_size}"
+    )
     for shape in args.models.split(","):
         model_dir, params = save_model(shape, workdir, args.seq_len)
         vocab = SHAPES[shape][5]
@@ -323,14 +337,21 @@ def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
             res = timed(runners, batches, args.repeats, args.clock)
             (t_pk, real, slots_pk), (t_pd, _, slots_pd) = res["packed"], res["padded"]
             per_batch = [d / p for p, d in zip(t_pk, t_pd, strict=True)]
-            print(f"\n{shape} ({params / 1e6:.1f}M params), lengths '{dist}': "
-                  f"{describe_lengths(batches[1:], args.seq_len)}")  # fmt: skip
-            print(f"  packed {real / sum(t_pk):7.0f} tok/s (slot efficiency {real / slots_pk:.3f})  "
-                  f"padded {real / sum(t_pd):7.0f} tok/s (slot efficiency {real / slots_pd:.3f})  "
-                  f"ratio {sum(t_pd) / sum(t_pk):.2f}x (per batch {min(per_batch):.2f}-{max(per_batch):.2f}x)")  # fmt: skip
+            print(
+                f"\n{shape} ({params / 1e6:.1f}M params), lengths '{dist}': "
+                f"{describe_lengths(batches[1:], args.seq_len)}"
+            )
+            print(
+                f"  packed {real / sum(t_pk):7.0f} tok/s (slot efficiency {real / slots_pk:.3f})  "
+                f"padded {real / sum(t_pd):7.0f} tok/s (slot efficiency {real / slots_pd:.3f})  "
+                f"ratio {sum(t_pd) / sum(t_pk):.2f}x (per batch {min(per_batch):.2f}-{max(per_batch):.2f}x)"
+            )
             work_packed, work_padded = work_model(shape, batches[1:], args)
-            print(f"  work model: packed {work_packed / 1e12:.2f} TFLOP, padded {work_padded / 1e12:.2f} TFLOP, "
-                  f"ratio {work_padded / work_packed:.2f}x; {packed_breakdown(packed.metrics)}", flush=True)  # fmt: skip
+            print(
+                f"  work model: packed {work_packed / 1e12:.2f} TFLOP, padded {work_padded / 1e12:.2f} TFLOP, "
+                f"ratio {work_padded / work_packed:.2f}x; {packed_breakdown(packed.metrics)}",
+                flush=True,
+            )
             packed.backend.state = None  # free the model before the next runner pair
 
 
@@ -352,11 +373,15 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
     # causal attention: QK^T and AV, 2 FLOPs per MAC, half the square, x3 for fwd + bwd
     attn = sum(3 * 2 * 2 * layers * hidden * s.length**2 / 2 for s in measured) / tokens
     mfu = (dense + attn) * tps / (args.peak_tflops * 1e12)
-    print(f"GPU {torch.cuda.get_device_name()}: {shape} ({params / 1e6:.0f}M params) seq_len {seq_len}, "
-          f"bf16 mixed precision, checkpointing={args.gpu_checkpointing}")  # fmt: skip
-    print(f"  tokens/s {tps:.0f}  MFU {100 * mfu:.1f}% (peak {args.peak_tflops} TFLOP/s)  "
-          f"packing efficiency {metrics['packing/efficiency']:.3f}  peak memory "
-          f"{metrics.get('memory/peak_allocated_gb', float('nan')):.1f} GiB")  # fmt: skip
+    print(
+        f"GPU {torch.cuda.get_device_name()}: {shape} ({params / 1e6:.0f}M params) seq_len {seq_len}, "
+        f"bf16 mixed precision, checkpointing={args.gpu_checkpointing}"
+    )
+    print(
+        f"  tokens/s {tps:.0f}  MFU {100 * mfu:.1f}% (peak {args.peak_tflops} TFLOP/s)  "
+        f"packing efficiency {metrics['packing/efficiency']:.3f}  peak memory "
+        f"{metrics.get('memory/peak_allocated_gb', float('nan')):.1f} GiB"
+    )
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def _metrics(step: int, rng: random.Random) -> dict[str, float]:
         out[f"timing_{name}_microbatch_mean"] = rng.random() / 8
     for i in range(50):
         out[f"custom/group{i % 5}/m{i}"] = rng.random()
-    return out  # fmt: skip
+    return out
 
 
 def _row(
@@ -90,16 +90,35 @@ def _row(
 ) -> dict:
     reward = float(rng.random() > 0.5)
     return {
-        "step": step, "group_id": step * 1000 + gid, "env": ENV_NAMES[gid % 2], "sample_id": sid, "prompt_idx": gid,
-        "prompt_text": "<|im_start|>user\nSolve: " + "x + 1 = 2 " * (prompt_len // 4) + "<|im_end|>\n<|im_start|>assistant\n",
+        "step": step,
+        "group_id": step * 1000 + gid,
+        "env": ENV_NAMES[gid % 2],
+        "sample_id": sid,
+        "prompt_idx": gid,
+        "prompt_text": "<|im_start|>user\nSolve: "
+        + "x + 1 = 2 " * (prompt_len // 4)
+        + "<|im_end|>\n<|im_start|>assistant\n",
         "prompt_ids": [rng.randrange(32000) for _ in range(prompt_len)],
         "completion_text": "Let me think. " * (completion_len // 4) + f"The answer is {sid}.",
         "completion_ids": [rng.randrange(32000) for _ in range(completion_len)],
-        "reward": reward, "raw_reward": reward, "sample_metrics": {"correct": reward, "length": completion_len},
-        "advantage": reward - 0.5, "model_version": step - 1, "off_policy_steps": 1, "stop_reason": "stop",
-        "discard_reason": None, "zero_advantage_kind": None, "server": gid % 4, "lane": sid, "timings": {},
-        "num_turns": 1, "time": now, "kept": True, "prompt_tokens": prompt_len, "completion_tokens": completion_len,
-    }  # fmt: skip
+        "reward": reward,
+        "raw_reward": reward,
+        "sample_metrics": {"correct": reward, "length": completion_len},
+        "advantage": reward - 0.5,
+        "model_version": step - 1,
+        "off_policy_steps": 1,
+        "stop_reason": "stop",
+        "discard_reason": None,
+        "zero_advantage_kind": None,
+        "server": gid % 4,
+        "lane": sid,
+        "timings": {},
+        "num_turns": 1,
+        "time": now,
+        "kept": True,
+        "prompt_tokens": prompt_len,
+        "completion_tokens": completion_len,
+    }
 
 
 def _events(step: int, rows: list[dict], t: float) -> list[dict]:
@@ -107,12 +126,41 @@ def _events(step: int, rows: list[dict], t: float) -> list[dict]:
     for r in rows:
         ids = {"name": "", "step": step, "group_id": r["group_id"], "sample_id": r["sample_id"]}
         lane = {"server": r["server"], "lane": r["lane"], "rank": None}
-        out += [{"type": "generation", "phase": "start", **ids, **lane, "time": t, "attrs": {}},
-                {"type": "generation", "phase": "end", **ids, **lane, "time": t + 2, "attrs": {}},
-                {"type": "reward", "phase": "start", **ids, "server": None, "lane": None, "rank": None, "time": t + 2, "attrs": {}},
-                {"type": "reward", "phase": "end", **ids, "server": None, "lane": None, "rank": None, "time": t + 2.1, "attrs": {}}]  # fmt: skip
-    tr = {"type": "trainer", "name": "train_step", "step": step, "group_id": None, "sample_id": None, "server": None,
-          "lane": None, "rank": None, "attrs": {}}  # fmt: skip
+        out += [
+            {"type": "generation", "phase": "start", **ids, **lane, "time": t, "attrs": {}},
+            {"type": "generation", "phase": "end", **ids, **lane, "time": t + 2, "attrs": {}},
+            {
+                "type": "reward",
+                "phase": "start",
+                **ids,
+                "server": None,
+                "lane": None,
+                "rank": None,
+                "time": t + 2,
+                "attrs": {},
+            },
+            {
+                "type": "reward",
+                "phase": "end",
+                **ids,
+                "server": None,
+                "lane": None,
+                "rank": None,
+                "time": t + 2.1,
+                "attrs": {},
+            },
+        ]
+    tr = {
+        "type": "trainer",
+        "name": "train_step",
+        "step": step,
+        "group_id": None,
+        "sample_id": None,
+        "server": None,
+        "lane": None,
+        "rank": None,
+        "attrs": {},
+    }
     return out + [{**tr, "phase": "start", "time": t + 2.2}, {**tr, "phase": "end", "time": t + 3.0}]
 
 
@@ -124,10 +172,18 @@ def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion
     (root / "rollouts").mkdir(parents=True)
     (root / "events").mkdir()
     rng, t0 = random.Random(0), time.time() - steps * 3
-    run = {"schema_version": 2, "run_id": "bench", "name": "bench", "status": "finished", "created_at": t0,
-           "started_at": t0, "finished_at": t0 + steps * 3, "starts": 1,
-           "layout": {"rollout_block_size": BLOCK, "event_block_duration_seconds": 1800.0},
-           "info": {"environments": [{"name": n, "reward_min": 0.0, "reward_max": 1.0} for n in ENV_NAMES]}}  # fmt: skip
+    run = {
+        "schema_version": 2,
+        "run_id": "bench",
+        "name": "bench",
+        "status": "finished",
+        "created_at": t0,
+        "started_at": t0,
+        "finished_at": t0 + steps * 3,
+        "starts": 1,
+        "layout": {"rollout_block_size": BLOCK, "event_block_duration_seconds": 1800.0},
+        "info": {"environments": [{"name": n, "reward_min": 0.0, "reward_max": 1.0} for n in ENV_NAMES]},
+    }
     (root / "run.json").write_text(json.dumps(run))
     (root / "config.yaml").write_text(f"algorithm: grpo\nnumber_of_steps: {steps}\ngroup_size: 16\n")
     groups = max(per_step // 16, 1)
@@ -149,8 +205,12 @@ def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion
 
 
 #: system.jsonl's sources: the machine, one vLLM server, two trainer ranks (one sample a second each).
-SOURCES = ({"source": "system", "node": "n1"}, {"source": "vllm", "server": 0},
-           {"source": "torch", "rank": 0}, {"source": "torch", "rank": 1})  # fmt: skip
+SOURCES = (
+    {"source": "system", "node": "n1"},
+    {"source": "vllm", "server": 0},
+    {"source": "torch", "rank": 0},
+    {"source": "torch", "rank": 1},
+)
 
 
 def _write_system(path: Path, t0: float, seconds: int, rng: random.Random) -> None:
@@ -219,8 +279,10 @@ def _page_marks(browser: Any, url: str, visits: int) -> list[dict[str, float]]:
         # CPU time of the page's main thread so far: what the wall clock would be on an idle core
         # (the network waits overlap it), whatever else the machine runs
         cpu = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-        out.append({name: float(marks[name]) for name, _ in MARKS if name in marks} | {
-            "thread": cpu.get("ThreadTime", 0.0), "process": cpu.get("ProcessTime", 0.0)})  # fmt: skip
+        out.append(
+            {name: float(marks[name]) for name, _ in MARKS if name in marks}
+            | {"thread": cpu.get("ThreadTime", 0.0), "process": cpu.get("ProcessTime", 0.0)}
+        )
         page.close()
     context.close()
     return out
@@ -234,8 +296,12 @@ def _start_server(run_dir: Path, log: Path, deadline_s: float) -> tuple[subproce
     base = f"http://127.0.0.1:{port}"
     t_spawn = time.perf_counter()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), "ui", str(run_dir), "--no-browser", "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
+        proc = subprocess.Popen(
+            [str(exe), "ui", str(run_dir), "--no-browser", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+        )
     _wait_for_server(proc, base + "/api/poll", log, deadline_s)
     return proc, base, time.perf_counter() - t_spawn
 
@@ -286,16 +352,32 @@ def _api_rows(base: str, steps: int) -> list[tuple[str, float | None, str]]:
     mid = steps * 3 // 4
     api = f"{base}/api/runs/{key}"
     return [
-        (f"Metrics page data over HTTP (runs, catalog, {len(series['values'])} series x {len(series['step'])} steps)", t_metrics, "-"),
-        (f"Rollouts step {mid}, first request (block may be warming)", _timed(f"{api}/rollouts?step={mid}")[0], "<= 0.3 s"),
+        (
+            f"Metrics page data over HTTP (runs, catalog, {len(series['values'])} series x {len(series['step'])} steps)",
+            t_metrics,
+            "-",
+        ),
+        (
+            f"Rollouts step {mid}, first request (block may be warming)",
+            _timed(f"{api}/rollouts?step={mid}")[0],
+            "<= 0.3 s",
+        ),
         (f"Rollouts step {mid + 1}, warm", _timed(f"{api}/rollouts?step={mid + 1}")[0], "<= 0.3 s"),
-        (f"Rollouts step {mid + 2}, reward >= 0.5", _timed(f"{api}/rollouts?step={mid + 2}&reward_min=0.5")[0], "<= 0.3 s"),
-        (f"Rollouts step {mid}, one sample in full", _timed(f"{api}/sample?step={mid}&group={mid * 1000}&sample=3")[0], "-"),
+        (
+            f"Rollouts step {mid + 2}, reward >= 0.5",
+            _timed(f"{api}/rollouts?step={mid + 2}&reward_min=0.5")[0],
+            "<= 0.3 s",
+        ),
+        (
+            f"Rollouts step {mid}, one sample in full",
+            _timed(f"{api}/sample?step={mid}&group={mid * 1000}&sample=3")[0],
+            "-",
+        ),
         (f"Timeline step {mid}, first request", _timed(f"{api}/timeline?from={mid}&to={mid}")[0], "-"),
         (f"Timeline step {mid + 1}, warm", _timed(f"{api}/timeline?from={mid + 1}&to={mid + 1}")[0], "-"),
         (f"Infra page data ({steps * 3 * len(SOURCES):,} system samples)", _timed(f"{api}/system")[0], "-"),
         ("Infra page data again, nothing appended", _timed(f"{api}/system")[0], "-"),
-    ]  # fmt: skip
+    ]
 
 
 def _print_marks(visits: list[dict[str, Any]]) -> None:
@@ -369,8 +451,10 @@ def main() -> None:
     print(f"{'telescope ui process start -> first HTTP answer':74s} {_spread([r['up'] for r in runs])}  -")
     print("Metrics page in headless chromium, from navigation start (server just up, cold):")
     _print_marks(runs)
-    for key, name in (("thread", "  CPU time of the page's main thread by then (not slowed by load)"),
-                      ("process", "  CPU time of the page's renderer process by then (all its threads)")):  # fmt: skip
+    for key, name in (
+        ("thread", "  CPU time of the page's main thread by then (not slowed by load)"),
+        ("process", "  CPU time of the page's renderer process by then (all its threads)"),
+    ):
         values = [r[key] for r in runs if key in r]
         if values:
             print(f"{name:74s} {_spread(values)}  -")

@@ -11,7 +11,7 @@ template and LCS reward), 4 prompts x 8 completions per step, lr 1e-3 (constant)
 default (TRL: on; Telescope: off on CPU). TRL runs in this process with 2 torch threads and its defaults otherwise
 (HF ``generate``); Telescope runs ``run_training`` (Ray, the transformers engine, the FSDP
 backend on 1 rank) in sync (``max_async_rollout: 0``) and async (``1``) mode, threads chosen by
-its own rule (``telescope.core.runtime.threads``; recorded in run.json).
+its own rule (``telescope.core.cluster.threads``; recorded in run.json).
 
 Workloads (``--workloads``):
 - ``tiny``: ~0.33M parameters (hidden 128, 2 layers), <= 16 completion tokens (overhead bound);
@@ -80,9 +80,10 @@ class Workload:
 WORKLOADS = {
     "tiny": Workload(TinyModelSpec(128, 2, 4, 2, 256), max_tokens=16, steps=16, warmup=3, seq_len=2048),
     "24m": Workload(TinyModelSpec(512, 8, 8, 4, 1408), max_tokens=64, steps=5, warmup=2, seq_len=2048),
-    "long": Workload(TinyModelSpec(128, 2, 4, 2, 256, vocab_size=2048), max_tokens=1024, steps=3, warmup=1,
-                     seq_len=4096),
-}  # fmt: skip
+    "long": Workload(
+        TinyModelSpec(128, 2, 4, 2, 256, vocab_size=2048), max_tokens=1024, steps=3, warmup=1, seq_len=4096
+    ),
+}
 
 
 @dataclass
@@ -171,24 +172,42 @@ def run_trl(model_dir: str, wl: Workload, root: Path, threads: int) -> RunResult
     model.generate = timed_generate
     n_steps = wl.warmup + wl.steps
     args = GRPOConfig(
-        output_dir=str(root / "trl"), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE,
-        num_generations=GROUP_SIZE, max_completion_length=wl.max_tokens, learning_rate=LR,
-        lr_scheduler_type="constant", temperature=1.0, beta=0.0, max_steps=n_steps, logging_steps=1,
-        save_strategy="no", report_to=[], disable_tqdm=True, seed=0,
-    )  # fmt: skip
+        output_dir=str(root / "trl"),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE,
+        num_generations=GROUP_SIZE,
+        max_completion_length=wl.max_tokens,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        beta=0.0,
+        max_steps=n_steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=trl_reward, args=args, train_dataset=trl_dataset(64 * n_steps, seed=0),
-        processing_class=tokenizer, callbacks=[StepClock()],
-    )  # fmt: skip
+        model=model,
+        reward_funcs=trl_reward,
+        args=args,
+        train_dataset=trl_dataset(64 * n_steps, seed=0),
+        processing_class=tokenizer,
+        callbacks=[StepClock()],
+    )
     trainer.train()
     steps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][wl.warmup :]
     logged = [h for h in trainer.state.log_history if "completions/mean_length" in h][wl.warmup :]
     return RunResult(
-        steps, load, statistics.mean(h["completions/mean_length"] for h in logged) if logged else float("nan"),
+        steps,
+        load,
+        statistics.mean(h["completions/mean_length"] for h in logged) if logged else float("nan"),
         {"generate": statistics.median(gen_s[wl.warmup :])} if len(gen_s) > wl.warmup else {},
         min((h["completions/min_length"] for h in logged), default=float("nan")),
         max((h["completions/max_length"] for h in logged), default=float("nan")),
-    )  # fmt: skip
+    )
 
 
 # --- Telescope -----------------------------------------------------------------------------
@@ -200,18 +219,45 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
     load = os.getloadavg()[0]
     pset, registry = load_plugins()
     run_dir = root / f"telescope-{time.time_ns()}"
-    cfg = load_config(None, {
-        "model": model_dir, "model_dtype": "float32", "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text", "kwargs": {"min_words": 1, "max_words": 1, "system_prompt": SYSTEM_PROMPT}}],
-        "inference_engine": "transformers", "inference_num_workers": 1, "trainer_num_workers": 1,
-        "ray_inference_cpus_per_worker": 1.0, "ray_trainer_cpus_per_worker": 1.0, "ray_address": "local",
-        "inference_base_port": free_port(), "group_size": GROUP_SIZE, "prompts_batch_size_for_trainer": PROMPTS_PER_STEP,
-        "number_of_steps": wl.warmup + wl.steps, "max_async_rollout": max_async, "max_tokens": wl.max_tokens,
-        "seq_len": wl.seq_len, "pad_to_multiple_of": 8, "learning_rate": LR, "temperature": 1.0,
-        "discard_group_zero_advantage": False, "eval_before_training": False, "eval_after_training": False,
-        "use_wandb": False, "run_dir": str(run_dir), "seed": 0,
-        "trainer_torch_threads": threads, "inference_torch_threads": threads,
-    }, registry)  # fmt: skip
+    cfg = load_config(
+        None,
+        {
+            "model": model_dir,
+            "model_dtype": "float32",
+            "mixed_precision_dtype": None,
+            "environments": [
+                {
+                    "name": "reverse_text",
+                    "kwargs": {"min_words": 1, "max_words": 1, "system_prompt": SYSTEM_PROMPT},
+                }
+            ],
+            "inference_engine": "transformers",
+            "inference_num_workers": 1,
+            "trainer_num_workers": 1,
+            "ray_inference_cpus_per_worker": 1.0,
+            "ray_trainer_cpus_per_worker": 1.0,
+            "ray_address": "local",
+            "inference_base_port": free_port(),
+            "group_size": GROUP_SIZE,
+            "prompts_batch_size_for_trainer": PROMPTS_PER_STEP,
+            "number_of_steps": wl.warmup + wl.steps,
+            "max_async_rollout": max_async,
+            "max_tokens": wl.max_tokens,
+            "seq_len": wl.seq_len,
+            "pad_to_multiple_of": 8,
+            "learning_rate": LR,
+            "temperature": 1.0,
+            "discard_group_zero_advantage": False,
+            "eval_before_training": False,
+            "eval_after_training": False,
+            "use_wandb": False,
+            "run_dir": str(run_dir),
+            "seed": 0,
+            "trainer_torch_threads": threads,
+            "inference_torch_threads": threads,
+        },
+        registry,
+    )
     run_training(cfg, pset, registry)
     rows = [json.loads(line)["metrics"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = rows[wl.warmup :]
@@ -221,9 +267,13 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
     }
     phases.update(timeline_phases(run_dir, wl.warmup))
     return RunResult(
-        [r["timing_step_total"] for r in rows], load, statistics.mean(r["tokens/completion/mean"] for r in rows),
-        phases, min(r["tokens/completion/min"] for r in rows), max(r["tokens/completion/max"] for r in rows),
-    )  # fmt: skip
+        [r["timing_step_total"] for r in rows],
+        load,
+        statistics.mean(r["tokens/completion/mean"] for r in rows),
+        phases,
+        min(r["tokens/completion/min"] for r in rows),
+        max(r["tokens/completion/max"] for r in rows),
+    )
 
 
 def timeline_phases(run_dir: Path, warmup: int) -> dict[str, float]:
@@ -236,7 +286,7 @@ def timeline_phases(run_dir: Path, warmup: int) -> dict[str, float]:
     outside these four (driver work between phases: batching, metrics, hooks, dispatch), only
     where they do not overlap (sync mode; in async mode generation overlaps training).
     """
-    from telescope.core.observe.blocks import block_files
+    from telescope.core.observe.rundir.blocks import block_files
 
     events: dict[int, dict[tuple[str, str], list[float]]] = {}
     for _, path in block_files(run_dir / "events"):
@@ -283,9 +333,11 @@ def print_table(
     title: str, pick: Any, params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]
 ) -> None:
     print(f"\n{title}\n")
-    print("| workload | params | TRL s/step | Telescope sync s/step | Telescope async s/step | TRL compl/s | "
-          "Telescope best compl/s | Telescope vs TRL (best mode) | TRL tok/s | Telescope best tok/s | "
-          "tok/s ratio | load (1 min) at each run |")  # fmt: skip
+    print(
+        "| workload | params | TRL s/step | Telescope sync s/step | Telescope async s/step | TRL compl/s | "
+        "Telescope best compl/s | Telescope vs TRL (best mode) | TRL tok/s | Telescope best tok/s | "
+        "tok/s ratio | load (1 min) at each run |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     n = PROMPTS_PER_STEP * GROUP_SIZE
     for name, by in results.items():
@@ -296,9 +348,11 @@ def print_table(
         trl_tok, tele_tok = tokens_per_s(by["trl"], trl), tokens_per_s(by[mode], best)
         loads = " ".join(f"{k}:" + "/".join(f"{r.load:.1f}" for r in runs) for k, runs in by.items() if runs)
         cells = [f"{tele[m]:.3f}" if m in tele else "-" for m in ("sync", "async")]
-        print(f"| {name} | {params[name] / 1e6:.2f}M | {trl:.3f} | {cells[0]} | {cells[1]} | {n / trl:.1f} | "
-              f"{n / best:.1f} | {trl / best:.2f}x | {trl_tok:.0f} | {tele_tok:.0f} | {tele_tok / trl_tok:.2f}x | "
-              f"{loads} |")  # fmt: skip
+        print(
+            f"| {name} | {params[name] / 1e6:.2f}M | {trl:.3f} | {cells[0]} | {cells[1]} | {n / trl:.1f} | "
+            f"{n / best:.1f} | {trl / best:.2f}x | {trl_tok:.0f} | {tele_tok:.0f} | {tele_tok / trl_tok:.2f}x | "
+            f"{loads} |"
+        )
 
 
 def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunResult]]]) -> None:
@@ -340,10 +394,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repeats of every run")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default per workload)")
     parser.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help=f"torch threads of every process (default: {TRL_THREADS} for TRL, Telescope's own rule). On a "
         "machine busy with other work, 1 avoids OpenMP stalls that make multi-thread timings meaningless",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="telescope-bench-vs-trl-"))
     names = args.workloads.split(",")

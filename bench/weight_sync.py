@@ -43,9 +43,14 @@ def state_dict(size: str) -> dict[str, torch.Tensor]:
 
     hidden, layers, inter, vocab = SIZES[size]
     config = Qwen2Config(
-        hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter, vocab_size=vocab,
-        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), tie_word_embeddings=True,
-    )  # fmt: skip
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 128),
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     return {n: p.detach() for n, p in model.named_parameters()}

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# One command on a CUDA machine: every `gpu`-marked test, the Megatron GPU tests (when megatron-core
-# imports), bench/trainer.py --gpu (MFU), bench/inference.py and bench/weight_sync.py; writes a
-# Markdown report with each command, its exit code and its output's tail (the benchmark tables).
+# One command on a CUDA machine: every `gpu`-marked test (CUDA FSDP packed vs per-sequence logprobs,
+# bf16 train steps, the transformers engine on CUDA vs teacher forcing, ...), the Megatron GPU tests
+# (when megatron-core imports), bench/trainer.py --gpu (MFU), bench/inference.py, bench/weight_sync.py,
+# bench/gpu_sync.py (a verified two-process sync: NCCL on two GPUs, else CUDA staging over gloo; and
+# the cost of verification on the device vs on the host) and, when vLLM imports, bench/vllm_smoke.py
+# (serve the tiny model, a completion with logprobs, a verified weight sync); writes a Markdown report
+# with each command, its exit code and its output's tail (the benchmark tables).
 #   scripts/gpu-check.sh [REPORT.md]          # default: gpu-check-<UTC time>.md
 #   scripts/gpu-check.sh --dry-run [REPORT]   # list the steps without running them (works anywhere)
 # Exit code: 0 when every step passed, 1 when one failed, 2 without a CUDA device.
@@ -55,6 +59,12 @@ fi
 step "trainer benchmark (MFU)" "$PY" bench/trainer.py --gpu
 step "inference benchmark" "$PY" bench/inference.py
 step "weight-sync benchmark" "$PY" bench/weight_sync.py
+step "GPU weight sync and verification cost" "$PY" bench/gpu_sync.py
+if [ "$DRY" = 1 ] || "$PY" -c "import vllm" 2>/dev/null; then
+  step "vLLM smoke (serve, complete, verified sync)" "$PY" bench/vllm_smoke.py
+else
+  { echo; echo "## vLLM smoke (serve, complete, verified sync)"; echo; echo "skipped: vLLM is not installed (TELESCOPE_EXTRAS=vllm)"; } >> "$REPORT"
+fi
 rm -rf "$LOGDIR"
 echo "gpu-check: report written to $REPORT" >&2
 exit "$failed"

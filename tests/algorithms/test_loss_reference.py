@@ -222,8 +222,14 @@ def test_tis_with_batch_reference_over_several_minibatches() -> None:
     assert not np.allclose(log_softmax(theta0), log_softmax(theta))  # the policy moved between minibatches
 
     # The implementation, on the same policy.
-    cfg = make_config(use_ppo_clip=True, ppo_clip_ref_logprobs="batch", use_tis=True, tis_cap=cap,
-                      clip_low=1 - lo, clip_high=hi - 1)  # fmt: skip
+    cfg = make_config(
+        use_ppo_clip=True,
+        ppo_clip_ref_logprobs="batch",
+        use_tis=True,
+        tis_cap=cap,
+        clip_low=1 - lo,
+        clip_high=hi - 1,
+    )
     param = torch.tensor(theta0, requires_grad=True)
     got_losses = []
     for idx in minibatches:

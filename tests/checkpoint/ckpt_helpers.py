@@ -11,8 +11,13 @@ __all__ = ["make_backend", "resume_config", "run_steps", "weights"]
 
 def resume_config(model_dir: str, **overrides: Any) -> Any:
     """fp32, AdamW-friendly LR, warmup + cosine over 6 steps (the schedule resume must restore)."""
-    base: dict[str, Any] = {"lr_scheduler": "cosine", "warmup_steps": 2, "number_of_steps": 6,
-                            "learning_rate": 5e-3, "min_lr_ratio": 0.1}  # fmt: skip
+    base: dict[str, Any] = {
+        "lr_scheduler": "cosine",
+        "warmup_steps": 2,
+        "number_of_steps": 6,
+        "learning_rate": 5e-3,
+        "min_lr_ratio": 0.1,
+    }
     base.update(overrides)
     return tiny_config(model_dir, **base)
 
@@ -33,8 +38,9 @@ def run_steps(backend: Any, cfg: Any, steps: range) -> list[dict[str, float]]:
     from telescope.core.packing import Packer
     from telescope.core.trainer import RankBatch
 
-    packer = Packer(cfg.seq_len, cfg.pad_to_multiple_of, backend.dp_world_size,
-                    num_minibatches=cfg.number_of_minibatches)  # fmt: skip
+    packer = Packer(
+        cfg.seq_len, cfg.pad_to_multiple_of, backend.dp_world_size, num_minibatches=cfg.number_of_minibatches
+    )
     out = []
     for i in steps:
         packed = packer.pack(make_samples(6, seed=100 + i))
@@ -57,8 +63,15 @@ def two_rank_resume_worker(rank: int, world_size: int, port: int, cfg_json: str,
     from telescope.core.checkpoint import CheckpointManager
     from telescope.core.config import TelescopeConfig
 
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})  # fmt: skip
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+        }
+    )
     torch.set_num_threads(1)
     cfg = TelescopeConfig.model_validate_json(cfg_json)
     backend = make_backend(cfg)
@@ -79,8 +92,16 @@ def two_rank_resume_worker(rank: int, world_size: int, port: int, cfg_json: str,
     info = resumed.load_checkpoint(str(mgr.path(2)))
     rand_after_load = torch.rand(3)
     again = run_steps(resumed, cfg, range(2, 4))
-    result = {"metrics": first + rest, "again": again, "final": final, "final_again": weights(resumed),
-              "saved": saved, "info": info, "rand_save": rand_after_save, "rand_load": rand_after_load}  # fmt: skip
+    result = {
+        "metrics": first + rest,
+        "again": again,
+        "final": final,
+        "final_again": weights(resumed),
+        "saved": saved,
+        "info": info,
+        "rand_save": rand_after_save,
+        "rand_load": rand_after_load,
+    }
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.barrier()  # every rank is past its last collective and has written its results
     # End without interpreter teardown: a spawned rank's exit intermittently aborts in torch's C++

@@ -139,8 +139,10 @@ def test_config_names_the_stored_dtype_so_a_plain_from_pretrained_gives_the_trai
 def test_stored_dtype_is_read_from_the_headers_and_set_where_the_config_names_one(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({"a": torch.zeros(64, dtype=torch.bfloat16), "ids": torch.zeros(512, dtype=torch.int64)},
-              str(tmp_path / "model-00001-of-00002.safetensors"))  # fmt: skip
+    save_file(
+        {"a": torch.zeros(64, dtype=torch.bfloat16), "ids": torch.zeros(512, dtype=torch.int64)},
+        str(tmp_path / "model-00001-of-00002.safetensors"),
+    )
     save_file(
         {"norm": torch.zeros(8, dtype=torch.float32)}, str(tmp_path / "model-00002-of-00002.safetensors")
     )
@@ -149,8 +151,11 @@ def test_stored_dtype_is_read_from_the_headers_and_set_where_the_config_names_on
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert match_config_dtype(tmp_path) == "bfloat16"
     written = json.loads((tmp_path / "config.json").read_text())
-    assert written == {"model_type": "x", "dtype": "bfloat16",
-                       "text_config": {"torch_dtype": "bfloat16", "hidden_size": 4}}  # fmt: skip
+    assert written == {
+        "model_type": "x",
+        "dtype": "bfloat16",
+        "text_config": {"torch_dtype": "bfloat16", "hidden_size": 4},
+    }
     (tmp_path / "config.json").write_text('{ "dtype": "bfloat16" }')  # already right: left as written
     assert match_config_dtype(tmp_path) == "bfloat16"
     assert (tmp_path / "config.json").read_text() == '{ "dtype": "bfloat16" }'

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def expected_lr(cfg: Any, step: int) -> float:
-    """Warmup then cosine, written out independently of telescope.core.schedules."""
+    """Warmup then cosine, written out independently of telescope.core.training.schedules."""
     import math
 
     if step < cfg.warmup_steps:
@@ -48,8 +48,15 @@ def uninterrupted(untied_model_dir: str, tmp_path_factory: pytest.TempPathFactor
     backend.save_checkpoint(str(light), training_state=False)
     saved = weights(backend)
     rest = run_steps(backend, cfg, range(3, 6))
-    return {"cfg": cfg, "metrics": first + rest, "final": weights(backend), "saved": saved,
-            "full": full, "light": light, "mgr": mgr}  # fmt: skip
+    return {
+        "cfg": cfg,
+        "metrics": first + rest,
+        "final": weights(backend),
+        "saved": saved,
+        "full": full,
+        "light": light,
+        "mgr": mgr,
+    }
 
 
 def test_resume_in_a_fresh_trainer_repeats_the_uninterrupted_run(uninterrupted: dict[str, Any]) -> None:

@@ -15,8 +15,13 @@ from telescope.core.checkpoint.hf_meta import _save_from_hub, write_hf_meta
 def test_local_folder_is_copied_byte_for_byte_without_weights(builtin_tiny_dir: str, tmp_path: Path) -> None:
     out = write_hf_meta(builtin_tiny_dir, tmp_path / "hf_meta")
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["chat_template.jinja", "config.json", "generation_config.json", "tokenizer.json",
-                     "tokenizer_config.json"]  # fmt: skip
+    assert names == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     for name in names:
         assert (out / name).read_bytes() == (Path(builtin_tiny_dir) / name).read_bytes()
 

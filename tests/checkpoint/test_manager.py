@@ -122,8 +122,9 @@ def test_commit_rejects_a_folder_not_made_by_begin(tmp_path: Path) -> None:
         (20, 2, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}),
     ],
 )
-def test_retention_after_ten_saves(tmp_path: Path, keep_last: int | None, keep_every: int | None,
-                                   remaining: set[int]) -> None:  # fmt: skip
+def test_retention_after_ten_saves(
+    tmp_path: Path, keep_last: int | None, keep_every: int | None, remaining: set[int]
+) -> None:
     mgr = CheckpointManager(tmp_path, keep_last=keep_last, keep_every=keep_every)
     for step in range(1, 11):
         save(mgr, step)
@@ -192,10 +193,12 @@ def test_checkpoint_modules_import_without_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, telescope.core.checkpoint as c, telescope.core.checkpoint.convert, "
-            "telescope.core.checkpoint.rng, telescope.core.checkpoint.hf_meta, telescope.cli.commands.checkpoint; "
-            "c.convert_checkpoint; heavy = {'torch', 'transformers', 'ray'} & set(sys.modules); "
-            "assert not heavy, heavy")  # fmt: skip
+    code = (
+        "import sys, telescope.core.checkpoint as c, telescope.core.checkpoint.convert, "
+        "telescope.core.checkpoint.rng, telescope.core.checkpoint.hf_meta, telescope.cli.commands.checkpoint; "
+        "c.convert_checkpoint; heavy = {'torch', 'transformers', 'ray'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -39,3 +39,35 @@ def test_missing_rank_file_leaves_rng_alone(tmp_path: Path, caplog: pytest.LogCa
     assert load_rng_states(tmp_path, 3) is None
     assert torch.equal(torch.get_rng_state(), state)
     assert "rng_rank_3.pt is missing" in caplog.text
+
+
+class _RunsCode:
+    """A pickle payload that runs a shell command when unpickled (what a crafted checkpoint carries)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_rng_file_cannot_run_code(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    torch.save({"python": random.getstate(), "extra": {"x": _RunsCode(marker)}}, tmp_path / "rng_rank_0.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        load_rng_states(tmp_path, 0)
+    assert not marker.exists()
+
+
+def test_an_older_release_rng_file_with_numpy_arrays_still_loads(tmp_path: Path) -> None:
+    """Files written before the numpy state became a tensor pickled numpy's own tuple."""
+    np.random.seed(11)
+    torch.save(
+        {"python": random.getstate(), "numpy": np.random.get_state(), "extra": {}}, tmp_path / "rng_rank_0.pt"
+    )
+    expected = np.random.rand(3).tolist()
+    np.random.seed(99)
+    assert load_rng_states(tmp_path, 0) == {}
+    assert np.random.rand(3).tolist() == expected

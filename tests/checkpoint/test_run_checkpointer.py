@@ -37,8 +37,10 @@ class Orchestrator:
         self.step = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"counts": {"completed_steps": self.step},
-                "prompts": {"outstanding": [{"group_id": 10 * self.step + i} for i in range(2)]}}  # fmt: skip
+        return {
+            "counts": {"completed_steps": self.step},
+            "prompts": {"outstanding": [{"group_id": 10 * self.step + i} for i in range(2)]},
+        }
 
 
 class FileTrainer:
@@ -92,7 +94,10 @@ def test_each_checkpoint_holds_the_driver_state_and_resume_reads_it_back(tmp_pat
         assert meta["training_state"] is False
     ends = [e for e in orch.recorder.events if e.type == "checkpoint" and e.phase == "end"]
     assert [(e.step, e.attrs["ok"], Path(e.attrs["path"]).name) for e in ends] == [
-        (2, True, "step_2"), (4, True, "step_4"), (5, True, "step_5")]  # fmt: skip
+        (2, True, "step_2"),
+        (4, True, "step_4"),
+        (5, True, "step_5"),
+    ]
     assert warnings == [] and hook.failures == 0
 
     assert find_resume_point(cfg) is None  # resume_from_checkpoint: false
@@ -106,7 +111,7 @@ def test_each_checkpoint_holds_the_driver_state_and_resume_reads_it_back(tmp_pat
 
 
 def test_a_save_failing_twice_stops_the_run_naming_the_folder_and_the_cause(tmp_path: Path) -> None:
-    from telescope.core.observe.storage import StorageError
+    from telescope.core.observe.rundir.storage import StorageError
 
     cfg = config(tmp_path / "run")  # checkpoint_failure: stop (the default)
     orch, trainer, failed = Orchestrator(), FileTrainer(fail=((4, 1), (4, 2))), []
@@ -153,7 +158,7 @@ def checkpoint_spans(orch: Orchestrator) -> list[tuple[str, int | None, dict[str
 
 
 def test_a_failed_save_ends_its_checkpoint_span_with_the_error(tmp_path: Path) -> None:
-    from telescope.core.observe.storage import StorageError
+    from telescope.core.observe.rundir.storage import StorageError
 
     cfg = config(tmp_path / "run")
     orch, trainer = Orchestrator(), FileTrainer(fail=((2, 1), (2, 2)))
@@ -183,7 +188,9 @@ def test_a_cancelled_save_ends_its_checkpoint_span(tmp_path: Path) -> None:
 
     asyncio.run(cancel_during_the_save())
     assert [(phase, attrs.get("error")) for phase, _, attrs in checkpoint_spans(orch)] == [
-        ("start", None), ("end", "cancelled")]  # fmt: skip
+        ("start", None),
+        ("end", "cancelled"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -364,8 +371,13 @@ def test_kill_minus_nine_inside_an_fsdp_save_keeps_the_previous_checkpoint_loada
     run_dir, saved = tmp_path / "run", tmp_path / "step1_weights.pt"
     code = FSDP_CHILD.format(fsdp=str(HERE.parent / "fsdp"), here=str(HERE))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-c", code, untied_model_dir, str(run_dir), str(saved)],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, untied_model_dir, str(run_dir), str(saved)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
     root = run_dir / "checkpoints"
     (debris,) = [p for p in root.iterdir() if p.name.startswith(".step_2.partial-")]

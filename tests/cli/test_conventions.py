@@ -90,9 +90,15 @@ def run_yaml(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("args", "want"),
-    [([], False), (["--debug"], True), (["--debug", "true"], True), (["--debug", "false"], False),
-     (["--debug=false"], False), (["--debug", "--seed", "3"], True)],
-)  # fmt: skip
+    [
+        ([], False),
+        (["--debug"], True),
+        (["--debug", "true"], True),
+        (["--debug", "false"], False),
+        (["--debug=false"], False),
+        (["--debug", "--seed", "3"], True),
+    ],
+)
 def test_debug_is_the_config_field(run_yaml: Path, args: list[str], want: bool) -> None:
     result = runner.invoke(app, ["config", "show", str(run_yaml), *args])
     assert result.exit_code == 0, result.output

@@ -26,8 +26,14 @@ def show(tmp_path: Path, *args: str) -> tuple[int, str]:
 
 
 def test_sets_a_list_item_and_a_dict_key_and_keeps_the_rest(tmp_path: Path) -> None:
-    code, out = show(tmp_path, "--environments.0.kwargs.seed", "3", "--train_backend_kwargs.device", "cpu",
-                     "--environments.1.weight=2.5")  # fmt: skip
+    code, out = show(
+        tmp_path,
+        "--environments.0.kwargs.seed",
+        "3",
+        "--train_backend_kwargs.device",
+        "cpu",
+        "--environments.1.weight=2.5",
+    )
     assert code == 0, out
     cfg = yaml.safe_load(out)
     first, second = cfg["environments"]

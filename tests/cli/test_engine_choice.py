@@ -58,18 +58,35 @@ def _no_vllm(monkeypatch: pytest.MonkeyPatch, *, gpu: bool) -> None:
         # auto on a CUDA machine without vLLM: refused before anything starts.
         (True, {}, 2, [INSTALL, "set inference_engine: transformers"], []),
         # The explicit fallback runs, and the summary says which engine and why.
-        (True, {"inference_engine": "transformers"}, 0,
-         ["engine transformers (inference_engine: transformers (set in the config))"], ["transformers"]),
-        (False, {}, 0,
-         ["engine transformers (inference_engine: auto chose transformers (no CUDA GPU and vllm is not installed))"],
-         ["auto"]),  # the runtime resolves auto again, on the same machine
+        (
+            True,
+            {"inference_engine": "transformers"},
+            0,
+            ["engine transformers (inference_engine: transformers (set in the config))"],
+            ["transformers"],
+        ),
+        (
+            False,
+            {},
+            0,
+            [
+                "engine transformers (inference_engine: auto chose transformers (no CUDA GPU and vllm is not installed))"
+            ],
+            ["auto"],
+        ),  # the runtime resolves auto again, on the same machine
     ],
     ids=["auto-gpu-refused", "explicit-fallback", "auto-cpu"],
-)  # fmt: skip
+)
 def test_engine_choice_at_startup(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_runtime: list[str],
-    gpu: bool, fields: dict[str, str], code: int, expected: list[str], ran: list[str],
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_runtime: list[str],
+    gpu: bool,
+    fields: dict[str, str],
+    code: int,
+    expected: list[str],
+    ran: list[str],
+) -> None:
     _no_vllm(monkeypatch, gpu=gpu)
     result = runner.invoke(app, ["train", _run_yaml(tmp_path, **fields)])
     assert result.exit_code == code, result.output
@@ -105,9 +122,12 @@ def test_tracing_is_dropped_with_a_warning_without_its_packages(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = make_cfg(enable_vllm_tracing=True, otlp_receiver_port=4999)
-    assert otlp_endpoint(cfg, "10.1.2.3") == "http://10.1.2.3:4999/v1/traces"  # packages importable here
-    assert otlp_endpoint(make_cfg(enable_vllm_tracing=False), "10.1.2.3") is None
     real = auto._importable
+    # the dev venv has the http exporter but not the grpc one (telescope-core[vllm] brings both)
+    with monkeypatch.context() as patch:
+        patch.setattr(auto, "_importable", lambda m: True if m.startswith("opentelemetry.") else real(m))
+        assert otlp_endpoint(cfg, "10.1.2.3") == "http://10.1.2.3:4999/v1/traces"
+    assert otlp_endpoint(make_cfg(enable_vllm_tracing=False), "10.1.2.3") is None
     monkeypatch.setattr(
         auto, "_importable", lambda m: False if m.startswith("opentelemetry.exporter") else real(m)
     )

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from telescope.cli.app import app
 from telescope.core.observe import rollout_metrics
-from telescope.core.observe.reader import RunDirReader
+from telescope.core.observe.rundir.reader import RunDirReader
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "ui"))  # the run writers of the dashboard tests
 
@@ -20,8 +20,14 @@ from ui_runs import start_hub, step_rows
 runner = CliRunner()
 #: What the driver hands the loggers for ``telescope/tiny-reverse``: the folder it was built in.
 RESOLVED = "/home/someone/.cache/telescope/models/telescope--tiny-reverse"
-TRAINER = {"loss": 0.125, "entropy": 1.5, "kl_divergence_inference": 0.01, "grad_norm": 2.5,
-           "learning_rate": 1e-6, "zeta": 7.0}  # fmt: skip
+TRAINER = {
+    "loss": 0.125,
+    "entropy": 1.5,
+    "kl_divergence_inference": 0.01,
+    "grad_norm": 2.5,
+    "learning_rate": 1e-6,
+    "zeta": 7.0,
+}
 TIMING = {f"timing_{name}_total": 0.1 for name in ("step", "forward", "backward", "data_to_device")}
 
 
@@ -59,8 +65,13 @@ def test_headline_metrics_come_first_then_sections_then_timing(tmp_path: Path) -
     out = show(str(write_run(tmp_path / "run")), "--metrics", "200")
     rows = metric_rows(out)
     # General/x is how a key without "/" prints (section General, no group).
-    assert rows[:5] == ["reward/mean", "General/loss", "General/entropy", "General/kl_divergence_inference",
-                        "General/grad_norm"]  # fmt: skip
+    assert rows[:5] == [
+        "reward/mean",
+        "General/loss",
+        "General/entropy",
+        "General/kl_divergence_inference",
+        "General/grad_norm",
+    ]
     sections = [r.split("/")[0] for r in rows[5:] if not r.startswith("General/timing_")]
     assert sections[0] == "General" and sections == sorted(sections, key=lambda s: (s != "General", s))
     timing = [i for i, r in enumerate(rows) if "timing_" in r]

@@ -32,8 +32,17 @@ def test_hook_set() -> None:
             "loggers",
         )
     }
-    run = {"telescope_run_start", "telescope_run_info", "telescope_group_end", "telescope_event",
-           "telescope_step_end", "telescope_eval_end", "telescope_system_sample", "telescope_warning", "telescope_run_end"}  # fmt: skip
+    run = {
+        "telescope_run_start",
+        "telescope_run_info",
+        "telescope_group_end",
+        "telescope_event",
+        "telescope_step_end",
+        "telescope_eval_end",
+        "telescope_system_sample",
+        "telescope_warning",
+        "telescope_run_end",
+    }
     assert registration | run == set(HOOKS)
     assert len(registration) == len(KINDS)
 

@@ -29,11 +29,13 @@ def test_dry_run_lists_every_step_and_writes_a_report(tmp_path: Path) -> None:
         ["bench/trainer.py", "--gpu"],
         ["bench/inference.py"],
         ["bench/weight_sync.py"],
+        ["bench/gpu_sync.py"],
+        ["bench/vllm_smoke.py"],
     ]
     for step in planned:  # the benchmarks it names exist
         assert step[1] == "-m" or (ROOT / step[1]).is_file(), step
     text = report.read_text()
-    assert text.count("\n## ") == 5 and "not run (dry run)" in text
+    assert text.count("\n## ") == 7 and "not run (dry run)" in text
 
 
 def test_without_cuda_it_refuses_and_says_where_to_run_it(tmp_path: Path) -> None:
@@ -44,3 +46,15 @@ def test_without_cuda_it_refuses_and_says_where_to_run_it(tmp_path: Path) -> Non
     result = _run(str(tmp_path / "report.md"))
     assert result.returncode == 2 and "no CUDA device" in result.stderr
     assert not (tmp_path / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_sync_check_rehearses_its_sync_on_cpu() -> None:
+    """bench/gpu_sync.py's two processes, verification and equality check, over gloo on CPU (on a GPU
+    machine the same code runs NCCL or the CUDA staging path)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_sync.py"), "--cpu-rehearsal", "--mb", "4", "--reps", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| CPU rehearsal sync, 8 MiB | verified |" in result.stdout

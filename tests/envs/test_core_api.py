@@ -165,10 +165,22 @@ def test_unknown_or_mistyped_kwarg_is_an_error(registry) -> None:
 
 def test_rollout_state_helpers() -> None:
     state = RolloutState(sample=Sample("q"))
-    state.trajectory.append(TrajectoryStep([{"role": "user", "content": "q"}], [{"role": "assistant", "content": "a"}],
-                                           completion_token_ids=[1, 2], completion_logprobs=[-0.1, -0.2]))  # fmt: skip
-    state.trajectory.append(TrajectoryStep([{"role": "user", "content": "q2"}], [{"role": "assistant", "content": "b"}],
-                                           completion_token_ids=[3], completion_logprobs=[-0.3]))  # fmt: skip
+    state.trajectory.append(
+        TrajectoryStep(
+            [{"role": "user", "content": "q"}],
+            [{"role": "assistant", "content": "a"}],
+            completion_token_ids=[1, 2],
+            completion_logprobs=[-0.1, -0.2],
+        )
+    )
+    state.trajectory.append(
+        TrajectoryStep(
+            [{"role": "user", "content": "q2"}],
+            [{"role": "assistant", "content": "b"}],
+            completion_token_ids=[3],
+            completion_logprobs=[-0.3],
+        )
+    )
     assert state.num_turns == 2
     assert state.get_full_completion_ids() == [1, 2, 3]
     assert state.get_full_logprobs() == [-0.1, -0.2, -0.3]

@@ -14,8 +14,17 @@ OFFLINE_KWARGS = {
     "wordle": {"num_samples": 10},
     "calculator": {"num_samples": 10},
 }
-ENVIRONMENTS = ["calculator", "countdown", "dapo_math", "deepscaler", "gsm8k", "hendrycks_math", "i3_code",
-                "reverse_text", "wordle"]  # fmt: skip
+ENVIRONMENTS = [
+    "calculator",
+    "countdown",
+    "dapo_math",
+    "deepscaler",
+    "gsm8k",
+    "hendrycks_math",
+    "i3_code",
+    "reverse_text",
+    "wordle",
+]
 EVALS = ["aime_2024", "aime_2025", "gpqa_diamond", "math500"]
 
 

@@ -105,8 +105,16 @@ def _score_all(registry, cases: list[tuple[int, str]], **kwargs):
 
 
 def test_scoring_through_a_named_provider(fake_registry) -> None:
-    cases = [(0, SUM), (0, WRONG), (0, "<think>unfinished " + SUM), (0, "no code at all"),
-             (3, ADD_LISTS), (4, SOLUTION_CLASS), (5, DIV_MOD), (1, "```python\nprint(input()[::-1])\n```")]  # fmt: skip
+    cases = [
+        (0, SUM),
+        (0, WRONG),
+        (0, "<think>unfinished " + SUM),
+        (0, "no code at all"),
+        (3, ADD_LISTS),
+        (4, SOLUTION_CLASS),
+        (5, DIV_MOD),
+        (1, "```python\nprint(input()[::-1])\n```"),
+    ]
     results = _score_all(fake_registry, cases, provider="fake", pool_size=1, timeout_per_test=5)
     assert [r.total_reward for r in results] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     wrong = results[1].sample_metrics  # a - b is right only for "0 0"

@@ -81,8 +81,11 @@ def test_config_plugins_load_and_reach_a_worker_process(project: Path, tmp_path:
     # A worker is another interpreter in another directory: it gets the config and the names.
     out = subprocess.run(
         [sys.executable, "-c", WORKER, json.dumps(run.cfg.to_dict()), json.dumps(run.pset.names)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path.parent,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path.parent,
+    )
     assert out.returncode == 0, out.stderr
     assert "REWARD 1.0" in out.stdout
 

@@ -37,8 +37,15 @@ def test_strip_think_and_boxed_extraction() -> None:
 
 
 def test_verify_math_answer_variants_from_a_worker_thread() -> None:
-    cases = [("\\frac{1}{2}", "0.5", True), ("\\dfrac{1}{2}", "\\frac12", True), ("2\\sqrt{2}", "\\sqrt{8}", True),
-             ("3", "4", False), ("", "4", False), ("x" * 501, "4", False), ("9\\pi", "9\\pi", True)]  # fmt: skip
+    cases = [
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\dfrac{1}{2}", "\\frac12", True),
+        ("2\\sqrt{2}", "\\sqrt{8}", True),
+        ("3", "4", False),
+        ("", "4", False),
+        ("x" * 501, "4", False),
+        ("9\\pi", "9\\pi", True),
+    ]
     results: dict[int, bool] = {}
 
     def check() -> None:  # math-verify's signal-based timeout would raise on this thread

@@ -57,8 +57,7 @@ def test_first_failure_of_each_function_is_logged_once_per_environment(
         1.0,
     ] * 2  # every one counted
     logged = failures(caplog)
-    assert [r.getMessage().split(":")[0] for r in logged] == [
-        "environment 'first'", "environment 'second'"]  # fmt: skip
+    assert [r.getMessage().split(":")[0] for r in logged] == ["environment 'first'", "environment 'second'"]
     for record in logged:
         assert "reward function 'parse_number' failed: ValueError: invalid literal" in record.getMessage()
         assert (

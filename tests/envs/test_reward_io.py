@@ -30,9 +30,9 @@ from telescope.core.env import (
 )
 from telescope.core.inference.client import Completion
 from telescope.core.observe.adapters import records_from_group
-from telescope.core.observe.records import RolloutRecord
-from telescope.core.runtime.groups import RolloutGroup
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner, SampleTask
+from telescope.core.observe.rundir.records import RolloutRecord
+from telescope.core.rollouts.groups import RolloutGroup
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "third_party_env" / "src"
 
@@ -143,9 +143,13 @@ class _Detailed(SingleTurnEnvironment):
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         if completion == "boom":
             raise RuntimeError("the checker crashed on 'boom'")
-        return RewardResult(1.0, {"correct": 1.0}, golden_answers={"correct": sample.answer},
-                            info_turns=[info_turn("tests", "3 of 3 passed")],
-                            sample_tags={"topic": sample.metadata["topic"]})  # fmt: skip
+        return RewardResult(
+            1.0,
+            {"correct": 1.0},
+            golden_answers={"correct": sample.answer},
+            info_turns=[info_turn("tests", "3 of 3 passed")],
+            sample_tags={"topic": sample.metadata["topic"]},
+        )
 
 
 class _Game(MultiTurnEnvironment):

@@ -8,16 +8,18 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import rollout_metrics
-from telescope.core.observe.records import RolloutRecord
+from telescope.core.observe.rundir.records import RolloutRecord
 from telescope.core.runtime.assemble import load_environments
 from telescope.core.testing import make_config
 
 
 def test_null_range_keeps_the_environment_declared_one(registry: Any) -> None:
-    cfg = make_config(environments=[
-        {"name": "countdown", "kwargs": {"num_generated": 2}},
-        {"name": "reverse_text", "reward_max": 4.0, "kwargs": {"num_generated": 2}},
-    ])  # fmt: skip
+    cfg = make_config(
+        environments=[
+            {"name": "countdown", "kwargs": {"num_generated": 2}},
+            {"name": "reverse_text", "reward_max": 4.0, "kwargs": {"num_generated": 2}},
+        ]
+    )
     envs = load_environments(cfg, registry)
     assert (envs["countdown"].reward_min, envs["countdown"].reward_max) == (0.0, 2.0)  # the class's
     assert (envs["reverse_text"].reward_min, envs["reverse_text"].reward_max) == (0.0, 4.0)
@@ -45,12 +47,14 @@ def test_metrics_log_raw_and_normalised_rewards_apart() -> None:
 def test_evals_record_their_declared_ranges(registry: Any, tmp_path: Any) -> None:
     from telescope.core.env import create_eval
     from telescope.core.observe import LoggerHub, RunDirReader, eval_info
-    from telescope.core.observe.local import LocalLogger
+    from telescope.core.observe.loggers.local import LocalLogger
 
     math500 = create_eval(registry, "math500", {"sample_data": True})
     (entry,) = eval_info({"math500": math500})
-    assert entry["metrics_ranges"] == {"correct": {"min": 0.0, "max": 1.0, "invert": False},
-                                       "level": {"min": 1.0, "max": 5.0, "invert": False}}  # fmt: skip
+    assert entry["metrics_ranges"] == {
+        "correct": {"min": 0.0, "max": 1.0, "invert": False},
+        "level": {"min": 1.0, "max": 5.0, "invert": False},
+    }
     assert (entry["reward_min"], entry["reward_max"], entry["multi_turn"]) == (0.0, 1.0, False)
     assert entry["dataset_size"] == len(math500.samples()) and entry["tags_options"] == {}
     hub = LoggerHub([LocalLogger()])

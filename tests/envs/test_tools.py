@@ -84,8 +84,33 @@ def _fuzz_cases(rng: random.Random, count: int) -> list[str]:
     valid = (
         '<tool_call>{"name": "add", "arguments": {"a": 1, "b": [2, {"c": "d"}]}}</tool_call> add(1, b="x)")'
     )
-    pieces = ["<tool_call>", "</tool_call>", "{", "}", "[", "]", '"', "'", "\\", "(", ")", "add(", "name", ":",
-              '"arguments"', "\x00", "\ud800", "é", "1e999", "NaN", "null", ",", "'''", '"""', "*" * 3]  # fmt: skip
+    pieces = [
+        "<tool_call>",
+        "</tool_call>",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        "'",
+        "\\",
+        "(",
+        ")",
+        "add(",
+        "name",
+        ":",
+        '"arguments"',
+        "\x00",
+        "\ud800",
+        "é",
+        "1e999",
+        "NaN",
+        "null",
+        ",",
+        "'''",
+        '"""',
+        "*" * 3,
+    ]
     cases = []
     for i in range(count):
         kind = i % 4
@@ -143,16 +168,18 @@ class _ToolEnv(ToolEnvironment):
 
 def test_tool_errors_come_back_as_observations() -> None:
     env = _ToolEnv(ToolEnvironmentKwargs(tool_timeout_s=0.2, max_turns=10))
-    turns = iter([
-        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "echo", "arguments": {"wrong": 1}}</tool_call>',
-        '<tool_call>{"name": "fail_tool", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "slow_tool", "arguments": {"x": 1}}</tool_call>',
-        "<tool_call>{broken</tool_call>",
-        '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
-        '<tool_call>{"name": "echo", "arguments": {"text": "yo"}}</tool_call>',
-        "final answer",
-    ])  # fmt: skip
+    turns = iter(
+        [
+            '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "echo", "arguments": {"wrong": 1}}</tool_call>',
+            '<tool_call>{"name": "fail_tool", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "slow_tool", "arguments": {"x": 1}}</tool_call>',
+            "<tool_call>{broken</tool_call>",
+            '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+            '<tool_call>{"name": "echo", "arguments": {"text": "yo"}}</tool_call>',
+            "final answer",
+        ]
+    )
     state = asyncio.run(run_text_rollout(env, env.get_sample(0), lambda messages: next(turns)))
     assert state.stop_reason == "final_answer" and state.num_turns == 7
     observations = [m["content"] for m in state.last_messages() if m.get("turn_type") == "tool_result"]
@@ -164,10 +191,16 @@ def test_tool_errors_come_back_as_observations() -> None:
     assert observations[5] == "Tool 1: [echo] hi\nTool 2: [echo] yo"
     metrics = env.get_tool_metrics(state)
     assert metrics == {
-        "total_tool_calls": 7.0, "tool_success_count": 2.0, "tool_error_count": 5.0, "tool_success_rate": 2 / 7,
-        "unique_tools_used": 3.0, "slow_tool_calls": 1.0, "fail_tool_calls": 1.0, "echo_calls": 3.0,
+        "total_tool_calls": 7.0,
+        "tool_success_count": 2.0,
+        "tool_error_count": 5.0,
+        "tool_success_rate": 2 / 7,
+        "unique_tools_used": 3.0,
+        "slow_tool_calls": 1.0,
+        "fail_tool_calls": 1.0,
+        "echo_calls": 3.0,
         "tool_argument_error_count": 1.0,
-    }  # fmt: skip
+    }
     assert "# Available Tools" in env.system_prompt and "## echo" in env.system_prompt
 
 
@@ -235,12 +268,14 @@ def test_function_call_format_end_to_end(registry) -> None:
 
 def test_arguments_are_checked_against_the_tool_schema(registry) -> None:
     env = registry.create("environment", "calculator", {"num_samples": 1})
-    turns = iter([
-        '<tool_call>{"name": "add", "arguments": {"a": "2", "b": "3"}}</tool_call>',  # strings: no "23"
-        '<tool_call>{"name": "add", "arguments": {"a": true, "b": 3}}</tool_call>',  # bool is not a number
-        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3.5}}</tool_call>',  # int fits number
-        "final answer",
-    ])  # fmt: skip
+    turns = iter(
+        [
+            '<tool_call>{"name": "add", "arguments": {"a": "2", "b": "3"}}</tool_call>',  # strings: no "23"
+            '<tool_call>{"name": "add", "arguments": {"a": true, "b": 3}}</tool_call>',  # bool is not a number
+            '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3.5}}</tool_call>',  # int fits number
+            "final answer",
+        ]
+    )
     state = asyncio.run(run_text_rollout(env, env.get_sample(0), lambda messages: next(turns)))
     observations = [m["content"] for m in state.last_messages() if m.get("turn_type") == "tool_result"]
     assert observations[0] == (
@@ -249,6 +284,12 @@ def test_arguments_are_checked_against_the_tool_schema(registry) -> None:
     assert observations[1] == "[add] Error: bad arguments: 'a' must be a number, got bool True"
     assert observations[2] == "[add] 5.5"
     metrics = env.get_tool_metrics(state)
-    assert (metrics["tool_argument_error_count"], metrics["tool_error_count"], metrics["tool_success_count"]) == (
-        2.0, 2.0, 1.0,
-    )  # fmt: skip
+    assert (
+        metrics["tool_argument_error_count"],
+        metrics["tool_error_count"],
+        metrics["tool_success_count"],
+    ) == (
+        2.0,
+        2.0,
+        1.0,
+    )

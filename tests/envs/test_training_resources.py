@@ -46,7 +46,10 @@ def test_prepare_then_close_every_environment() -> None:
 def test_a_failed_prepare_names_the_environment_and_releases_the_others() -> None:
     log: list[str] = []
     envs = {"a": _Tracked(log, "a"), "code": _Tracked(log, "code", fail=True), "c": _Tracked(log, "c")}
-    with pytest.raises(RuntimeError, match=r"environment 'code': prepare_resources failed: ConnectionError: "
-                                           r"sandbox API unreachable \(check it without training: telescope env check code\)"):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"environment 'code': prepare_resources failed: ConnectionError: "
+        r"sandbox API unreachable \(check it without training: telescope env check code\)",
+    ):
         asyncio.run(prepare_environments(envs))
     assert log == ["prepare a", "prepare code", "close a", "close code"]

@@ -89,8 +89,16 @@ def test_real_guesses_are_valid_apart_from_the_secrets(registry, tmp_path) -> No
     env = registry.create("environment", "wordle", {})
     assert {"stare", "arose", "adieu"} <= env.guesses and not {"stare", "arose", "adieu"} & set(env.words)
     assert set(env.words) <= env.guesses and len(env.guesses) > 4000 and len(env.words) == 471
-    _, state, _ = _play(registry, "crane", ["<guess>[stare]</guess>", "<guess>[adieu]</guess>",
-                                            "<guess>[arose]</guess>", "<guess>[crane]</guess>"])  # fmt: skip
+    _, state, _ = _play(
+        registry,
+        "crane",
+        [
+            "<guess>[stare]</guess>",
+            "<guess>[adieu]</guess>",
+            "<guess>[arose]</guess>",
+            "<guess>[crane]</guess>",
+        ],
+    )
     assert state.custom["game"].history == ["stare", "adieu", "arose", "crane"] and state.custom["game"].won
     own = tmp_path / "guesses.txt"
     own.write_text("zzzzz\n")

@@ -87,8 +87,15 @@ def test_bad_pass_k_is_a_clear_error(raw: object, message: str) -> None:
 
 
 def _outcomes(values: list[list[float | None]]) -> list[list[CompletionOutcome]]:
-    return [[CompletionOutcome(text="x", reward=v, metrics={"correct": v, "len": 2.0}) if v is not None
-             else CompletionOutcome(error="InferenceServerError: boom") for v in per] for per in values]  # fmt: skip
+    return [
+        [
+            CompletionOutcome(text="x", reward=v, metrics={"correct": v, "len": 2.0})
+            if v is not None
+            else CompletionOutcome(error="InferenceServerError: boom")
+            for v in per
+        ]
+        for per in values
+    ]
 
 
 def test_aggregate_over_all_completions_with_errors_counted() -> None:
@@ -116,8 +123,12 @@ def test_aggregate_over_all_completions_with_errors_counted() -> None:
 
 
 def test_a_failed_scoring_counts_zero_for_the_metrics_it_lacks() -> None:
-    outs = [[CompletionOutcome("a", 1.0, {"correct": 1.0}),
-             CompletionOutcome("b", 0.0, {"reward_error": 1.0, "reward_timeout": 0.0})]]  # fmt: skip
+    outs = [
+        [
+            CompletionOutcome("a", 1.0, {"correct": 1.0}),
+            CompletionOutcome("b", 0.0, {"reward_error": 1.0, "reward_timeout": 0.0}),
+        ]
+    ]
     result = aggregate("m", 0, PassKConfig.model_validate([2]), [(0, "p", "a")], outs)
     assert result.metrics["correct"] == 0.5
     assert result.metrics["pass@2/correct"] == 1.0

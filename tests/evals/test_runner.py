@@ -31,8 +31,16 @@ def server_url(tiny_path: str) -> Iterator[str]:
 
 def eval_cfg(**entry: Any) -> Any:
     evals = [{"name": "parity", "num_samples": 5, "max_tokens": 6, **entry}]
-    return make_config(model="telescope/tiny", max_model_len=256, max_tokens=40, temperature=1.0, seed=3,
-                       max_concurrent_prompts_per_server=3, environments=[{"name": "parity"}], evals=evals)  # fmt: skip
+    return make_config(
+        model="telescope/tiny",
+        max_model_len=256,
+        max_tokens=40,
+        temperature=1.0,
+        seed=3,
+        max_concurrent_prompts_per_server=3,
+        environments=[{"name": "parity"}],
+        evals=evals,
+    )
 
 
 class FlakyClient:
@@ -106,14 +114,33 @@ class RecordingClient(FlakyClient):
 
 
 def test_per_eval_sampling_overrides_reach_the_server(server_url: str, registry: Any, tokenizer: Any) -> None:
-    evals = [{"name": "parity", "num_samples": 3, "pass_k": [3], "temperature": 0.0, "top_p": 0.5, "max_tokens": 3},
-             {"name": "own_metrics", "num_samples": 2, "pass_k": [2]}]  # fmt: skip
-    cfg = make_config(model="telescope/tiny", max_model_len=256, max_tokens=40, temperature=1.0, top_p=None,
-                      seed=3, environments=[{"name": "parity"}], evals=evals)  # fmt: skip
+    evals = [
+        {
+            "name": "parity",
+            "num_samples": 3,
+            "pass_k": [3],
+            "temperature": 0.0,
+            "top_p": 0.5,
+            "max_tokens": 3,
+        },
+        {"name": "own_metrics", "num_samples": 2, "pass_k": [2]},
+    ]
+    cfg = make_config(
+        model="telescope/tiny",
+        max_model_len=256,
+        max_tokens=40,
+        temperature=1.0,
+        top_p=None,
+        seed=3,
+        environments=[{"name": "parity"}],
+        evals=evals,
+    )
     client = RecordingClient(server_url)
     greedy, default = run_eval(EvalRunner(cfg, registry, tokenizer), [client], step=2)
-    sent = {name: [p for rid, p in client.params.items() if rid.startswith(f"eval-{name}-")]
-            for name in ("parity", "own_metrics")}  # fmt: skip
+    sent = {
+        name: [p for rid, p in client.params.items() if rid.startswith(f"eval-{name}-")]
+        for name in ("parity", "own_metrics")
+    }
     assert len(sent["parity"]) == 9 and len(sent["own_metrics"]) == 4  # samples x max k
     assert {(p["temperature"], p["top_p"], p["max_tokens"]) for p in sent["parity"]} == {(0.0, 0.5, 3)}
     assert {(p["temperature"], p["top_p"], p["max_tokens"]) for p in sent["own_metrics"]} == {(1.0, None, 40)}
@@ -151,11 +178,18 @@ def test_environments_with_their_own_eval_metrics(server_url: str, registry: Any
 
 
 def test_due_resolution_and_bad_entries(registry: Any, tokenizer: Any) -> None:
-    cfg = make_config(environments=[{"name": "parity"}], evals=[{"name": "parity", "eval_every": 3},
-                      {"name": "own_metrics", "eval_every": 2}])  # fmt: skip
+    cfg = make_config(
+        environments=[{"name": "parity"}],
+        evals=[{"name": "parity", "eval_every": 3}, {"name": "own_metrics", "eval_every": 2}],
+    )
     runner = EvalRunner(cfg, registry, tokenizer)
-    assert [[e.name for e in runner.due(s)] for s in (0, 1, 2, 3, 6)] == [[], [], ["own_metrics"], ["parity"],
-                                                                          ["parity", "own_metrics"]]  # fmt: skip
+    assert [[e.name for e in runner.due(s)] for s in (0, 1, 2, 3, 6)] == [
+        [],
+        [],
+        ["own_metrics"],
+        ["parity"],
+        ["parity", "own_metrics"],
+    ]
     with pytest.raises(UnknownComponentError, match="unknown eval 'parityy'. Did you mean 'parity'"):
         resolve_eval("parityy", {}, registry)
     twice = make_config(evals=[{"name": "parity"}, {"name": "parity"}])
@@ -172,8 +206,14 @@ def test_a_multi_turn_environment_as_an_eval(server_url: str, tokenizer: Any) ->
     from telescope.core.plugins import load_plugins
 
     _, full = load_plugins()
-    cfg = make_config(model="telescope/tiny", max_model_len=1024, max_tokens=4, seed=3, environments=[{"name": "wordle"}],
-                      evals=[{"name": "wordle", "num_samples": 2, "kwargs": {"max_turns": 2}}])  # fmt: skip
+    cfg = make_config(
+        model="telescope/tiny",
+        max_model_len=1024,
+        max_tokens=4,
+        seed=3,
+        environments=[{"name": "wordle"}],
+        evals=[{"name": "wordle", "num_samples": 2, "kwargs": {"max_turns": 2}}],
+    )
     (result,) = run_eval(EvalRunner(cfg, full, tokenizer), [FlakyClient(server_url)], step=1)
     assert result.metrics["errors"] == 0 and result.metrics["num_completions"] == 2
     assert all(len(r["completions"]) == 1 for r in result.rows)

@@ -9,7 +9,7 @@ import pytest
 from telescope.core.env.resolve import create_environment
 from telescope.core.evals import sample_key, training_exclusions
 from telescope.core.plugins import load_plugins
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.testing import make_config
 
 _, REGISTRY = load_plugins()
@@ -37,8 +37,10 @@ def test_eval_samples_never_reach_training(name: str) -> None:
     kwargs = offline_kwargs(name)
     size = len(create_environment(REGISTRY, name, kwargs).samples())
     num = max(1, min(5, size // 3))
-    cfg = make_config(environments=[{"name": name, "kwargs": kwargs}],
-                      evals=[{"name": name, "kwargs": kwargs, "num_samples": num, "separate_eval_samples": True}])  # fmt: skip
+    cfg = make_config(
+        environments=[{"name": name, "kwargs": kwargs}],
+        evals=[{"name": name, "kwargs": kwargs, "num_samples": num, "separate_eval_samples": True}],
+    )
     excluded = training_exclusions(cfg, REGISTRY)[name]
     held_out = {sample_key(s) for s in create_environment(REGISTRY, name, kwargs).samples()[:num]}
     assert len(held_out) >= 1 and len(excluded) >= len(held_out)
@@ -50,8 +52,10 @@ def test_eval_samples_never_reach_training(name: str) -> None:
 def test_content_not_indices_when_eval_kwargs_differ() -> None:
     train_kw = {"sample_data": True}
     eval_kw = {"sample_data": True, "shuffle": True, "seed": 5}
-    cfg = make_config(environments=[{"name": "countdown", "kwargs": train_kw}],
-                      evals=[{"name": "countdown", "kwargs": eval_kw, "num_samples": 6, "separate_eval_samples": True}])  # fmt: skip
+    cfg = make_config(
+        environments=[{"name": "countdown", "kwargs": train_kw}],
+        evals=[{"name": "countdown", "kwargs": eval_kw, "num_samples": 6, "separate_eval_samples": True}],
+    )
     excluded = training_exclusions(cfg, REGISTRY)["countdown"]
     held_out = {sample_key(s) for s in create_environment(REGISTRY, "countdown", eval_kw).samples()[:6]}
     assert excluded != frozenset(range(6))  # the shuffled eval holds other indices of the training order
@@ -60,8 +64,16 @@ def test_content_not_indices_when_eval_kwargs_differ() -> None:
 
 
 def test_nothing_reserved_without_the_flag_or_for_a_dedicated_eval() -> None:
-    cfg = make_config(environments=[{"name": "reverse_text"}],
-                      evals=[{"name": "reverse_text", "num_samples": 4},
-                             {"name": "math500", "num_samples": 4, "separate_eval_samples": True,
-                              "kwargs": {"sample_data": True}}])  # fmt: skip
+    cfg = make_config(
+        environments=[{"name": "reverse_text"}],
+        evals=[
+            {"name": "reverse_text", "num_samples": 4},
+            {
+                "name": "math500",
+                "num_samples": 4,
+                "separate_eval_samples": True,
+                "kwargs": {"sample_data": True},
+            },
+        ],
+    )
     assert training_exclusions(cfg, REGISTRY) == {}

@@ -61,13 +61,24 @@ def test_eval_yaml_end_to_end(tiny_path: str, native_checkpoint: Path, tmp_path:
     ckpts = tmp_path / "run" / "checkpoints"
     shutil.copytree(tiny_path, ckpts / "step_2")  # an HF folder discovered in checkpoint_dir
     (ckpts / "step_9").mkdir()  # incomplete: neither HF nor committed, skipped
-    evals = [{"name": "reverse_text", "num_samples": 3, "pass_k": [1, 2], "max_tokens": 5},
-             {"name": "math500", "num_samples": 2, "kwargs": {"data_files": str(DATA / "math500.jsonl")}}]  # fmt: skip
-    spec = write_yaml(tmp_path / "eval.yaml", {
-        "checkpoint_dir": str(ckpts), "checkpoints": [{"path": str(native_checkpoint), "step": 4}],
-        "evals": evals, "max_tokens": 4, "max_model_len": 256, "inference_engine": "transformers",
-        "inference_base_port": free_port(), "max_concurrent_prompts_per_server": 4, "seed": 5,
-    })  # fmt: skip
+    evals = [
+        {"name": "reverse_text", "num_samples": 3, "pass_k": [1, 2], "max_tokens": 5},
+        {"name": "math500", "num_samples": 2, "kwargs": {"data_files": str(DATA / "math500.jsonl")}},
+    ]
+    spec = write_yaml(
+        tmp_path / "eval.yaml",
+        {
+            "checkpoint_dir": str(ckpts),
+            "checkpoints": [{"path": str(native_checkpoint), "step": 4}],
+            "evals": evals,
+            "max_tokens": 4,
+            "max_model_len": 256,
+            "inference_engine": "transformers",
+            "inference_base_port": free_port(),
+            "max_concurrent_prompts_per_server": 4,
+            "seed": 5,
+        },
+    )
     result = CliRunner().invoke(
         cli(), ["eval", str(spec), "--inference_engine_kwargs", "{startup_timeout_s: 120}"]
     )
@@ -113,13 +124,24 @@ def test_config_is_short_and_errors_are_clear(tmp_path: Path, tiny_path: str) ->
         load_eval_run_config(tmp_path / "a.yaml", {"wandb_run_path": "p/r"})
     with pytest.raises(ValueError, match="use_wandb"):
         EvalRunConfig.model_validate({"model": "m", "evals": [{"name": "x"}], "use_wandb": "yes please"})
-    result = CliRunner().invoke(cli(), ["eval", str(write_yaml(tmp_path / "d.yaml", {
-        "model": tiny_path, "evals": [{"name": "math5000"}]}))])  # fmt: skip
+    result = CliRunner().invoke(
+        cli(),
+        ["eval", str(write_yaml(tmp_path / "d.yaml", {"model": tiny_path, "evals": [{"name": "math5000"}]}))],
+    )
     assert result.exit_code == 2 and "unknown eval 'math5000'" in result.output and "math500" in result.output
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = CliRunner().invoke(cli(), ["eval", str(write_yaml(tmp_path / "e.yaml", {
-        "checkpoint_dir": str(empty), "evals": [{"name": "math500"}]}))])  # fmt: skip
+    result = CliRunner().invoke(
+        cli(),
+        [
+            "eval",
+            str(
+                write_yaml(
+                    tmp_path / "e.yaml", {"checkpoint_dir": str(empty), "evals": [{"name": "math500"}]}
+                )
+            ),
+        ],
+    )
     assert result.exit_code == 2 and "holds no complete step_<N> checkpoint" in result.output
 
 
@@ -132,8 +154,9 @@ def test_wandb_sink_logs_eval_metrics_on_an_eval_step_axis(
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run = EvalRunConfig.model_validate({"model": "m", "evals": [{"name": "x"}], "use_wandb": True,
-                                        "run_dir": str(tmp_path)})  # fmt: skip
+    run = EvalRunConfig.model_validate(
+        {"model": "m", "evals": [{"name": "x"}], "use_wandb": True, "run_dir": str(tmp_path)}
+    )
     sink = WandbEvalSink(run)
     try:
         sink.log(7, [EvalResult("math500", 7, {"correct": 0.25, "pass@4/correct": 0.5})])

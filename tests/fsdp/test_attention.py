@@ -150,3 +150,96 @@ def test_packed_sdpa_rejects_padded_batches_and_registers() -> None:
 
     name = register_packed_sdpa()
     assert AttentionInterface._global_mapping[name] is packed_sdpa_attention
+
+
+def test_flash_varlen_kwargs_equal_transformers_own_derivation_from_position_ids() -> None:
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    from telescope.fsdp.attention import flash_varlen_kwargs
+
+    pos = torch.cat([torch.arange(n) for n in (5, 1, 7, 3, 4)])[None]  # the last one: a padding segment
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(pos)
+    got = flash_varlen_kwargs(pos)
+    assert got["cu_seq_lens_q"].tolist() == cu_q.tolist() == [0, 5, 6, 13, 16, 20]
+    assert got["cu_seq_lens_k"].tolist() == cu_k.tolist() and got["cu_seq_lens_q"].dtype == cu_q.dtype
+    assert got["max_length_q"] == int(max_q) == got["max_length_k"] == int(max_k) == 7
+
+
+def test_flash_implementations_are_recognised() -> None:
+    from types import SimpleNamespace
+
+    from telescope.fsdp.attention import uses_flash_attention
+
+    def model(impl: str | None) -> Any:
+        return SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl))
+
+    assert uses_flash_attention(model("flash_attention_2")) and uses_flash_attention(
+        model("flash_attention_3")
+    )
+    assert uses_flash_attention(model("kernels-community/flash-attn2"))
+    assert not any(uses_flash_attention(model(i)) for i in ("sdpa", "eager", register_packed_sdpa(), None))
+
+
+def test_packed_logits_give_every_flash_layer_the_boundaries_computed_once(
+    tiny_model_dir: str, monkeypatch: Any
+) -> None:
+    """flash-attn cannot run on CPU: a recording attention function stands in for it (and computes
+    packed_sdpa), so the kwargs transformers hands each layer can be checked."""
+    from fsdp_helpers import make_samples
+    from transformers import AttentionInterface, AutoModelForCausalLM
+
+    from telescope.core.packing import Packer
+    from telescope.core.training.tensors import to_device
+    from telescope.fsdp import microbatch
+    from telescope.fsdp.microbatch import packed_logits
+
+    monkeypatch.setattr(
+        microbatch,
+        "uses_flash_attention",
+        lambda m: m.config._attn_implementation == "telescope_test_recorder",
+    )
+
+    seen: list[dict[str, Any]] = []
+
+    def recording_flash(module: Any, q: Any, k: Any, v: Any, mask: Any, **kwargs: Any) -> Any:
+        seen.append({n: kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q")})
+        return packed_sdpa_attention(module, q, k, v, mask, **kwargs)
+
+    AttentionInterface.register("telescope_test_recorder", recording_flash)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="telescope_test_recorder"
+    )
+    reference = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=register_packed_sdpa()
+    )
+    (row,) = Packer(seq_len=128, pad_to_multiple_of=8).pack(make_samples(4, seed=2)).per_rank[0]
+    mb = to_device(row, torch.device("cpu"))
+    logits = packed_logits(model, mb)
+    lengths = segment_lengths(mb.position_ids[0])
+    expected_cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    assert len(seen) == model.config.num_hidden_layers >= 2
+    assert all(s["cu_seq_lens_q"] is seen[0]["cu_seq_lens_q"] for s in seen)  # one tensor for all layers
+    assert seen[0]["cu_seq_lens_q"].tolist() == expected_cu and seen[0]["max_length_q"] == max(lengths)
+    torch.testing.assert_close(logits, packed_logits(reference, mb), atol=1e-6, rtol=0)
+    seen.clear()
+    packed_logits(reference, mb)  # not a flash implementation: no varlen kwargs
+    assert not seen
+
+
+def test_a_flash_attn_that_is_found_but_does_not_import_is_reported(tmp_path: Any, monkeypatch: Any) -> None:
+    import sys
+
+    from telescope.fsdp.attention import flash_attn_problem
+
+    if "flash_attn" not in sys.modules:
+        assert "not installed" in str(flash_attn_problem())
+    broken = tmp_path / "flash_attn"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    problem = flash_attn_problem()
+    assert problem is not None and "installed but does not import" in problem
+    assert "undefined symbol" in problem and torch.__version__ in problem

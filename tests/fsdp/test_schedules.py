@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from telescope.core.schedules import LRSchedule, lr_factor
+from telescope.core.training.schedules import LRSchedule, lr_factor
 
 
 def f(step: int, schedule: str, warmup: int = 0, total: int = 11, min_ratio: float = 0.0) -> float:

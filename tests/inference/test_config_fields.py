@@ -23,17 +23,25 @@ from .conftest import make_cfg
 
 def test_weight_sync_settings_come_from_the_run_config() -> None:
     cfg = make_cfg(
-        weight_broadcast_mode="per_tensor", weight_broadcast_bucket_mb=7, weight_broadcast_cpu_staging=True,
-        weight_broadcast_pin_memory=False, weight_sync_verify=False, ray_broadcast_init_timeout_s=42,
-    )  # fmt: skip
+        weight_broadcast_mode="per_tensor",
+        weight_broadcast_bucket_mb=7,
+        weight_broadcast_cpu_staging=True,
+        weight_broadcast_pin_memory=False,
+        weight_sync_verify=False,
+        ray_broadcast_init_timeout_s=42,
+    )
     settings = WeightSyncSettings.from_config(cfg)
     assert (settings.mode, settings.bucket_mb, settings.bucket_bytes) == ("per_tensor", 7, 7 * 1024 * 1024)
     assert (settings.cpu_staging, settings.pin_memory, settings.verify) == (True, False, False)
     # seed-table defaults
     default = WeightSyncSettings.from_config(make_cfg())
     assert (default.mode, default.bucket_mb, default.cpu_staging, default.pin_memory, default.verify) == (
-        "flattened_bucket", 256, False, True, True,
-    )  # fmt: skip
+        "flattened_bucket",
+        256,
+        False,
+        True,
+        True,
+    )
 
 
 def test_direct_tensor_threshold_never_exceeds_the_bucket() -> None:
@@ -130,9 +138,9 @@ def test_port_beyond_65535_is_a_clear_error() -> None:
 
 
 def test_transformers_threads_and_ignored_fields() -> None:
+    from telescope.core.cluster.threads import choose_torch_threads
     from telescope.core.inference.settings import TransformersEngineKwargs
     from telescope.core.inference.transformers_engine.server import _notes, server_threads
-    from telescope.core.runtime.threads import choose_torch_threads
 
     cfg = make_cfg(ray_inference_cpus_per_worker=3.5)
     # the engine kwarg wins over the run-wide rule; otherwise the rule decides

@@ -24,8 +24,12 @@ def small_batch_server(tiny_path: str) -> Iterator[SimpleNamespace]:
     from telescope.core.inference.transformers_engine.server import start_in_thread
 
     srv = start_in_thread(make_cfg(), TransformersEngineKwargs(max_num_seqs=4), port=free_port())
-    yield SimpleNamespace(url=srv.url, model=srv.state.engine.model, eos=srv.state.tokenizer.eos_token_id,
-                          engine=srv.state.engine)  # fmt: skip
+    yield SimpleNamespace(
+        url=srv.url,
+        model=srv.state.engine.model,
+        eos=srv.state.tokenizer.eos_token_id,
+        engine=srv.state.engine,
+    )
     srv.stop()
 
 
@@ -38,8 +42,10 @@ def teacher_forced(model, prompt: list[int], completion: list[int]) -> torch.Ten
 
 async def _many(url: str, prompts: list[list[int]], eos: int) -> list:  # type: ignore[type-arg]
     async with InferenceClient(url) as client:
-        tasks = [client.complete(p, max_tokens=3 + (i * 5) % 14, temperature=1.0, stop_token_ids=[eos], seed=i)
-                 for i, p in enumerate(prompts)]  # fmt: skip
+        tasks = [
+            client.complete(p, max_tokens=3 + (i * 5) % 14, temperature=1.0, stop_token_ids=[eos], seed=i)
+            for i, p in enumerate(prompts)
+        ]
         return [c[0] for c in await asyncio.gather(*tasks)]
 
 
@@ -67,8 +73,14 @@ def test_identical_prompts_are_prefilled_once_and_sampled_apart(small_batch_serv
         async with InferenceClient(small_batch_server.url) as client:
             before = _counts(await client.metrics())
             # prompts [short, long] x n=2: four sequences admitted in one prefill (max_num_seqs=4)
-            outs = await client.complete([short, long], n=2, max_tokens=12, temperature=1.0, seed=3,
-                                         stop_token_ids=[small_batch_server.eos])  # fmt: skip
+            outs = await client.complete(
+                [short, long],
+                n=2,
+                max_tokens=12,
+                temperature=1.0,
+                seed=3,
+                stop_token_ids=[small_batch_server.eos],
+            )
             after = _counts(await client.metrics())
             return outs, (after[0] - before[0], after[1] - before[1])
 

@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from telescope.core.errors import describe_failure, failure_log_tail
 from telescope.core.inference.launcher import ServerCommand, ServerProcess, ServerStartError, cause_line
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.engine import TransformersEngine
 from telescope.core.inference.transformers_engine.requestlog import RequestSummary
-from telescope.core.runtime.errors import describe_failure, failure_log_tail
 from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg
@@ -46,8 +46,13 @@ def test_the_start_error_carries_the_cause_line_first_then_the_log_tail(tmp_path
     assert first == f"inference server {command.url} exited with code 1 before it was ready: {cause}"
     assert rest[0] == f"last log lines ({tmp_path / 'server_0.log'}):"
     # one line per line: the progress bar in its last state; the cause is the last exception line
-    assert set(rest[1:]) == {"Loading 100%", "server 0: cleaning up", "Traceback (most recent call last):",
-                             '  File "<string>", line 5, in <module>', cause}  # fmt: skip
+    assert set(rest[1:]) == {
+        "Loading 100%",
+        "server 0: cleaning up",
+        "Traceback (most recent call last):",
+        '  File "<string>", line 5, in <module>',
+        cause,
+    }
     assert rest[-1] == cause and info.value.log_tail == tuple(rest[1:])
 
 
@@ -75,8 +80,12 @@ def test_a_server_that_cannot_start_reports_the_cause_from_its_log(tmp_path: Pat
 
 
 def test_cause_line_is_the_last_exception_line() -> None:
-    lines = ["Traceback (most recent call last):", '  File "x.py", line 1', "torch.OutOfMemoryError: CUDA out",
-             "[rank0] shutting down"]  # fmt: skip
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1',
+        "torch.OutOfMemoryError: CUDA out",
+        "[rank0] shutting down",
+    ]
     assert cause_line(lines) == "torch.OutOfMemoryError: CUDA out"
     assert cause_line(["loading", "Killed"]) == "Killed" and cause_line([]) == ""
     vllm = [

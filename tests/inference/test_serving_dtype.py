@@ -43,8 +43,9 @@ def test_serving_dtype_defaults_to_the_compute_dtype(fields: dict[str, str | Non
 def test_the_receiver_gets_bf16_tensors_equal_to_the_cast_master_weights() -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = mp.start_processes(workers.cast_worker, args=(free_port(), "bfloat16", queue), nprocs=2,
-                               start_method="spawn", join=False)  # fmt: skip
+    procs = mp.start_processes(
+        workers.cast_worker, args=(free_port(), "bfloat16", queue), nprocs=2, start_method="spawn", join=False
+    )
     items = {item[0]: item[1:] for item in (queue.get(timeout=120) for _ in range(2))}  # read before joining
     assert procs is not None
     while not procs.join():  # returns once per exited process
@@ -67,9 +68,13 @@ def test_the_receiver_gets_bf16_tensors_equal_to_the_cast_master_weights() -> No
 
 def test_startup_summary_names_the_dtypes_and_warns_on_bf16_master() -> None:
     notes = startup_notes(make_config(), "transformers")
-    assert any("master weights float32" in n and "compute bfloat16" in n and "servers and weight sync bfloat16" in n
-               for n in notes), notes  # fmt: skip
+    assert any(
+        "master weights float32" in n and "compute bfloat16" in n and "servers and weight sync bfloat16" in n
+        for n in notes
+    ), notes
     warned = startup_notes(make_config(model_dtype="bfloat16"), "transformers")
-    assert any("model_dtype: bfloat16 keeps the master weights" in n and "set model_dtype: float32" in n
-               for n in warned), warned  # fmt: skip
+    assert any(
+        "model_dtype: bfloat16 keeps the master weights" in n and "set model_dtype: float32" in n
+        for n in warned
+    ), warned
     assert not any("keeps the master weights" in n for n in notes)

@@ -41,7 +41,7 @@ def test_launch_args_come_from_the_resolved_config() -> None:
         "--generation-config": "vllm", "--max-num-seqs": "128",
     }  # fmt: skip
     assert {k: flag(args, k) for k in expected} == expected
-    assert "--no-enable-prefix-caching" in args and args[-1] == "--enforce-eager"
+    assert "--enable-prefix-caching" in args and args[-1] == "--enforce-eager"
     assert "--max-num-batched-tokens" not in args
     env = build_vllm_env(cfg)
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
@@ -177,9 +177,8 @@ class FakeVllm:
         return web.Response(text=text)
 
     async def control(self, request: web.Request) -> web.Response:
-        self.calls.append(
-            request.path + (f"?mode={request.query['mode']}" if "mode" in request.query else "")
-        )
+        query = "&".join(f"{k}={v}" for k, v in request.query.items())
+        self.calls.append(request.path + (f"?{query}" if query else ""))
         return web.json_response({})
 
     async def rpc(self, request: web.Request) -> web.Response:
@@ -240,8 +239,8 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
     assert fake.calls[1].startswith("rpc telescope_init_weight_sync")
     # every update is wrapped in pause(keep) / resume, also when the worker raises
     assert fake.calls[2:] == [
-        "/pause?mode=keep", "rpc telescope_update_weights ['4']", "/resume",
-        "/pause?mode=keep", "rpc telescope_update_weights ['5']", "/resume",
+        "/pause?mode=keep&clear_cache=false", "rpc telescope_update_weights ['4']", "/resume",
+        "/pause?mode=keep&clear_cache=false", "rpc telescope_update_weights ['5']", "/resume",
     ]  # fmt: skip
 
 
@@ -281,7 +280,9 @@ def test_vllm_client_checks_every_tp_worker_received_the_same_weights() -> None:
     assert agreed.version == 6 and agreed.fingerprints == {"w": "float32:2:ab"}
     assert tensors == ["w"]
     # the server is resumed after every update, also the rejected ones
-    assert fake.calls[-3:] == ["/pause?mode=keep", "rpc telescope_update_weights ['8']", "/resume"]
+    assert fake.calls[-3:] == [
+        "/pause?mode=keep&clear_cache=false", "rpc telescope_update_weights ['8']", "/resume",
+    ]  # fmt: skip
 
 
 def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -> None:

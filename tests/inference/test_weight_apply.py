@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 from aiohttp import web
 
@@ -17,6 +18,8 @@ from telescope.core.inference.vllm_engine.client import VllmClient
 from telescope.core.inference.vllm_engine.worker import TelescopeWeightSyncExtension
 from telescope.core.weights.group import free_port
 from telescope.core.weights.receiver import ReceivedSync
+
+from .conftest import FakeVllmReload
 
 
 class FakeVllmWorkers:
@@ -63,19 +66,41 @@ class FakeReceiver:
 @dataclass
 class FakeModel:
     loaded: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    events: list[str] | None = None
 
     def load_weights(self, weights: Any) -> None:
         self.loaded.append({n: t.clone() for n, t in weights})
+        if self.events is not None:
+            self.events.append(f"load_weights {sorted(self.loaded[-1])}")
 
 
-def _worker() -> TelescopeWeightSyncExtension:
+def _worker(events: list[str] | None = None) -> TelescopeWeightSyncExtension:
     worker = TelescopeWeightSyncExtension()
-    worker.model_runner = type("Runner", (), {"model": FakeModel()})()
+    worker.model_runner = type("Runner", (), {"model": FakeModel(events=events)})()
+    worker.vllm_config, worker.model_config, worker.device = "VC", "MC", "cpu"
     worker._telescope_receiver = FakeReceiver()  # type: ignore[attr-defined]
     return worker
 
 
-def test_vllm_update_without_applying_keeps_the_served_version() -> None:
+def test_weights_load_inside_vllms_config_context_and_layerwise_reload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As vLLM's own reload_weights: quantized / post-processed layers are processed again after the load."""
+    fake = FakeVllmReload()
+    fake.install(monkeypatch)
+    worker = _worker(fake.events)
+    out = worker.telescope_update_weights("1", "true")
+    assert fake.events == [
+        "config VC enter", "initialize_layerwise_reload", "load_weights ['w']", "finalize_layerwise_reload MC",
+        "config VC exit",
+    ]  # fmt: skip
+    assert out["applied"] is True and out["version"] == 1
+    with pytest.raises(ValueError, match="apply='True'; send the string 'true' or 'false'"):
+        worker.telescope_update_weights("2", "True")
+
+
+def test_vllm_update_without_applying_keeps_the_served_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeVllmReload().install(monkeypatch)
     fake = FakeVllmWorkers()
 
     async def go():  # type: ignore[no-untyped-def]
@@ -104,8 +129,8 @@ def test_vllm_update_without_applying_keeps_the_served_version() -> None:
         assert [float(d["w"][0]) for d in loaded] == [1.0, 3.0]
     # only applied updates pause the server (nothing changes for in-flight requests otherwise)
     assert fake.calls == [
-        "/pause", "rpc telescope_update_weights ['1'] {'apply': True}", "/resume",
-        "rpc telescope_update_weights ['2'] {'apply': False}",
+        "/pause", "rpc telescope_update_weights ['1'] {'apply': 'true'}", "/resume",
+        "rpc telescope_update_weights ['2'] {'apply': 'false'}",
         "rpc telescope_weight_version [] {}",
-        "/pause", "rpc telescope_update_weights ['3'] {'apply': True}", "/resume",
+        "/pause", "rpc telescope_update_weights ['3'] {'apply': 'true'}", "/resume",
     ]  # fmt: skip

@@ -6,7 +6,10 @@ import asyncio
 import importlib
 import queue as queue_mod
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import pytest
@@ -259,3 +262,46 @@ def test_the_plan_cache_tells_layouts_apart_by_name_dtype_and_shape() -> None:
     )  # values do not matter
     for (meta, _, _), pending in zip(plans, variants, strict=True):
         assert [(s.name, s.shape) for s in meta.slots] == [(n, tuple(t.shape)) for n, t in pending]
+
+
+class FakeNcclGroup:
+    """Fake of an NCCL weight-sync group (no GPU here) with NCCL's timing semantics: a broadcast's
+    ``work.wait()`` returns at once, the bytes move later on the device, and only a device
+    synchronize returns after they did (here: after ``transfer_s``)."""
+
+    rank, device = 0, torch.device("cpu")
+
+    def __init__(self, transfer_s: float) -> None:
+        from telescope.core.weights.wire import LayoutHistory, MetaCache
+
+        self.meta_cache, self.layouts = MetaCache(), LayoutHistory()
+        self.transfer_s = transfer_s
+        self.pending = 0
+
+    def broadcast(self, tensor: torch.Tensor) -> Any:
+        self.pending += 1
+        return SimpleNamespace(wait=lambda: None)
+
+    def synchronize(self) -> None:
+        if self.pending:
+            time.sleep(self.transfer_s)
+            self.pending = 0
+
+
+def test_the_sync_time_includes_the_device_transfer_not_only_the_launch() -> None:
+    from telescope.core.weights import WeightSyncSettings
+    from telescope.core.weights.sender import WeightSender
+
+    group = FakeNcclGroup(transfer_s=0.3)
+    report = WeightSender(group, WeightSyncSettings()).send(iter([("w", torch.ones(8))]), 1)  # type: ignore[arg-type]
+    assert report.seconds >= 0.3 and group.pending == 0
+
+
+def test_device_synchronize_waits_for_cuda_devices_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from telescope.core.weights.group import device_synchronize
+
+    synced: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    device_synchronize(torch.device("cpu"))
+    device_synchronize(torch.device("cuda", 1))
+    assert synced == [torch.device("cuda", 1)]

@@ -243,3 +243,113 @@ def test_placement_names_round_trip() -> None:
     )
     with pytest.raises(ValueError, match="earlier pipeline stage"):
         local_name("decoder.layers.1.mlp.linear_fc1.weight", layer_offset=2)
+
+
+def _saved_state(model, tmp_path) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """What transformers writes to disk: per-expert names for MoE (the hub's layout), whatever its
+    in-memory modules hold (transformers 5 fuses the experts on load and splits them on save)."""
+    from safetensors.torch import load_file
+
+    model.save_pretrained(tmp_path)
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(tmp_path.glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+@pytest.mark.parametrize("te_spec", [False, True])
+def test_moe_checkpoints_convert_in_both_expert_layouts(tiny_models, tmp_path, te_spec: bool) -> None:
+    """vLLM 0.16/0.17 pin transformers < 5 and load per-expert names; transformers 5 holds fused experts."""
+    from telescope.megatron.mapping.rules import detect_expert_layout
+
+    model = tiny_models("qwen3_moe")
+    spec = model_spec_from_hf_config(model.config)
+    fused, per_expert = _hf_state(model), _saved_state(model, tmp_path)
+    assert detect_expert_layout(fused) == "fused" and detect_expert_layout(per_expert) == "per_expert"
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in per_expert
+    from_fused = hf_to_megatron(fused, spec, te_spec=te_spec)
+    from_files = hf_to_megatron(per_expert, spec, te_spec=te_spec)
+    assert from_fused.keys() == from_files.keys()
+    for name, tensor in from_fused.items():
+        assert torch.equal(tensor, from_files[name]), name
+    back = megatron_to_hf(from_fused, spec, te_spec=te_spec, expert_layout="per_expert")
+    tied = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+    assert back.keys() == per_expert.keys() - tied
+    for name, tensor in back.items():
+        assert torch.equal(tensor, per_expert[name]), name
+    stream = MegatronToHFStream(spec, te_spec=te_spec, expert_layout="per_expert")
+    streamed = dict(stream.convert_all(iter(reversed(list(from_fused.items())))))
+    assert streamed.keys() == back.keys() and all(torch.equal(streamed[n], back[n]) for n in back)
+    with pytest.raises(ValueError, match="expert_layout 'stacked': use one of per_expert, fused"):
+        megatron_to_hf(from_fused, spec, expert_layout="stacked")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("engine", "transformers_version", "layout"),
+    [
+        ("vllm", "4.57.1", "per_expert"),
+        ("vllm", "5.24.0", "per_expert"),  # vLLM loads per-expert names whatever the trainer's transformers
+        ("auto", "5.24.0", "per_expert"),  # auto picks vllm on the GPU machines Megatron runs on
+        ("transformers", "5.24.0", "fused"),
+        ("transformers", "4.57.1", "per_expert"),
+    ],
+)
+def test_weight_syncs_send_experts_in_the_layout_the_engine_loads(
+    engine: str, transformers_version: str, layout: str
+) -> None:
+    from telescope.megatron.mapping.rules import inference_expert_layout
+
+    assert inference_expert_layout(engine, transformers_version) == layout
+
+
+class RecordingSource(dict):  # type: ignore[type-arg]
+    """An HF state dict that records which tensors were read."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.read: list[str] = []
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.read.append(name)
+        return super().__getitem__(name)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
+def test_megatron_tensors_read_from_the_checkpoint_files_equal_the_whole_model_conversion(
+    tiny_models, tmp_path, kind: str
+) -> None:
+    from telescope.megatron.mapping.source import MegatronFromHF, open_hf_checkpoint
+
+    model = tiny_models(kind)
+    spec = model_spec_from_hf_config(model.config)
+    model.save_pretrained(tmp_path)
+    checkpoint = open_hf_checkpoint(str(tmp_path))
+    assert checkpoint is not None and len(checkpoint) > 0
+    lazy = MegatronFromHF(checkpoint, spec, te_spec=True, padded_vocab=128)
+    assert lazy.missing() == []
+    whole = hf_to_megatron(_hf_state(model), spec, te_spec=True, padded_vocab=128)
+    for name in reversed(list(whole)):  # any order
+        assert torch.equal(lazy.get(name), whole[name]), name
+    with pytest.raises(KeyError, match="has no HF source tensor"):
+        lazy.get("decoder.layers.99.mlp.linear_fc2.weight")
+
+
+def test_a_rank_reads_only_the_hf_tensors_of_what_it_holds(tiny_models) -> None:
+    from telescope.megatron.mapping.source import MegatronFromHF
+
+    model = tiny_models("qwen3_moe")
+    spec = model_spec_from_hf_config(model.config)
+    source = RecordingSource(_hf_state(model))
+    lazy = MegatronFromHF(source, spec, te_spec=False, padded_vocab=128)
+    lazy.get("decoder.layers.2.self_attention.linear_qkv.weight")
+    assert sorted(source.read) == [f"model.layers.2.self_attn.{p}_proj.weight" for p in "kqv"]
+    source.read.clear()
+    lazy.get("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight")
+    lazy.get("decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight")  # same fused rule: no reread
+    assert source.read == ["model.layers.0.mlp.experts.gate_up_proj"]
+
+
+def test_a_folder_without_safetensors_is_left_to_from_pretrained(tmp_path) -> None:
+    from telescope.megatron.mapping.source import open_hf_checkpoint
+
+    assert open_hf_checkpoint(str(tmp_path)) is None

@@ -296,3 +296,16 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
 
     model_dir = save_tiny_qwen2(tmp_path / "tiny", tied=False)
     _spawn(1, _checkpoint_round_trip, model_dir, str(tmp_path / "step_1"))
+
+
+def test_attention_backend_is_megatrons_enum_in_a_real_transformer_config() -> None:
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    from telescope.megatron.model import materialize
+
+    kw = materialize(
+        {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "attention_backend": "local"}
+    )
+    assert TransformerConfig(**kw).attention_backend is AttnBackend.local
+    assert {m.name for m in AttnBackend} >= {"flash", "fused", "unfused", "local", "auto"}

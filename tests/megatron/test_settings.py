@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import enum
+
+import pytest
+
 from telescope.core.testing import make_config
 from telescope.megatron.mapping import model_spec_from_hf_config
 from telescope.megatron.options import MegatronBackendKwargs
@@ -97,3 +101,52 @@ def test_optimizer_and_ddp_configs() -> None:
     assert "optimizer_cpu_offload" not in plain and "use_precision_aware_optimizer" not in plain
     ddp = ddp_config_kwargs(cfg)
     assert ddp["grad_reduce_in_fp32"] is False and ddp["use_distributed_optimizer"] is True
+
+
+class MegatronAttnBackend(enum.Enum):
+    """Stand-in for ``megatron.core.transformer.enums.AttnBackend`` (megatron-core 0.19's members;
+    Megatron-Core is not installed on CPU CI; test_megatron_core_cpu.py checks the real enum)."""
+
+    flash = 1
+    fused = 2
+    unfused = 3
+    local = 4
+    auto = 5
+
+
+def test_attention_backend_reaches_megatron_as_its_enum_not_a_string() -> None:
+    from typing import get_args
+
+    from telescope.megatron.model import materialize
+
+    cfg = make_config(train_backend="megatron")
+    spec = model_spec_from_hf_config({**MOE, "model_type": "qwen2", "num_experts": 0})
+    layout = resolve_parallel_layout(cfg, 1)
+    choices = get_args(MegatronBackendKwargs.model_fields["attention_backend"].annotation)
+    for name in choices:
+        kw = transformer_config_kwargs(spec, cfg, layout, MegatronBackendKwargs(attention_backend=name))
+        backend = materialize(kw, attn_backend_enum=MegatronAttnBackend).get("attention_backend")
+        # auto is Megatron's own default: not set
+        assert backend is (None if name == "auto" else MegatronAttnBackend[name]), name
+    with pytest.raises(ValueError, match="'flashy' is not one of Megatron's AttnBackend"):
+        materialize({"attention_backend": "flashy"}, attn_backend_enum=MegatronAttnBackend)
+
+
+def test_half_precision_logits_stay_in_the_compute_dtype_and_give_the_same_logprobs() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
+    from telescope.megatron.step import model_call_kwargs
+
+    assert model_call_kwargs(SimpleNamespace(bf16=True, fp16=False)) == {"fp32_output": False}
+    assert model_call_kwargs(SimpleNamespace(bf16=False, fp16=True)) == {"fp32_output": False}
+    assert model_call_kwargs(SimpleNamespace(bf16=False, fp16=False)) == {}  # no Float16Module: no such kwarg
+    torch.manual_seed(0)
+    logits = torch.randn(37, 300).bfloat16()
+    targets = torch.randint(0, 300, (37,))
+    chunked = token_logprobs(logits, targets, 0.7, chunk_size=8)
+    upcast_first = token_logprobs(logits.float(), targets, 0.7, chunk_size=8)  # what fp32_output=True gave
+    assert chunked.dtype == torch.float32 and torch.equal(chunked, upcast_first)
+    assert torch.equal(token_entropy(logits, 0.7, 8), token_entropy(logits.float(), 0.7, 8))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 
 
@@ -23,13 +23,23 @@ def synthetic_rows(step: int) -> list[RolloutRecord]:
         for i, r in enumerate(rs):
             rows.append(
                 RolloutRecord(
-                    step=step, group_id=gid, env="reverse_text", sample_id=i,
-                    prompt_text=f"reverse: word{gid}", prompt_ids=[1, 2, 3],
-                    completion_text=f"<{gid}:{i}> drow", completion_ids=list(range(5 + i)),
-                    reward=r, advantage=r - mean, sample_metrics={"correct": float(r > 0)},
-                    model_version=step - 1, stop_reason="length" if i == 3 else "stop", server=0, lane=i,
+                    step=step,
+                    group_id=gid,
+                    env="reverse_text",
+                    sample_id=i,
+                    prompt_text=f"reverse: word{gid}",
+                    prompt_ids=[1, 2, 3],
+                    completion_text=f"<{gid}:{i}> drow",
+                    completion_ids=list(range(5 + i)),
+                    reward=r,
+                    advantage=r - mean,
+                    sample_metrics={"correct": float(r > 0)},
+                    model_version=step - 1,
+                    stop_reason="length" if i == 3 else "stop",
+                    server=0,
+                    lane=i,
                 )
-            )  # fmt: skip
+            )
     for i in range(2):
         rows.append(
             RolloutRecord(
@@ -43,9 +53,19 @@ def synthetic_rows(step: int) -> list[RolloutRecord]:
                 discard_reason="max_async",
             )
         )
-        rows.append(RolloutRecord(step=step, group_id=3, env="reverse_text", sample_id=i, prompt_ids=[1],
-                                  completion_ids=[7], reward=0.0, discard_reason="zero_advantage",
-                                  zero_advantage_kind="all_zero"))  # fmt: skip
+        rows.append(
+            RolloutRecord(
+                step=step,
+                group_id=3,
+                env="reverse_text",
+                sample_id=i,
+                prompt_ids=[1],
+                completion_ids=[7],
+                reward=0.0,
+                discard_reason="zero_advantage",
+                zero_advantage_kind="all_zero",
+            )
+        )
     rows.append(
         RolloutRecord(step=step, group_id=4, env="reverse_text", sample_id=0, discard_reason="off_policy")
     )

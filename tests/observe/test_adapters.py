@@ -7,21 +7,37 @@ import pytest
 from telescope.core.observe import rollout_metrics
 from telescope.core.observe.adapters import records_from_group
 
-groups = pytest.importorskip("telescope.core.runtime.groups")
+groups = pytest.importorskip("telescope.core.rollouts.groups")
 
 
 def _sample(reward: float, n: int, finish: str = "stop"):
     return groups.RolloutSample(
-        prompt_ids=[1, 2], completion_ids=list(range(n)), inference_logprobs=[0.0] * n, loss_mask=None,
-        finish_reason=finish, reward=reward, raw_reward=reward * 2, sample_metrics={"correct": reward},
-        prompt_text="p", completion_text="c" * n, server=1, lane=3, model_version_start=4,
-        timings={"generation": 0.5}, advantage=reward - 0.5,
-    )  # fmt: skip
+        prompt_ids=[1, 2],
+        completion_ids=list(range(n)),
+        inference_logprobs=[0.0] * n,
+        loss_mask=None,
+        finish_reason=finish,
+        reward=reward,
+        raw_reward=reward * 2,
+        sample_metrics={"correct": reward},
+        prompt_text="p",
+        completion_text="c" * n,
+        server=1,
+        lane=3,
+        model_version_start=4,
+        timings={"generation": 0.5},
+        advantage=reward - 0.5,
+    )
 
 
 def test_records_from_group_maps_every_field() -> None:
-    group = groups.RolloutGroup(group_id=7, env_name="countdown", sample_idx=42,
-                                samples=[_sample(1.0, 3), _sample(0.0, 5, "length")], model_version=4)  # fmt: skip
+    group = groups.RolloutGroup(
+        group_id=7,
+        env_name="countdown",
+        sample_idx=42,
+        samples=[_sample(1.0, 3), _sample(0.0, 5, "length")],
+        model_version=4,
+    )
     rows = records_from_group(group, step=6, off_policy_steps=1)
     assert [r.sample_id for r in rows] == [0, 1]
     r = rows[1]

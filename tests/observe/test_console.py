@@ -18,8 +18,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from telescope.core.observe.console import ConsoleLogger, LiveStatus, format_duration, format_progress
-from telescope.core.observe.progress import StepProgress, fit_fields, progress_fields
+from telescope.core.observe.loggers.console import ConsoleLogger, LiveStatus, format_duration, format_progress
+from telescope.core.observe.loggers.progress import StepProgress, fit_fields, progress_fields
 from telescope.core.observe.stdio import PlainLines, PlainStdio, StdioCapture
 from telescope.core.testing import make_config
 
@@ -203,7 +203,7 @@ def run_in_pty(script: str, columns: int, tmp_path: Path) -> str:
 LIVE_RUN = """
     import sys, time
     from pathlib import Path
-    from telescope.core.observe.console import ConsoleLogger
+    from telescope.core.observe.loggers.console import ConsoleLogger
     from telescope.core.testing import make_config
 
     logger = ConsoleLogger()

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from telescope.cli.commands.runs import app
 from telescope.core.observe import Logger, LoggerHub, RunDirReader
-from telescope.core.observe.console import ConsoleLogger, format_eval
-from telescope.core.observe.jsonl import read_jsonl
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.console import ConsoleLogger, format_eval
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.rundir.jsonl import read_jsonl
 from telescope.core.testing import make_config
 
 ROWS = [

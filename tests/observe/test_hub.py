@@ -16,8 +16,8 @@ from telescope.core.observe import (
     build_logger_hub,
     enabled_logger_names,
 )
-from telescope.core.observe.console import ConsoleLogger
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.console import ConsoleLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.registry import Register
 from telescope.core.testing import make_config, registry_with
 
@@ -103,8 +103,12 @@ def test_build_from_registry_honours_config(tmp_path: Path) -> None:
     assert [lg.name for lg in hub.loggers] == ["local", "console", "extra"]
     assert isinstance(hub.loggers[0], LocalLogger) and isinstance(hub.loggers[1], ConsoleLogger)
     assert enabled_logger_names(make_config(use_wandb=True), registry) == [
-        "local", "console", "extra", "needs_missing", "wandb"
-    ]  # fmt: skip
+        "local",
+        "console",
+        "extra",
+        "needs_missing",
+        "wandb",
+    ]
     hub = build_logger_hub(make_config(use_wandb=True), registry, exclude=("console", "wandb"))
     names = [lg.name for lg in hub.loggers]
     assert "needs_missing" not in names and hub.skipped["needs_missing"].startswith("missing dep")

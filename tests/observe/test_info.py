@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from telescope.core.observe import LoggerHub, RunDirReader, environment_info
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 
 
@@ -45,11 +45,27 @@ def test_environment_info_from_config_entries_and_environments(tmp_path: Path) -
     )
     info = environment_info({"math": MathLike(), "game": GameLike()}, cfg)
     assert info == [
-        {"name": "math", "weight": 2.0, "reward_min": 0.0, "reward_max": 1.0,
-         "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}}, "tags_options": {}, "dataset_size": 3, "multi_turn": False},
-        {"name": "game", "weight": 0.5, "reward_min": -1.0, "reward_max": 3.0,
-         "metrics_ranges": {"turns": {"min": 1, "max": 6}}, "tags_options": {}, "dataset_size": 10, "multi_turn": True},
-    ]  # fmt: skip
+        {
+            "name": "math",
+            "weight": 2.0,
+            "reward_min": 0.0,
+            "reward_max": 1.0,
+            "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}},
+            "tags_options": {},
+            "dataset_size": 3,
+            "multi_turn": False,
+        },
+        {
+            "name": "game",
+            "weight": 0.5,
+            "reward_min": -1.0,
+            "reward_max": 3.0,
+            "metrics_ranges": {"turns": {"min": 1, "max": 6}},
+            "tags_options": {},
+            "dataset_size": 10,
+            "multi_turn": True,
+        },
+    ]
     hub = LoggerHub([LocalLogger()])
     hub.start(cfg, tmp_path, system_metrics=False, ticker=False)
     hub.log_info({"environments": info})

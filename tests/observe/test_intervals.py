@@ -8,8 +8,8 @@ from typing import Any
 
 from telescope.core.observe import LoggerHub, RolloutRecord, RunDirReader
 from telescope.core.observe.hub import tick_seconds
-from telescope.core.observe.jsonl import read_jsonl
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.rundir.jsonl import read_jsonl
 from telescope.core.testing import make_config
 
 

@@ -14,15 +14,41 @@ import pytest
 import yaml
 
 from telescope.core.observe import SCHEMA_VERSION, LoggerHub, RunDirError, RunDirReader
-from telescope.core.observe.jsonl import JsonlReadStats, JsonlWriter, read_jsonl
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.rundir.jsonl import JsonlReadStats, JsonlWriter, read_jsonl
 
 ROLLOUT_FIELDS = {
-    "step", "group_id", "env", "sample_id", "prompt_text", "prompt_ids", "completion_text", "completion_ids",
-    "reward", "raw_reward", "sample_metrics", "advantage", "model_version", "off_policy_steps", "stop_reason",
-    "discard_reason", "zero_advantage_kind", "server", "lane", "timings", "prompt_idx", "num_turns", "time",
-    "kept", "prompt_tokens", "completion_tokens", "env_stop_reason", "golden_answers", "info_turns", "sample_tags",
-}  # fmt: skip
+    "step",
+    "group_id",
+    "env",
+    "sample_id",
+    "prompt_text",
+    "prompt_ids",
+    "completion_text",
+    "completion_ids",
+    "reward",
+    "raw_reward",
+    "sample_metrics",
+    "advantage",
+    "model_version",
+    "off_policy_steps",
+    "stop_reason",
+    "discard_reason",
+    "zero_advantage_kind",
+    "server",
+    "lane",
+    "timings",
+    "prompt_idx",
+    "num_turns",
+    "time",
+    "kept",
+    "prompt_tokens",
+    "completion_tokens",
+    "env_stop_reason",
+    "golden_answers",
+    "info_turns",
+    "sample_tags",
+}
 EVENT_FIELDS = {
     "type",
     "phase",
@@ -102,17 +128,28 @@ def test_step_lines_and_start_up_summary_reach_telescope_log(tmp_path: Path, cap
     hub = LoggerHub([LocalLogger()])
     hub.start(cfg, tmp_path, system_metrics=False)
     summary = startup_summary(cfg, "transformers", "set in the config")  # as the runtime reports it
-    hub.log_info({"setup": {"inference_engine": "transformers", "why": "set in the config", "plugins": [],
-                            "summary": summary.line, "notes": [*summary.notes, "a note only the runtime knows"]}})  # fmt: skip
+    hub.log_info(
+        {
+            "setup": {
+                "inference_engine": "transformers",
+                "why": "set in the config",
+                "plugins": [],
+                "summary": summary.line,
+                "notes": [*summary.notes, "a note only the runtime knows"],
+            }
+        }
+    )
     for step in (1, 2, 3):
         hub.log_step(step, {"reward/mean": step / 10, "discarded/count": 1})
     hub.finish("finished")
     lines = (tmp_path / "logs" / "telescope.log").read_text().splitlines()
     said = [ln.split(" telescope.progress ", 1)[1] for ln in lines if " INFO telescope.progress " in ln]
     start = [s for s in said if s.startswith(("start: ", "note: "))]
-    assert start[0] == (f"start: model {cfg.model}, algorithm {cfg.algorithm}, backend {cfg.train_backend}, engine "
-                        f"transformers (set in the config), 1 inference + 2 trainer workers, 3 steps, run dir "
-                        f"{cfg.resolved_run_dir}")  # fmt: skip
+    assert start[0] == (
+        f"start: model {cfg.model}, algorithm {cfg.algorithm}, backend {cfg.train_backend}, engine "
+        f"transformers (set in the config), 1 inference + 2 trainer workers, 3 steps, run dir "
+        f"{cfg.resolved_run_dir}"
+    )
     # the runtime's summary as it was sent, not one the logger worked out again
     assert start[1:] == [f"note: {n}" for n in summary.notes] + ["note: a note only the runtime knows"]
     assert summary.notes[0].startswith("dtypes: master weights")
@@ -160,7 +197,7 @@ def test_resume_keeps_run_id_and_appends(tmp_path: Path, cfg) -> None:
 _WRITER_SCRIPT = r"""
 import sys, time
 from telescope.core.observe import LoggerHub, RolloutRecord
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 cfg = make_config(system_metrics_collection_interval_seconds=0.01, use_wandb=False)
 hub = LoggerHub([LocalLogger()])

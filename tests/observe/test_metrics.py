@@ -17,21 +17,41 @@ def _group(
             metrics["bonus"] = extra[i]
         rows.append(
             RolloutRecord(
-                step=1, group_id=gid, env="a", sample_id=i, prompt_ids=[0] * prompt_len,
-                completion_ids=[1] * n, reward=r, advantage=(advs or [0.0] * len(rewards))[i],
-                stop_reason=(stops or ["stop"] * len(rewards))[i], sample_metrics=metrics,
-                discard_reason=reason, zero_advantage_kind=kind,
+                step=1,
+                group_id=gid,
+                env="a",
+                sample_id=i,
+                prompt_ids=[0] * prompt_len,
+                completion_ids=[1] * n,
+                reward=r,
+                advantage=(advs or [0.0] * len(rewards))[i],
+                stop_reason=(stops or ["stop"] * len(rewards))[i],
+                sample_metrics=metrics,
+                discard_reason=reason,
+                zero_advantage_kind=kind,
             )
-        )  # fmt: skip
+        )
     return rows
 
 
 @pytest.fixture
 def step_rows() -> list[RolloutRecord]:
-    rows = _group(0, [1, 0, 0, 1], [10, 20, 30, 40], stops=["stop", "length", "stop", "stop"],
-                  advs=[1, -1, -1, 1], extra=[1.0, 2.0, 3.0, 4.0])  # fmt: skip
-    rows += _group(1, [2, 0, 0, 0], [4, 4, 4, 8], prompt_len=3, stops=["length", "length", "stop", "stop"],
-                   advs=[1.5, -0.5, -0.5, -0.5])  # fmt: skip
+    rows = _group(
+        0,
+        [1, 0, 0, 1],
+        [10, 20, 30, 40],
+        stops=["stop", "length", "stop", "stop"],
+        advs=[1, -1, -1, 1],
+        extra=[1.0, 2.0, 3.0, 4.0],
+    )
+    rows += _group(
+        1,
+        [2, 0, 0, 0],
+        [4, 4, 4, 8],
+        prompt_len=3,
+        stops=["length", "length", "stop", "stop"],
+        advs=[1.5, -0.5, -0.5, -0.5],
+    )
     rows += _group(2, [1, 0, 1, 0], [7] * 4, prompt_len=2, reason="max_async")
     rows += _group(3, [0] * 4, [1] * 4, prompt_len=2, reason="zero_advantage")  # kind computed here
     rows += _group(4, [1] * 4, [1] * 4, prompt_len=2, reason="zero_advantage", kind="all_positive")
@@ -110,12 +130,20 @@ def test_multi_env_reward_and_empty_step() -> None:
 
 def test_every_discard_reason_is_counted_and_none_raises() -> None:
     def row(gid: int, reason: str | None, env: str = "a", **metrics: float) -> RolloutRecord:
-        return RolloutRecord(step=1, group_id=gid, env=env, sample_id=0, discard_reason=reason,
-                             sample_metrics=dict(metrics))  # fmt: skip
+        return RolloutRecord(
+            step=1, group_id=gid, env=env, sample_id=0, discard_reason=reason, sample_metrics=dict(metrics)
+        )
 
-    rows = [row(0, None), row(1, "rollout_error"), row(2, "rollout_error"), row(3, "prompt_too_long"),
-            row(4, "reward_error", env="b", reward_error=1.0), row(5, "reward_error", env="b", reward_timeout=1.0),
-            row(6, "from_a_plugin"), row(7, "off_policy")]  # fmt: skip
+    rows = [
+        row(0, None),
+        row(1, "rollout_error"),
+        row(2, "rollout_error"),
+        row(3, "prompt_too_long"),
+        row(4, "reward_error", env="b", reward_error=1.0),
+        row(5, "reward_error", env="b", reward_timeout=1.0),
+        row(6, "from_a_plugin"),
+        row(7, "off_policy"),
+    ]
     m = rollout_metrics(rows)
     # 7 finished rollouts (1 kept + 6 discarded); the cancelled one is not a discard
     assert m["discarded/count"] == 6.0 and m["cancelled/count"] == 1.0

@@ -12,14 +12,14 @@ import pytest
 
 from telescope.core.config import ConfigError, load_config
 from telescope.core.observe import SCHEMA_VERSION, TimelineEvent
-from telescope.core.observe.tables import ROLLOUT_TABLE_COLUMNS
+from telescope.core.observe.loggers.tables import ROLLOUT_TABLE_COLUMNS
 from telescope.core.testing import make_config, registry_with
 
 pytest.importorskip("mlflow", reason="mlflow is not installed: pip install mlflow-skinny")
 
 from mlflow.tracking import MlflowClient
 
-from telescope.core.observe.mlflow_logger import (
+from telescope.core.observe.loggers.mlflow_logger import (
     MlflowLogger,
     config_params,
     metric_key,
@@ -46,17 +46,25 @@ def _artifact(client: MlflowClient, run_id: str, path: str) -> str:
 
 
 def _run(run_dir: Path, status: str, make_rows, clock) -> MlflowLogger:
-    cfg = make_config(use_mlflow=True, use_wandb=False, wandb_run_name="ml", learning_rate=5e-7,
-                      train_backend_kwargs={"opt": {"eps": 1e-8}}, metrics_logger_interval_seconds=2.0)  # fmt: skip
+    cfg = make_config(
+        use_mlflow=True,
+        use_wandb=False,
+        wandb_run_name="ml",
+        learning_rate=5e-7,
+        train_backend_kwargs={"opt": {"eps": 1e-8}},
+        metrics_logger_interval_seconds=2.0,
+    )
     component = registry_with()[1].get("logger", "mlflow")  # the built-in registration
     assert component.meta["enabled_by"] == "use_mlflow" and component.available
     lg = component.create(clock=clock)
     assert isinstance(lg, MlflowLogger)
     lg.start(cfg, run_dir)
-    lg.log_events([
-        TimelineEvent(type="trainer", phase="start", name="train_step", step=1, time=10.0),
-        TimelineEvent(type="trainer", phase="end", name="train_step", step=1, time=12.5),
-    ])  # fmt: skip
+    lg.log_events(
+        [
+            TimelineEvent(type="trainer", phase="start", name="train_step", step=1, time=10.0),
+            TimelineEvent(type="trainer", phase="end", name="train_step", step=1, time=12.5),
+        ]
+    )
     lg.log_step(1, {"loss": 0.5, "reward/mean": 0.25, "bad": float("inf")})
     lg.log_rollouts(1, make_rows(1))
     lg.log_step(2, {"loss": 0.25})
@@ -187,8 +195,13 @@ def test_a_failed_send_is_raised_to_the_tick_thread_and_the_run_still_ends(tmp_p
 
 def test_resume_continues_the_same_run(tmp_path: Path, make_rows, clock) -> None:
     first = _run(tmp_path, "interrupted", make_rows, clock)
-    cfg = make_config(use_mlflow=True, use_wandb=False, wandb_run_name="ml", learning_rate=1e-6,
-                      train_backend_kwargs={"opt": {"eps": 1e-8}})  # fmt: skip
+    cfg = make_config(
+        use_mlflow=True,
+        use_wandb=False,
+        wandb_run_name="ml",
+        learning_rate=1e-6,
+        train_backend_kwargs={"opt": {"eps": 1e-8}},
+    )
     second = MlflowLogger(clock=clock)
     second.start(cfg, tmp_path, first.run_ids())
     assert second.run_id == first.run_id

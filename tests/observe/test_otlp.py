@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import struct
 import threading
 import time
@@ -11,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from telescope.core.observe.otlp import OtlpReceiver
-from telescope.core.observe.otlp_wire import OtlpDecodeError, spans_from_protobuf
+from telescope.core.observe.samplers.otlp import OtlpReceiver
+from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_protobuf
 
 
 # --- a minimal protobuf encoder, written independently of the decoder under test ---------
@@ -102,10 +103,29 @@ def test_receiver_over_http_protobuf_gzip_json_and_lookup() -> None:
             "e2e_latency": 1.5,
             "max_tokens": 512.0,
         }
-        doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "llm_request", "attributes": [
-            {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-7"}},
-            {"key": "gen_ai.latency.time_in_model_decode", "value": {"doubleValue": 0.5}},
-            {"key": "gen_ai.request.max_tokens", "value": {"intValue": "64"}}]}]}]}]}  # fmt: skip
+        doc = {
+            "resourceSpans": [
+                {
+                    "scopeSpans": [
+                        {
+                            "spans": [
+                                {
+                                    "name": "llm_request",
+                                    "attributes": [
+                                        {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-7"}},
+                                        {
+                                            "key": "gen_ai.latency.time_in_model_decode",
+                                            "value": {"doubleValue": 0.5},
+                                        },
+                                        {"key": "gen_ai.request.max_tokens", "value": {"intValue": "64"}},
+                                    ],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            ]
+        }
         assert _post(rx.port, json.dumps(doc).encode(), "application/json") == 200
         assert rx.timings("cmpl-7") == {"decode_time": 0.5, "max_tokens": 64.0}
         assert _post(rx.port, b"\xff\xff", "application/x-protobuf") == 400 and rx.bad_requests == 1
@@ -128,29 +148,54 @@ def test_capacity_and_ttl() -> None:
 
 
 def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
-    from telescope.core.runtime.groups import RolloutGroup, RolloutSample
+    from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
     from telescope.core.runtime.reporting import StepRollouts
 
     def span(request_id: str, queue: float, ttft: float, decode: float) -> dict:
-        return {"name": "llm_request", "attributes": {
-            "gen_ai.request.id": request_id, "gen_ai.latency.time_in_queue": queue,
-            "gen_ai.latency.time_to_first_token": ttft, "gen_ai.latency.time_in_model_decode": decode,
-            "gen_ai.request.max_tokens": 64}}  # fmt: skip
+        return {
+            "name": "llm_request",
+            "attributes": {
+                "gen_ai.request.id": request_id,
+                "gen_ai.latency.time_in_queue": queue,
+                "gen_ai.latency.time_to_first_token": ttft,
+                "gen_ai.latency.time_in_model_decode": decode,
+                "gen_ai.request.max_tokens": 64,
+            },
+        }
 
     def sample(ids: list[str]) -> RolloutSample:
-        return RolloutSample(prompt_ids=[1], completion_ids=[2], inference_logprobs=[0.0], loss_mask=None,
-                             finish_reason="stop", reward=1.0, raw_reward=1.0, timings={"generation_s": 1.0},
-                             response_ids=ids)  # fmt: skip
+        return RolloutSample(
+            prompt_ids=[1],
+            completion_ids=[2],
+            inference_logprobs=[0.0],
+            loss_mask=None,
+            finish_reason="stop",
+            reward=1.0,
+            raw_reward=1.0,
+            timings={"generation_s": 1.0},
+            response_ids=ids,
+        )
 
     collected = StepRollouts()
     rx = OtlpReceiver(port=0)
     collected.traces = rx
     try:
         # vLLM names a completion's span "<response id>-<prompt index>"
-        rx.ingest(_export([span("cmpl-a-0", 0.5, 0.25, 2.0), span("cmpl-b-0", 0.125, 0.5, 1.0),
-                           span("cmpl-c-0", 0.25, 0.75, 3.0)]))  # fmt: skip
-        group = RolloutGroup(group_id=0, env_name="e", sample_idx=0,
-                             samples=[sample(["cmpl-a"]), sample(["cmpl-b", "cmpl-c"]), sample(["cmpl-none"])])  # fmt: skip
+        rx.ingest(
+            _export(
+                [
+                    span("cmpl-a-0", 0.5, 0.25, 2.0),
+                    span("cmpl-b-0", 0.125, 0.5, 1.0),
+                    span("cmpl-c-0", 0.25, 0.75, 3.0),
+                ]
+            )
+        )
+        group = RolloutGroup(
+            group_id=0,
+            env_name="e",
+            sample_idx=0,
+            samples=[sample(["cmpl-a"]), sample(["cmpl-b", "cmpl-c"]), sample(["cmpl-none"])],
+        )
         collected.add(group, step=1)
         rollouts = collected.close(1, {})
     finally:
@@ -165,3 +210,24 @@ def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
         "vllm_decode_time": 4.0,
     }
     assert unseen == {"generation_s": 1.0}
+
+
+def test_oversized_and_bomb_exports_are_refused_before_any_work() -> None:
+    """A 64 KB gzip body that inflates to 64 MB used to cost the driver seconds of CPU and GBs of memory."""
+    from telescope.core.observe.samplers import otlp
+
+    bomb = gzip.compress(b"\0" * (64 * 1024 * 1024))
+    assert len(bomb) < 128 * 1024
+    rx = OtlpReceiver(port=0)
+    rx.start()
+    try:
+        assert _post(rx.port, bomb, "application/x-protobuf", "gzip") == 400
+        with socket.create_connection(("127.0.0.1", rx.port), timeout=5) as conn:  # announce, never send
+            conn.sendall(
+                f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: {otlp.MAX_BODY_BYTES + 1}\r\n\r\n".encode()
+            )
+            assert conn.recv(64).startswith(b"HTTP/1.0 413")
+        assert rx.bad_requests == 2
+        assert _post(rx.port, gzip.compress(_export([VLLM_SPAN])), "application/x-protobuf", "gzip") == 200
+    finally:
+        rx.stop()

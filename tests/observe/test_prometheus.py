@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 from telescope.core.observe import LoggerHub, RunDirReader
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.prometheus import PrometheusScraper, parse_prometheus, reduce_vllm_metrics
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.samplers.prometheus import (
+    PrometheusScraper,
+    parse_prometheus,
+    reduce_vllm_metrics,
+)
 from telescope.core.testing import make_config
 
 EXPOSITION = """# HELP vllm:num_requests_running Number of requests running.

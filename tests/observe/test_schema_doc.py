@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from telescope.core.observe import RolloutRecord, RunDirReader, perf_metrics, rollout_metrics
-from telescope.core.observe.records import EVENT_TYPES, TimelineEvent
+from telescope.core.observe.rundir.records import EVENT_TYPES, TimelineEvent
 
 DOC = Path(__file__).parents[2] / "docs" / "run-directory.md"
 

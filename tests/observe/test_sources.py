@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import LoggerHub, RunDirReader
-from telescope.core.observe import system as system_module
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.system import GpuSampler
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.samplers import system as system_module
+from telescope.core.observe.samplers.system import GpuSampler
 from telescope.core.testing import make_config
 
 GB = 1024**3
@@ -85,8 +85,12 @@ def test_track_gpu_events_switches_gpu_metrics_in_system_jsonl(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, track: bool
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
-    cfg = make_config(use_wandb=False, track_gpu_events=track, system_metrics_collection_interval_seconds=0.02,
-                      metrics_logger_interval_seconds=0.05)  # fmt: skip
+    cfg = make_config(
+        use_wandb=False,
+        track_gpu_events=track,
+        system_metrics_collection_interval_seconds=0.02,
+        metrics_logger_interval_seconds=0.05,
+    )
     hub = LoggerHub([LocalLogger()])
     hub.start(cfg, tmp_path)
     deadline = time.monotonic() + 10
@@ -143,17 +147,22 @@ def _free_port() -> int:
 
 def _post_json(port: int, doc: dict[str, Any]) -> int:
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/traces", data=json.dumps(doc).encode(),
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=json.dumps(doc).encode(),
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         return int(resp.status)
 
 
 def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(tmp_path: Path) -> None:
     off = LoggerHub([LocalLogger()])
-    off.start(make_config(use_wandb=False, enable_vllm_tracing=False), tmp_path / "off", system_metrics=False,
-              ticker=False)  # fmt: skip
+    off.start(
+        make_config(use_wandb=False, enable_vllm_tracing=False),
+        tmp_path / "off",
+        system_metrics=False,
+        ticker=False,
+    )
     assert off.add_otlp_receiver() is None
     off.finish("finished")
 
@@ -163,9 +172,28 @@ def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(tmp_pa
     hub.start(cfg, tmp_path / "on", system_metrics=False, ticker=False)
     receiver = hub.add_otlp_receiver()
     assert receiver.port == port
-    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "llm_request", "attributes": [
-        {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-9-0"}},
-        {"key": "gen_ai.latency.time_to_first_token", "value": {"doubleValue": 0.125}}]}]}]}]}  # fmt: skip
+    doc = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "name": "llm_request",
+                                "attributes": [
+                                    {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-9-0"}},
+                                    {
+                                        "key": "gen_ai.latency.time_to_first_token",
+                                        "value": {"doubleValue": 0.125},
+                                    },
+                                ],
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
     assert _post_json(port, doc) == 200
     assert receiver.timings("cmpl-9") == {"ttft": 0.125}
     hub.finish("finished")

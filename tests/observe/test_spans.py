@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from telescope.core.observe import TimelineEvent
-from telescope.core.observe.spans import SpanTimes
+from telescope.core.observe.loggers.spans import SpanTimes
 
 
 def _ev(phase: str, t: float, step: int, sample: int, **attrs: float) -> TimelineEvent:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from telescope.core.observe import LoggerHub, stdio
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.observe.stdio import StdioCapture, StreamTee, plain_line, strip_ansi, tail_lines
 from telescope.core.testing import make_config
 

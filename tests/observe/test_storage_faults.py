@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import LoggerHub
-from telescope.core.observe.jsonl import JsonlWriter
-from telescope.core.observe.local import LocalLogger
 from telescope.core.observe.logfilter import RepeatFilter
-from telescope.core.observe.storage import StorageError, describe_os_error
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.rundir.jsonl import JsonlWriter
+from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 from telescope.core.testing import make_config
 
 

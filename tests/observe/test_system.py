@@ -6,7 +6,12 @@ import threading
 
 import pytest
 
-from telescope.core.observe.system import CpuSampler, SystemMetricsSampler, read_proc_meminfo, read_proc_stat
+from telescope.core.observe.samplers.system import (
+    CpuSampler,
+    SystemMetricsSampler,
+    read_proc_meminfo,
+    read_proc_stat,
+)
 
 STAT = """cpu  100 0 100 700 100 0 0 0 0 0
 cpu0 50 0 50 350 50 0 0 0 0 0

@@ -10,7 +10,7 @@ import pytest
 
 from telescope.core.config import ConfigError, load_config
 from telescope.core.observe import TimelineEvent
-from telescope.core.observe.tables import markdown_table
+from telescope.core.observe.loggers.tables import markdown_table
 from telescope.core.testing import make_config, registry_with
 
 pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install tensorboard")
@@ -19,7 +19,7 @@ pytest.importorskip("torch.utils.tensorboard", reason="torch is not installed")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from telescope.core.observe.tensorboard_logger import TensorBoardLogger
+from telescope.core.observe.loggers.tensorboard_logger import TensorBoardLogger
 
 
 def _read(log_dir: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[tuple[int, str]]]]:
@@ -112,8 +112,12 @@ def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path: Path) -> None:
 
 def test_markdown_cells_stay_on_one_line() -> None:
     table = markdown_table(["a", "b"], [["x|y", "line1\nline2"], ["z" * 12, None]], max_chars=11)
-    assert table.splitlines() == ["| a | b |", "|---|---|", "| x\\|y | line1<br>line2 |",
-                                  "| zzzzzzzzzzz… (+1 chars) | None |"]  # fmt: skip
+    assert table.splitlines() == [
+        "| a | b |",
+        "|---|---|",
+        "| x\\|y | line1<br>line2 |",
+        "| zzzzzzzzzzz… (+1 chars) | None |",
+    ]
 
 
 def test_missing_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from telescope.core.observe import Logger, LoggerHub, RunDirReader
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.torch_memory import (
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.samplers.torch_memory import (
     RayDrainFetcher,
     TorchMemoryDrainer,
     TorchMemorySampler,

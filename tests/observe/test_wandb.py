@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from telescope.core.observe import SCHEMA_VERSION, LoggerHub, rollout_metrics
-from telescope.core.observe.code_files import is_excluded, select_code_files
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
+from telescope.core.observe.loggers.code_files import is_excluded, select_code_files
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.loggers.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
 from telescope.core.testing import make_config
 
 
@@ -30,8 +30,33 @@ def _code_tree(root: Path) -> None:
 def test_select_code_files(tmp_path: Path) -> None:
     _code_tree(tmp_path)
     assert select_code_files(tmp_path, 0.25, [".venv", "*.log"]) == ["pkg/train.py", "run.yaml"]
-    assert "big.bin" in select_code_files(tmp_path, 1.0, [".venv"])
+    assert "big.bin" not in select_code_files(tmp_path, 1.0, [".venv"])  # not a source file
     assert is_excluded("a/b/__pycache__/x.pyc", ["__pycache__"]) and not is_excluded("src/x.py", ["*.pyc"])
+
+
+def test_code_upload_never_takes_secrets(tmp_path: Path) -> None:
+    """What a run's working directory often holds besides code: none of it may leave the machine."""
+    secrets = [
+        ".env",
+        ".env.local",
+        "prod.env",
+        "id_rsa",
+        "id_ed25519.pub",
+        ".aws/credentials",
+        ".ssh/config",
+        "certs/server.key",
+        "certs/server.pem",
+        "gcp-credentials.yaml",
+        "my_secret.yaml",
+        ".netrc",
+        ".git/config",
+        ".config/gh/hosts.yml",
+    ]
+    sources = ["train.py", "configs/run.yaml", "Makefile", "README.md", "envs/tokenizer.py"]
+    for rel in secrets + sources + ["data/weights.bin", "model.safetensors"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("API_KEY=sk-123\n")
+    assert select_code_files(tmp_path, 1.0, []) == sorted(sources)
 
 
 def test_log_upload_switches(tmp_path: Path) -> None:
@@ -51,13 +76,18 @@ def test_log_upload_switches(tmp_path: Path) -> None:
 
 def _inspect(run_path: Path) -> list[dict]:
     exe = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(exe), "leet", "inspect", "--json", str(run_path)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(exe), "leet", "inspect", "--json", str(run_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypatch, make_rows) -> None:
-    wandb_logger = pytest.importorskip("telescope.core.observe.wandb_logger")
+    wandb_logger = pytest.importorskip("telescope.core.observe.loggers.wandb_logger")
     pytest.importorskip("wandb")
     for var, sub in (
         ("WANDB_DATA_DIR", "data"),
@@ -69,8 +99,14 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
     monkeypatch.setenv("WANDB_SILENT", "true")
     code_root, run_dir = tmp_path / "code", tmp_path / "run"
     _code_tree(code_root)
-    cfg = make_config(use_wandb=True, wandb_project="proj", wandb_run_name="offline-test", wandb_tags=["t1"],
-                      wandb_code_max_file_size_mb=0.25, wandb_code_exclude_patterns=[".venv", "*.log"])  # fmt: skip
+    cfg = make_config(
+        use_wandb=True,
+        wandb_project="proj",
+        wandb_run_name="offline-test",
+        wandb_tags=["t1"],
+        wandb_code_max_file_size_mb=0.25,
+        wandb_code_exclude_patterns=[".venv", "*.log"],
+    )
     hub = LoggerHub([LocalLogger(), wandb_logger.WandbLogger(code_root=str(code_root))])
     hub.start(cfg, run_dir, system_metrics=False)
     for step in (1, 2):
@@ -105,9 +141,10 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
     assert table["columns"] == ROLLOUT_TABLE_COLUMNS and len(table["data"]) == len(make_rows(1))
     code_paths = {
         c["path"]
-        for r in records if r["type"] == "artifact" and r["artifact"]["type"] == "code"
+        for r in records
+        if r["type"] == "artifact" and r["artifact"]["type"] == "code"
         for c in r["artifact"]["manifest"]["contents"]
-    }  # fmt: skip
+    }
     assert code_paths == {"pkg/train.py", "run.yaml"}
     assert (runs[0] / "files" / "logs" / "telescope.log").exists()
     evals = [h for h in history if "eval/math/pass@1" in h]

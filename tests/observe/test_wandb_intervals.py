@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.observe import LoggerHub
-from telescope.core.observe.local import LocalLogger
-from telescope.core.observe.wandb_logger import WandbLogger
+from telescope.core.observe.loggers.local import LocalLogger
+from telescope.core.observe.loggers.wandb_logger import WandbLogger
 from telescope.core.testing import make_config
 
 
@@ -37,8 +37,10 @@ def test_history_is_sent_in_order_every_metrics_logger_interval(
     clock.advance(1.0)
     hub.tick()  # 2 s: the three queued entries, in call order
     assert [(sorted(data), step) for data, step in run.logged] == [
-        (["reward/mean"], 1), (["rollouts"], 1), (["reward/mean"], 2)
-    ]  # fmt: skip
+        (["reward/mean"], 1),
+        (["rollouts"], 1),
+        (["reward/mean"], 2),
+    ]
     assert len(run.logged[1][0]["rollouts"].data) == len(make_rows(1))
     hub.log_step(3, {"reward/mean": 1.0})
     clock.advance(0.5)
@@ -60,8 +62,12 @@ def _saved_blocks(run: Any) -> list[tuple[str, str, str]]:
 def test_event_tail_and_closed_blocks_upload_every_event_interval(
     tmp_path, clock, fake_wandb, make_rows
 ) -> None:
-    cfg = _cfg(event_upload_interval_seconds=5, event_block_duration_seconds=10, event_tail_window_seconds=3,
-               rollout_block_size=2)  # fmt: skip
+    cfg = _cfg(
+        event_upload_interval_seconds=5,
+        event_block_duration_seconds=10,
+        event_tail_window_seconds=3,
+        rollout_block_size=2,
+    )
     hub, _ = _hub(tmp_path, clock, cfg)
     run = fake_wandb.runs[0]
     clock.at(1003.0)
@@ -127,11 +133,12 @@ def test_eval_scalars_and_sample_table(tmp_path, clock, fake_wandb) -> None:
     ]
     hub.log_eval(10, "math", {"pass@1": 0.5, "accuracy": 0.25}, rows)
     hub.finish("finished")
-    (data, step), = run.logged  # fmt: skip
+    ((data, step),) = run.logged
     assert step == 10
     assert {k: v for k, v in data.items() if k != "eval/math/samples"} == {
-        "eval/math/pass@1": 0.5, "eval/math/accuracy": 0.25
-    }  # fmt: skip
+        "eval/math/pass@1": 0.5,
+        "eval/math/accuracy": 0.25,
+    }
     table = data["eval/math/samples"]
     assert table.columns == ["completion", "info", "prompt", "reward"]
     assert table.data == [["2", '{"k": 1}', "1+1", 1.0], [None, None, "2+2", 0.0]]

@@ -11,8 +11,16 @@ from typing import Any
 from telescope.core import hookimpl
 
 seen: dict[str, Any] = {
-    "start": [], "groups": [], "events": [], "steps": [], "rollouts": {}, "evals": [], "info": {}, "system": [], "end": []
-}  # fmt: skip
+    "start": [],
+    "groups": [],
+    "events": [],
+    "steps": [],
+    "rollouts": {},
+    "evals": [],
+    "info": {},
+    "system": [],
+    "end": [],
+}
 
 
 @hookimpl

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from telescope.core.runtime.addresses import DRIVER_ADDRESS_ENV, driver_host_from, reach_host, reachable_url
+from telescope.core.cluster.addresses import DRIVER_ADDRESS_ENV, driver_host_from, reach_host, reachable_url
 from telescope.core.runtime.ray_group import rendezvous_host
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from ports import free_port_block
 
-from telescope.core.runtime.claims import claim, claim_holder, port_block
+from telescope.core.cluster.claims import claim, claim_holder, port_block
 
 HOLD = (
-    "import sys, time\nfrom telescope.core.runtime.claims import claim\n"
+    "import sys, time\nfrom telescope.core.cluster.claims import claim\n"
     "held = claim(sys.argv[1], sys.argv[2], {'run_dir': '/runs/first'}); print('held', flush=True); time.sleep(120)"
 )
 
@@ -89,10 +89,16 @@ def test_two_runs_reserve_their_pools_on_one_cluster() -> None:
     try:
         first = reserve_pools(cfg, 1, False, "run-one")
         second = reserve_pools(cfg, 1, False, "run-two")  # the same names without run ids were refused
-        names = {placement_group_table(p)["name"] for p in (first.inference, first.trainer, second.inference,
-                                                                second.trainer)}  # fmt: skip
-        assert names == {"telescope-inference-run-one", "telescope-trainer-run-one",
-                         "telescope-inference-run-two", "telescope-trainer-run-two"}  # fmt: skip
+        names = {
+            placement_group_table(p)["name"]
+            for p in (first.inference, first.trainer, second.inference, second.trainer)
+        }
+        assert names == {
+            "telescope-inference-run-one",
+            "telescope-trainer-run-one",
+            "telescope-inference-run-two",
+            "telescope-trainer-run-two",
+        }
     finally:
         ray.shutdown()
 
@@ -100,7 +106,7 @@ def test_two_runs_reserve_their_pools_on_one_cluster() -> None:
 def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
     own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     ports = {claims.rendezvous_port("127.0.0.1") for _ in range(20)}
@@ -121,7 +127,7 @@ def test_a_rendezvous_port_is_free_below_the_ephemeral_range_and_unclaimed(
 
 
 PICK = (
-    "import random, sys\nfrom telescope.core.runtime.claims import rendezvous_port\n"
+    "import random, sys\nfrom telescope.core.cluster.claims import rendezvous_port\n"
     "random.seed(7)\nprint(rendezvous_port('127.0.0.1'), flush=True)\nsys.stdin.read()"
 )
 
@@ -165,7 +171,7 @@ def test_two_runs_picking_rendezvous_ports_at_once_get_different_ports(own_claim
 def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
     own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     proc, port = pick_in_other_process()
     # a neighbour that is free now (one taken by another process would be skipped too)
@@ -184,7 +190,7 @@ def test_a_rendezvous_claim_of_a_dead_run_is_taken_over_and_a_live_one_is_not(
 def test_a_rendezvous_claim_from_another_machine_holds_for_its_lease(
     own_claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     port = claims.rendezvous_port("127.0.0.1", owner={"pid": 1, "host": "another-node"})
     (claim_file,) = claims.claims_dir("rendezvous").glob("*.claim")
@@ -198,7 +204,7 @@ def test_a_rendezvous_claim_from_another_machine_holds_for_its_lease(
 
 
 def test_an_inference_port_block_skips_a_port_claimed_for_a_store(own_claims_dir: Path) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     base = free_port_block(4)
     # a live run (this process) picked base+1 for its store and has not bound it yet
@@ -215,10 +221,63 @@ def test_an_inference_port_block_skips_a_port_claimed_for_a_store(own_claims_dir
 
 
 def test_a_rendezvous_claim_with_a_bad_pid_is_stale_not_an_error(own_claims_dir: Path) -> None:
-    import telescope.core.runtime.claims as claims
+    import telescope.core.cluster.claims as claims
 
     path = claims.claims_dir("rendezvous") / "25000.claim"
     path.write_text(json.dumps({"pid": "x", "host": socket.gethostname(), "time": time.time()}))
     assert claims._stale(path)
     assert claims._claim_port(25000, {"pid": os.getpid(), "host": socket.gethostname()})
     claims.release_rendezvous_ports()
+
+
+# --- the claims folder is private (a shared /tmp must not let another user redirect a run's writes) ---
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh $TMPDIR for the claims folder; returns the folder claims.py will use."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path / f"telescope-{os.getuid()}"
+
+
+def test_the_claims_folder_is_created_private(private_tmp: Path) -> None:
+    held = claim("ports", "7001", {})
+    assert held is not None
+    held.release()
+    for folder in (private_tmp, private_tmp / "ports"):
+        assert (folder.stat().st_mode & 0o777) == 0o700
+    assert ((private_tmp / "ports" / "7001.lock").stat().st_mode & 0o077) == 0
+
+
+def test_a_planted_symlink_is_refused_and_its_target_left_intact(private_tmp: Path, tmp_path: Path) -> None:
+    from telescope.core.cluster.claims import ClaimsDirError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (private_tmp / "ports").mkdir(parents=True)
+    (private_tmp / "ports" / "7002.lock").symlink_to(victim)
+    with pytest.raises(ClaimsDirError, match="7002.lock is a symlink"):
+        claim("ports", "7002", {"run_dir": "x"})
+    with pytest.raises(ClaimsDirError, match="symlink"):
+        claim_holder("ports", "7002")
+    assert victim.read_text() == "precious"
+
+
+def test_a_claims_folder_that_is_a_symlink_is_refused(private_tmp: Path, tmp_path: Path) -> None:
+    from telescope.core.cluster.claims import ClaimsDirError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    private_tmp.symlink_to(elsewhere)
+    with pytest.raises(ClaimsDirError, match="is not a folder"):
+        claim("ports", "7003", {})
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_existing_loose_claims_folder_of_ours_is_made_private(private_tmp: Path) -> None:
+    private_tmp.mkdir(mode=0o777)
+    os.chmod(private_tmp, 0o777)
+    held = claim("ports", "7004", {})
+    assert held is not None
+    held.release()
+    assert (private_tmp.stat().st_mode & 0o777) == 0o700

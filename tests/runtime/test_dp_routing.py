@@ -28,8 +28,14 @@ class FakeTpPpBackend:
         self.trained: list[Any] = []
 
     def init(self) -> dict[str, Any]:
-        return {"rank": self.rank, "world_size": self.world_size, "dp_rank": self.dp_rank,
-                "dp_world_size": self.dp_world_size, "tp": TP, "pp": PP}  # fmt: skip
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "dp_rank": self.dp_rank,
+            "dp_world_size": self.dp_world_size,
+            "tp": TP,
+            "pp": PP,
+        }
 
     def train_step(self, part: Any) -> dict[str, float]:
         self.trained.append(part)

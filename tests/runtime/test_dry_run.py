@@ -22,8 +22,14 @@ def _free_port() -> int:
 
 
 def test_resources_against_a_cpu_machine() -> None:
-    cfg = make_config(inference_engine="vllm", inference_num_workers=4, inference_tensor_parallel_size=2,
-                      trainer_num_workers=2, ray_inference_cpus_per_worker=1.0, ray_trainer_cpus_per_worker=2.0)  # fmt: skip
+    cfg = make_config(
+        inference_engine="vllm",
+        inference_num_workers=4,
+        inference_tensor_parallel_size=2,
+        trainer_num_workers=2,
+        ray_inference_cpus_per_worker=1.0,
+        ray_trainer_cpus_per_worker=2.0,
+    )
     # 2 servers x 1 CPU + 2 trainers x 2 CPUs; with GPUs: 2 servers x TP 2 + 2 trainers.
     assert needed_resources(cfg, use_gpus=True) == {"CPU": 6.0, "GPU": 6.0}
     problems = resource_problems(cfg, "vllm", {"CPU": 2.0})
@@ -52,8 +58,15 @@ def test_taken_ports_and_unloadable_models(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_cli_dry_run_checks_everything_and_trains_nothing(tmp_path: Path) -> None:
-    args = ["train", str(QUICKSTART), "--dry-run", "--inference_base_port", str(_free_port()),
-            "--run_dir", str(tmp_path / "run")]  # fmt: skip
+    args = [
+        "train",
+        str(QUICKSTART),
+        "--dry-run",
+        "--inference_base_port",
+        str(_free_port()),
+        "--run_dir",
+        str(tmp_path / "run"),
+    ]
     ok = CliRunner().invoke(app, args)
     assert ok.exit_code == 0, ok.output
     assert (
@@ -61,8 +74,16 @@ def test_cli_dry_run_checks_everything_and_trains_nothing(tmp_path: Path) -> Non
         and "dry run: ready to train" in ok.output
     )
     assert not (tmp_path / "run").exists()  # nothing started, no run directory
-    bad = CliRunner().invoke(app, [*args, "--inference_num_workers", "64",
-                                   "--environments", "[{name: i3_code, kwargs: {sample_data: true}}]"])  # fmt: skip
+    bad = CliRunner().invoke(
+        app,
+        [
+            *args,
+            "--inference_num_workers",
+            "64",
+            "--environments",
+            "[{name: i3_code, kwargs: {sample_data: true}}]",
+        ],
+    )
     assert bad.exit_code == 1
     assert "FAIL resources" in bad.output and "reserve" in bad.output
     assert "ok   i3_code.samples" in bad.output  # every environment is checked too

@@ -46,20 +46,51 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]
 
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     pset, registry = load_plugins(files=[str(WATCHER)])
-    cfg = load_config(None, {
-        "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text", "weight": 1.0}, {"name": "wordle", "weight": 1.0,
-                                                                    "kwargs": {"max_turns": 2}}],
-        "inference_engine": "transformers", "inference_num_workers": 2, "trainer_num_workers": 2,
-        "ray_inference_cpus_per_worker": 0.5, "ray_trainer_cpus_per_worker": 0.5, "ray_address": "local",
-        "inference_base_port": free_port_block(2), "group_size": 4, "prompts_batch_size_for_trainer": 2,
-        "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 12, "seq_len": 1024, "pad_to_multiple_of": 8,
-        "learning_rate": 1e-3, "discard_group_zero_advantage": False, "use_wandb": False,
-        "evals": [{"name": "reverse_text", "eval_every": 2, "num_samples": 4, "separate_eval_samples": True,
-                   "pass_k": [1, 2]}],
-        "eval_before_training": True, "eval_after_training": True, "run_dir": str(run_dir), "seed": 3,
-        "use_tensorboard": _installed("tensorboard"), "use_mlflow": _installed("mlflow"),
-    }, registry)  # fmt: skip
+    cfg = load_config(
+        None,
+        {
+            "model": "telescope/tiny",
+            "model_dtype": "float32",
+            "mixed_precision_dtype": None,
+            "environments": [
+                {"name": "reverse_text", "weight": 1.0},
+                {"name": "wordle", "weight": 1.0, "kwargs": {"max_turns": 2}},
+            ],
+            "inference_engine": "transformers",
+            "inference_num_workers": 2,
+            "trainer_num_workers": 2,
+            "ray_inference_cpus_per_worker": 0.5,
+            "ray_trainer_cpus_per_worker": 0.5,
+            "ray_address": "local",
+            "inference_base_port": free_port_block(2),
+            "group_size": 4,
+            "prompts_batch_size_for_trainer": 2,
+            "number_of_steps": 3,
+            "max_async_rollout": 0,
+            "max_tokens": 12,
+            "seq_len": 1024,
+            "pad_to_multiple_of": 8,
+            "learning_rate": 1e-3,
+            "discard_group_zero_advantage": False,
+            "use_wandb": False,
+            "evals": [
+                {
+                    "name": "reverse_text",
+                    "eval_every": 2,
+                    "num_samples": 4,
+                    "separate_eval_samples": True,
+                    "pass_k": [1, 2],
+                }
+            ],
+            "eval_before_training": True,
+            "eval_after_training": True,
+            "run_dir": str(run_dir),
+            "seed": 3,
+            "use_tensorboard": _installed("tensorboard"),
+            "use_mlflow": _installed("mlflow"),
+        },
+        registry,
+    )
     assert run_training(cfg, pset, registry) == 0
     return run_dir, pset.pm.get_plugin(local_plugin_name(str(WATCHER))).seen
 
@@ -132,7 +163,7 @@ def test_eval_samples_never_reach_training(run_dir: Path) -> None:
 
 def test_every_run_file_follows_the_documented_schema(run_dir: Path) -> None:
     from telescope.core.observe import RolloutRecord
-    from telescope.core.observe.records import EVENT_TYPES, TimelineEvent
+    from telescope.core.observe.rundir.records import EVENT_TYPES, TimelineEvent
 
     reader = RunDirReader(run_dir)
     # Field sets come from the record classes (tests/observe/test_schema_doc.py ties them to the doc).
@@ -182,12 +213,26 @@ def test_torch_thread_counts_recorded_in_run_json(run_dir: Path) -> None:
 def test_step_metrics_carry_the_seed_names(run_dir: Path) -> None:
     steps = [s["metrics"] if "metrics" in s else s for s in read_jsonl(run_dir / "metrics.jsonl")]
     seed_step = {"entropy", "kl_divergence_inference", "grad_norm", "learning_rate"}
-    seed_timing = {f"timing_{p}_total" for p in (
-        "step", "forward", "backward", "loss_computation", "compute_kl", "compute_entropy", "data_to_device",
-        "prepare_tensors", "weight_sync_trainer", "weight_sync_inference")} | {
-        "timing_step_active", "timing_waiting_for_data", "timing_forward_microbatch_mean"}  # fmt: skip
-    seed_rollout = {"rollouts/stop_reason_length_pct", "rollouts/group_length_gini_mean",
-                    "rollouts/group_length_max_median_ratio_mean"}  # fmt: skip
+    seed_timing = {
+        f"timing_{p}_total"
+        for p in (
+            "step",
+            "forward",
+            "backward",
+            "loss_computation",
+            "compute_kl",
+            "compute_entropy",
+            "data_to_device",
+            "prepare_tensors",
+            "weight_sync_trainer",
+            "weight_sync_inference",
+        )
+    } | {"timing_step_active", "timing_waiting_for_data", "timing_forward_microbatch_mean"}
+    seed_rollout = {
+        "rollouts/stop_reason_length_pct",
+        "rollouts/group_length_gini_mean",
+        "rollouts/group_length_max_median_ratio_mean",
+    }
     for metrics in steps:
         missing = (seed_step | seed_timing | seed_rollout) - set(metrics)
         assert not missing, missing

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from telescope.core import hookimpl
+from telescope.core.errors import RunStageError
 from telescope.core.runtime import driver
 from telescope.core.runtime.driver import _end_run
-from telescope.core.runtime.liveness import RunStageError
 from telescope.core.testing import make_config, recording_plugin_manager, registry_with
 
 

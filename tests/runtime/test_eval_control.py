@@ -45,8 +45,14 @@ def make(
     clients = [FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(3)]
     for i, c in enumerate(clients):
         c.index = i  # type: ignore[attr-defined]
-    fields = {"number_of_steps": 6, "max_async_rollout": 1, "discard_group_zero_advantage": False,
-              "inference_num_workers": 3, "evals": [{"name": "toy", "eval_every": 2}], **overrides}  # fmt: skip
+    fields = {
+        "number_of_steps": 6,
+        "max_async_rollout": 1,
+        "discard_group_zero_advantage": False,
+        "inference_num_workers": 3,
+        "evals": [{"name": "toy", "eval_every": 2}],
+        **overrides,
+    }
     orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward, n=40), clients, **fields)
     runner = FakeEvalRunner(orch.cfg, seconds)
     logged: list[tuple[int, list[Any]]] = []
@@ -98,7 +104,7 @@ def test_final_eval_brings_held_servers_to_the_final_weights(tokenizer: Any) -> 
 def test_a_plugin_failing_on_periodic_eval_results_ends_the_run_naming_the_hook(tokenizer: Any) -> None:
     import pytest
 
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     def report(step: int, results: list[Any]) -> None:
         if step == 2:
@@ -107,8 +113,13 @@ def test_a_plugin_failing_on_periodic_eval_results_ends_the_run_naming_the_hook(
     clients = [FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(3)]
     for i, c in enumerate(clients):
         c.index = i  # type: ignore[attr-defined]
-    fields = {"number_of_steps": 6, "max_async_rollout": 1, "discard_group_zero_advantage": False,
-              "inference_num_workers": 3, "evals": [{"name": "toy", "eval_every": 2}]}  # fmt: skip
+    fields = {
+        "number_of_steps": 6,
+        "max_async_rollout": 1,
+        "discard_group_zero_advantage": False,
+        "inference_num_workers": 3,
+        "evals": [{"name": "toy", "eval_every": 2}],
+    }
     orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward, n=40), clients, **fields)
     controller = EvalController(orch.cfg, FakeEvalRunner(orch.cfg, 0.0), clients, report)
     orch.hooks.append(controller)

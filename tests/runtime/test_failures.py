@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from telescope.core.runtime.errors import describe_failure, root_cause
+from telescope.core.errors import describe_failure, root_cause
 
 
 class FakeRayTaskError(RuntimeError):
@@ -32,8 +32,10 @@ def test_root_cause_unwraps_ray_and_chained_errors() -> None:
 
 
 def test_server_process_exits_when_its_parent_is_killed() -> None:
-    child_code = "from telescope.core.inference.parent_watch import exit_with_parent\nimport time\n" \
-                 "exit_with_parent(0.2)\ntime.sleep(60)\n"  # fmt: skip
+    child_code = (
+        "from telescope.core.inference.parent_watch import exit_with_parent\nimport time\n"
+        "exit_with_parent(0.2)\ntime.sleep(60)\n"
+    )
     parent_code = textwrap.dedent(f"""
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", {child_code!r}], start_new_session=True)
@@ -103,10 +105,12 @@ def test_a_supervised_server_ends_with_its_launcher() -> None:
 
 def test_a_supervised_server_that_ignores_sigterm_is_killed_with_its_helpers() -> None:
     # vllm serve has helper processes (engine core, TP workers); none may survive the escalation.
-    stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "h = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); print(h.pid, flush=True); "
-                "time.sleep(60)")  # fmt: skip
+    stubborn = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "h = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); print(h.pid, flush=True); "
+        "time.sleep(60)"
+    )
     parent_code = textwrap.dedent(f"""
         import subprocess, sys, time
         from telescope.core.inference.supervise import supervised_argv

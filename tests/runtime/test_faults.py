@@ -7,14 +7,15 @@ import zlib
 
 import pytest
 
-from telescope.core.runtime import faults
-from telescope.core.runtime.faults import FaultSpec, FaultSpecError, InjectedFault, parse
+from telescope.core import faults
+from telescope.core.faults import FaultSpec, FaultSpecError, InjectedFault, parse
 
 
 def test_a_spec_parses_into_typed_faults() -> None:
     spec = parse("train_step_raise@3, request_fail=0.1,reward_raise=countdown,reward_hang=*,server_slow=0.5")
-    assert spec == FaultSpec(train_step_raise=3, request_fail=0.1, reward_raise="countdown", reward_hang="*",
-                             server_slow=0.5)  # fmt: skip
+    assert spec == FaultSpec(
+        train_step_raise=3, request_fail=0.1, reward_raise="countdown", reward_hang="*", server_slow=0.5
+    )
     assert parse("") == FaultSpec()
 
 

@@ -1,7 +1,7 @@
 """Faults on the real runtime (Ray, transformers server, FSDP on gloo, the real run directory).
 
 The trainer failure runs by default; the others are marked slow (each also has a fast test
-with fakes in test_liveness.py). Each run is injected a fault through ``TELESCOPE_FAULTS`` (``telescope.core.runtime.faults``),
+with fakes in test_liveness.py). Each run is injected a fault through ``TELESCOPE_FAULTS`` (``telescope.core.faults``),
 which reaches the Ray workers through the run's runtime_env. A hang shows as a pytest timeout.
 """
 
@@ -63,7 +63,7 @@ def finished_run(
 def test_a_trainer_that_raises_at_step_3_ends_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "train_step_raise@3")  # raised in the Ray trainer actor
     with pytest.raises(RunStageError) as info:
@@ -81,7 +81,7 @@ def test_a_trainer_that_raises_at_step_3_ends_the_run(
 def test_a_prompt_failing_to_prepare_in_the_prefetch_ends_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "prompt_raise@40")  # long after the 24-prompt buffer first filled
     with pytest.raises(RunStageError) as info:
@@ -96,7 +96,7 @@ def test_a_prompt_failing_to_prepare_in_the_prefetch_ends_the_run(
 def test_failed_requests_are_counted_and_a_reward_that_always_raises_stops_the_run_naming_its_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.stall import RolloutsFailingError
+    from telescope.core.runtime.supervision.stall import RolloutsFailingError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "request_fail=0.1,reward_raise=countdown")
     run_dir = tmp_path / "run"
@@ -146,8 +146,15 @@ def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     # holds the prompts drawn but not trained yet (the ledger a resume would serve first). No
     # prefetch: a re-queued prompt is then served before any new one (with prefetch, after the
     # prompts already prefetched), so it must be trained within these 8 steps.
-    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@5", 8, max_async_rollout=1,
-                                    checkpoint_every=8, enable_prompt_prefetch=False)  # fmt: skip
+    run_dir, metrics = finished_run(
+        tmp_path,
+        monkeypatch,
+        "server_kill@5",
+        8,
+        max_async_rollout=1,
+        checkpoint_every=8,
+        enable_prompt_prefetch=False,
+    )
     assert metrics[-1]["faults/inference_restarts"] == 1.0
     rows = RunDirReader(run_dir).rollouts()
     kept = [(r["step"], r["group_id"], r["sample_id"]) for r in rows if r["kept"]]
@@ -174,15 +181,24 @@ def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
 def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir, metrics = finished_run(tmp_path, monkeypatch, "server_kill@3", 6, inference_num_workers=2,
-                                    inference_max_restarts=0, inference_base_port=free_port_block(2))  # fmt: skip
+    run_dir, metrics = finished_run(
+        tmp_path,
+        monkeypatch,
+        "server_kill@3",
+        6,
+        inference_num_workers=2,
+        inference_max_restarts=0,
+        inference_base_port=free_port_block(2),
+    )
     assert metrics[-1]["faults/inference_restarts"] == 0.0
     rows = [r for r in RunDirReader(run_dir).rollouts() if r["kept"]]
     trained = {(r["step"], r["group_id"]) for r in rows}
     assert len({gid for _, gid in trained}) == len(trained) == 6 * 2
     assert {r["server"] for r in rows if r["step"] > 4} == {1}  # only the surviving server after the drop
-    assert "inference server 0 died 1 times (inference_max_restarts=0): dropped" in (
-        run_dir / "logs" / "telescope.log").read_text()  # fmt: skip
+    assert (
+        "inference server 0 died 1 times (inference_max_restarts=0): dropped"
+        in (run_dir / "logs" / "telescope.log").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -190,7 +206,7 @@ def test_a_server_past_its_restart_budget_is_dropped_and_the_other_one_finishes_
 def test_a_server_that_never_answers_fails_the_run_after_stall_timeout_with_a_dump(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telescope.core.runtime.liveness import StallError
+    from telescope.core.runtime.supervision.liveness import StallError
 
     monkeypatch.setenv("TELESCOPE_FAULTS", "server_slow=3600")  # every request sleeps an hour first
     run_dir = tmp_path / "run"

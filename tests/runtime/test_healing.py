@@ -15,8 +15,8 @@ import pytest
 from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
+from telescope.core.errors import RunStageError
 from telescope.core.inference.client import Completion
-from telescope.core.runtime.liveness import RunStageError
 
 
 @dataclass
@@ -74,8 +74,9 @@ class FakeHealer:
 
 def build_servers(tokenizer: Any, servers: int = 2, **overrides: Any) -> tuple[Any, Any, Any, FakeHealer]:
     clients = [MortalClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(servers)]
-    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), clients, discard_group_zero_advantage=False,
-                                    **overrides)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer, ToyEnv(varied_reward), clients, discard_group_zero_advantage=False, **overrides
+    )
     orch.healer = FakeHealer(clients, trainer)
     sync = trainer.sync_weights
 
@@ -113,8 +114,13 @@ def test_a_killed_server_is_restarted_and_nothing_is_lost_or_trained_twice(
     assert drawn == set(range(max(drawn) + 1))
     assert counts.rollout_errors == 0 and not discarded  # the dead server's failures were not the samples'
     # after the restart, server 0 generated again, and only once it held the synced weights
-    versions_after = {s.model_version_start for b in trainer.batches[4:] for g in b.groups for s in g.samples
-                      if s.server == 0}  # fmt: skip
+    versions_after = {
+        s.model_version_start
+        for b in trainer.batches[4:]
+        for g in b.groups
+        for s in g.samples
+        if s.server == 0
+    }
     assert versions_after and min(versions_after) >= 3
     warning = [r.getMessage() for r in caplog.records if "inference server 0 died" in r.getMessage()]
     assert warning and "illegal memory access" in warning[0]
@@ -158,4 +164,6 @@ def test_a_server_dying_too_often_is_dropped_while_others_remain(
     assert len(trained) == len(set(trained))
     assert not orch.lanes.enabled(1) and any(
         "inference server 1 died 2 times (inference_max_restarts=1): dropped, training goes on with servers [0]"
-        in r.getMessage() for r in caplog.records)  # fmt: skip
+        in r.getMessage()
+        for r in caplog.records
+    )

@@ -19,8 +19,9 @@ from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
 from telescope.core import hookimpl
-from telescope.core.runtime.liveness import RunStageError, StallError
-from telescope.core.runtime.stall import RolloutsFailingError
+from telescope.core.errors import RunStageError
+from telescope.core.runtime.supervision.liveness import StallError
+from telescope.core.runtime.supervision.stall import RolloutsFailingError
 from telescope.core.testing import recording_hooks
 
 
@@ -56,8 +57,13 @@ def with_trainer(orch: Any, trainer: FakeTrainer) -> Any:
 @pytest.mark.parametrize("max_async", [0, 2])
 def test_a_trainer_failure_ends_the_run_with_the_step_and_stage(tokenizer: Any, max_async: int) -> None:
     # max_async_rollout 0 used to hang for ever: nothing in flight, nothing woke the main loop
-    orch, _, _ = build(tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)),
-                       max_async_rollout=max_async, number_of_steps=6)  # fmt: skip
+    orch, _, _ = build(
+        tokenizer,
+        ToyEnv(varied_reward),
+        FakeClient(varied_reply(tokenizer)),
+        max_async_rollout=max_async,
+        number_of_steps=6,
+    )
     trainer = with_trainer(orch, RaisingTrainer(train_raises_at=3)).trainer
     with pytest.raises(RunStageError) as info:
         run(orch, timeout=10)
@@ -117,8 +123,9 @@ def test_a_prompt_that_fails_to_prepare_ends_the_run(
     # The 40th prompt: long after the prefetch buffer (4) was first filled. The fill task's
     # failure used to be checked only before waiting on an empty buffer: the run hung.
     monkeypatch.setenv("TELESCOPE_FAULTS", "prompt_raise@40")
-    orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)),
-                             number_of_steps=50)  # fmt: skip
+    orch, trainer, _ = build(
+        tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)), number_of_steps=50
+    )
     orch.prompts.prefetch = 4 if prefetch else 0
     prepare = orch.prompts._prepare
 
@@ -182,8 +189,9 @@ def test_a_reward_that_always_raises_stops_the_run_naming_its_environment(
     def broken(completion: str, sample: Any) -> float:
         raise ZeroDivisionError("division by zero in the reward")
 
-    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)),
-                                    number_of_steps=500)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)), number_of_steps=500
+    )
     bad = ToyEnv(broken)
     bad.name = "bad"
     bad.samples()
@@ -208,7 +216,7 @@ def test_a_reward_that_always_raises_stops_the_run_naming_its_environment(
 
 def two_envs(orch: Any, bad: ToyEnv, weight_bad: float) -> None:
     """Add environment ``bad`` to a built orchestrator's prompt source."""
-    from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+    from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
     prompts = orch.prompts
     toy = prompts.envs["toy"]
@@ -222,8 +230,9 @@ def test_injected_request_failures_are_counted_and_survived(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TELESCOPE_FAULTS", "request_fail=0.1")
-    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)),
-                                    number_of_steps=8)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)), number_of_steps=8
+    )
     counts = run(orch)
     assert counts.completed_steps == 8
     failed = [g for _, g in observer.groups if g.discard_reason == "rollout_error"]

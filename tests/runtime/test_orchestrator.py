@@ -11,12 +11,12 @@ from fakes import FakeClient, FakeTrainer, ToyEnv
 
 from telescope.core.algorithms import get_algorithm
 from telescope.core.env.chat import ChatOptions
-from telescope.core.runtime.batching import BatchBuilder
+from telescope.core.rollouts.batching import BatchBuilder
+from telescope.core.rollouts.prompts import PromptSource
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.tokens import stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
-from telescope.core.runtime.prompts import PromptSource
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
-from telescope.core.runtime.tokens import stop_token_ids
 from telescope.core.testing import RunRecorder, make_config, recording_hooks
 
 
@@ -27,13 +27,29 @@ def build(
     plugins: tuple[object, ...] = (),
     **overrides: Any,
 ) -> tuple[Orchestrator, FakeTrainer, RunRecorder]:
-    fields = {"environments": [{"name": "toy"}], "group_size": 4, "prompts_batch_size_for_trainer": 2,
-              "number_of_steps": 3, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 256, "pad_to_multiple_of": 8,
-              "max_concurrent_prompts_per_server": 2, "prompt_prefetch_buffer_size": 4, **overrides}  # fmt: skip
+    fields = {
+        "environments": [{"name": "toy"}],
+        "group_size": 4,
+        "prompts_batch_size_for_trainer": 2,
+        "number_of_steps": 3,
+        "max_async_rollout": 0,
+        "max_tokens": 8,
+        "seq_len": 256,
+        "pad_to_multiple_of": 8,
+        "max_concurrent_prompts_per_server": 2,
+        "prompt_prefetch_buffer_size": 4,
+        **overrides,
+    }
     cfg = make_config(**fields)
     env.samples()
-    prompts = PromptSource(PromptScheduler([SourceEnv("toy", 1.0, len(env))], cfg.seed), {"toy": env},
-                           {"toy": (None, None)}, tokenizer, ChatOptions(), cfg.prompt_prefetch_buffer_size)  # fmt: skip
+    prompts = PromptSource(
+        PromptScheduler([SourceEnv("toy", 1.0, len(env))], cfg.seed),
+        {"toy": env},
+        {"toy": (None, None)},
+        tokenizer,
+        ChatOptions(),
+        cfg.prompt_prefetch_buffer_size,
+    )
     runner = RolloutRunner(tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), None)
     trainer, (hook, recorder) = FakeTrainer(), recording_hooks(*plugins)
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm), 0)
@@ -52,7 +68,7 @@ def varied_reward(completion: str, sample: Any) -> float:
 
 def test_a_plugin_failing_on_an_event_inside_a_request_ends_the_run_naming_the_hook(tokenizer: Any) -> None:
     from telescope.core import hookimpl
-    from telescope.core.runtime.liveness import RunStageError
+    from telescope.core.errors import RunStageError
 
     class FailsOnGenerationEnd:
         @hookimpl
@@ -115,8 +131,14 @@ def test_stale_rollouts_are_cancelled_and_aborted_on_the_server(tokenizer: Any) 
         return 30.0 if any(rid.startswith(p) for p in slow) else 0.0
 
     client = FakeClient(varied_reply(tokenizer), delay=delay)
-    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), client, max_async_rollout=2,
-                                    max_off_policy_steps=1, number_of_steps=4)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer,
+        ToyEnv(varied_reward),
+        client,
+        max_async_rollout=2,
+        max_off_policy_steps=1,
+        number_of_steps=4,
+    )
     start = time.time()
     counts = asyncio.run(orch.run())
     assert time.time() - start < 20, "the slow group should have been cancelled, not awaited"
@@ -175,7 +197,7 @@ def test_each_sample_has_a_generation_then_a_reward_span(tokenizer: Any) -> None
 
 
 def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> None:
-    from telescope.core.runtime.stall import RolloutsFailingError
+    from telescope.core.runtime.supervision.stall import RolloutsFailingError
 
     env = ToyEnv(varied_reward)
     orch, trainer, observer = build(tokenizer, env, FakeClient(varied_reply(tokenizer)), max_model_len=4)
@@ -193,8 +215,8 @@ def test_a_run_whose_prompts_never_fit_stops_with_the_reason(tokenizer: Any) -> 
 
 
 def test_the_failure_streak_resets_on_any_scored_group() -> None:
-    from telescope.core.runtime.groups import GroupFailure
-    from telescope.core.runtime.stall import FailureStreak
+    from telescope.core.rollouts.groups import GroupFailure
+    from telescope.core.runtime.supervision.stall import FailureStreak
 
     streak = FailureStreak(limit=3)
     assert streak.record(GroupFailure("rollout_error", "ConnectionError: refused")) is None
@@ -208,8 +230,8 @@ def test_the_failure_streak_resets_on_any_scored_group() -> None:
 
 
 def test_failure_streaks_are_kept_per_environment() -> None:
-    from telescope.core.runtime.groups import GroupFailure
-    from telescope.core.runtime.stall import FailureStreaks
+    from telescope.core.rollouts.groups import GroupFailure
+    from telescope.core.runtime.supervision.stall import FailureStreaks
 
     streaks = FailureStreaks(limit=3)
     broken = GroupFailure("reward_error", "ZeroDivisionError")

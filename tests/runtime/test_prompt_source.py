@@ -8,15 +8,21 @@ from typing import Any
 from fakes import ToyEnv
 
 from telescope.core.env.chat import ChatOptions
-from telescope.core.runtime.prompts import PromptSource
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.prompts import PromptSource
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
 
 def test_a_requeued_prompt_is_served_before_the_prefetched_ones(tokenizer: Any) -> None:
     env = ToyEnv(lambda completion, sample: 0.0)
     env.samples()
-    prompts = PromptSource(PromptScheduler([SourceEnv("toy", 1.0, len(env))], seed=0), {"toy": env},
-                           {"toy": (None, None)}, tokenizer, ChatOptions(), prefetch=3)  # fmt: skip
+    prompts = PromptSource(
+        PromptScheduler([SourceEnv("toy", 1.0, len(env))], seed=0),
+        {"toy": env},
+        {"toy": (None, None)},
+        tokenizer,
+        ChatOptions(),
+        prefetch=3,
+    )
 
     async def serve() -> list[int]:
         await prompts.start()

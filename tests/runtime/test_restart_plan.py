@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from telescope.core.checkpoint import CheckpointManager
-from telescope.core.observe.storage import StorageError
+from telescope.core.observe.rundir.storage import StorageError
 from telescope.core.runtime.driver import _restart_plan
 from telescope.core.testing import make_config
 

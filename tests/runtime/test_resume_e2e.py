@@ -81,7 +81,7 @@ def test_three_plus_three_steps_equal_six(tmp_path: Path) -> None:
 
 
 def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+    from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     fields = settings(

@@ -9,8 +9,8 @@ import pytest
 from fakes import FakeClient, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
-from telescope.core.runtime.liveness import RunStageError
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.errors import RunStageError
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.testing import RunRecorder
 
 

@@ -27,8 +27,12 @@ HOLD_LOCK = (
 
 def cli_train(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     code = "import sys; from telescope.cli.app import main; sys.argv[0] = 'telescope'; main()"
-    return subprocess.run([sys.executable, "-c", code, "train", str(config), *extra], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code, "train", str(config), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_second_run_on_a_locked_run_dir_is_refused_naming_the_first(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -68,8 +72,12 @@ def test_a_live_run_holds_its_run_dir_against_a_second_run_even_with_overwrite(t
     proc = launch(config, log, prelude="import os; os.environ['TELESCOPE_FAULTS'] = 'server_slow=3600'")
     try:
         log_file = run_dir / "logs" / "telescope.log"
-        wait_for(lambda: log_file.is_file() and "started a private local Ray cluster" in log_file.read_text(),
-                 proc, log, timeout_s=240)  # fmt: skip
+        wait_for(
+            lambda: log_file.is_file() and "started a private local Ray cluster" in log_file.read_text(),
+            proc,
+            log,
+            timeout_s=240,
+        )
         before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
         out = cli_train(config, "--overwrite")  # --overwrite would delete a finished run: never a live one
         assert out.returncode == 2, out.stderr[-3000:]

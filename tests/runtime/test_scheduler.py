@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from telescope.core.runtime.groups import normalize_reward, zero_advantage_kind
-from telescope.core.runtime.lanes import Lanes, QueuedSample
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.groups import normalize_reward, zero_advantage_kind
+from telescope.core.rollouts.lanes import Lanes, QueuedSample
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
 
 def test_weighted_proportions_within_statistical_bounds() -> None:

@@ -16,7 +16,7 @@ from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
 from telescope.core.inference.client import Completion
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.testing import make_config
 
 
@@ -37,8 +37,15 @@ class HoldingClient(FakeClient):
 
 def test_a_group_finished_too_late_is_discarded_as_max_async(tokenizer: Any) -> None:
     client = HoldingClient(varied_reply(tokenizer))
-    orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), client, max_async_rollout=1,
-                                    max_off_policy_steps=-1, number_of_steps=6, discard_group_zero_advantage=False)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer,
+        ToyEnv(varied_reward),
+        client,
+        max_async_rollout=1,
+        max_off_policy_steps=-1,
+        number_of_steps=6,
+        discard_group_zero_advantage=False,
+    )
     client.trainer = trainer
     counts = asyncio.run(asyncio.wait_for(orch.run(), timeout=20))
     assert counts.completed_steps == 6
@@ -63,9 +70,15 @@ def test_a_slow_reward_does_not_age_a_finished_generation(tokenizer: Any) -> Non
                 await asyncio.sleep(0.005)
         return float(len(completion))
 
-    orch, trainer, observer = build(tokenizer, ToyEnv(reward), FakeClient(varied_reply(tokenizer)),
-                                    max_async_rollout=2, max_off_policy_steps=0, number_of_steps=5,
-                                    discard_group_zero_advantage=False)  # fmt: skip
+    orch, trainer, observer = build(
+        tokenizer,
+        ToyEnv(reward),
+        FakeClient(varied_reply(tokenizer)),
+        max_async_rollout=2,
+        max_off_policy_steps=0,
+        number_of_steps=5,
+        discard_group_zero_advantage=False,
+    )
     trainer.versions = trainer_versions
     asyncio.run(asyncio.wait_for(orch.run(), timeout=20))
     first = next(g for _, g in observer.groups if g.group_id == 0)

@@ -51,5 +51,9 @@ def test_the_init_timeout_bounds_the_sync_group() -> None:
         **sync_group_spec(make_cfg(ray_broadcast_init_timeout_s=42), "10.0.0.1", 29500, 5, "nccl")
     )
     assert (spec.host, spec.port, spec.world_size, spec.backend, spec.timeout_s) == (
-        "10.0.0.1", 29500, 5, "nccl", 42.0,
-    )  # fmt: skip
+        "10.0.0.1",
+        29500,
+        5,
+        "nccl",
+        42.0,
+    )

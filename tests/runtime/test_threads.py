@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from telescope.core.runtime.threads import choose_torch_threads
+from telescope.core.cluster.threads import choose_torch_threads
 from telescope.core.testing import make_config
 
 

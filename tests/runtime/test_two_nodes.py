@@ -34,8 +34,13 @@ HEAD_CPUS, WORKER_CPUS = 1, 2
 def _ray_start(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """``ray start --block`` in its own process group (ended by group id at teardown)."""
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    return subprocess.Popen([ray_bin, "start", "--block", "--disable-usage-stats", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [ray_bin, "start", "--block", "--disable-usage-stats", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -70,16 +75,33 @@ def cluster() -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="tg2n", dir="/tmp")  # short: Ray's socket paths have a length limit
     base = free_port_block(6)
     address = f"127.0.0.1:{base}"
-    head = _ray_start("--head", "--node-ip-address=127.0.0.1", f"--port={base}", f"--num-cpus={HEAD_CPUS}",
-                      '--resources={"head_node": 1}', "--include-dashboard=false", f"--temp-dir={temp}",
-                      f"--ray-client-server-port={base + 1}", f"--dashboard-agent-listen-port={base + 2}",
-                      f"--metrics-export-port={base + 3}", env=env)  # fmt: skip
+    head = _ray_start(
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={base}",
+        f"--num-cpus={HEAD_CPUS}",
+        '--resources={"head_node": 1}',
+        "--include-dashboard=false",
+        f"--temp-dir={temp}",
+        f"--ray-client-server-port={base + 1}",
+        f"--dashboard-agent-listen-port={base + 2}",
+        f"--metrics-export-port={base + 3}",
+        env=env,
+    )
     procs = [head]
     try:
         _wait_for_nodes(address, 1)
-        procs.append(_ray_start(f"--address={address}", f"--node-ip-address={WORKER_IP}", f"--num-cpus={WORKER_CPUS}",
-                                '--resources={"worker_node": 1}', f"--dashboard-agent-listen-port={base + 4}",
-                                f"--metrics-export-port={base + 5}", env=env))  # fmt: skip
+        procs.append(
+            _ray_start(
+                f"--address={address}",
+                f"--node-ip-address={WORKER_IP}",
+                f"--num-cpus={WORKER_CPUS}",
+                '--resources={"worker_node": 1}',
+                f"--dashboard-agent-listen-port={base + 4}",
+                f"--metrics-export-port={base + 5}",
+                env=env,
+            )
+        )
         _wait_for_nodes(address, 2)
         os.environ["RAY_AUTH_MODE"] = "disabled"
         yield address
@@ -128,19 +150,41 @@ def run(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     folder = tmp_path_factory.mktemp("two-nodes")
     run_dir, out, log = folder / "run", folder / "seen.json", folder / "driver.log"
     settings = {
-        "model": "telescope/tiny", "model_dtype": "float32", "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text"}], "inference_engine": "transformers",
-        "inference_num_workers": 1, "trainer_num_workers": 1, "inference_host": "0.0.0.0",
-        "ray_inference_cpus_per_worker": 1.5, "ray_trainer_cpus_per_worker": 1.0, "ray_address": cluster,
-        "ray_auto_start_local": False, "ray_shutdown_on_exit": False, "enable_vllm_tracing": False,
-        "inference_base_port": free_port_block(1), "group_size": 4, "prompts_batch_size_for_trainer": 2,
-        "number_of_steps": 2, "max_async_rollout": 0, "max_tokens": 8, "seq_len": 512, "pad_to_multiple_of": 8,
-        "learning_rate": 1e-3, "discard_group_zero_advantage": False, "use_wandb": False,
-        "run_dir": str(run_dir), "seed": 3,
-    }  # fmt: skip
+        "model": "telescope/tiny",
+        "model_dtype": "float32",
+        "mixed_precision_dtype": None,
+        "environments": [{"name": "reverse_text"}],
+        "inference_engine": "transformers",
+        "inference_num_workers": 1,
+        "trainer_num_workers": 1,
+        "inference_host": "0.0.0.0",
+        "ray_inference_cpus_per_worker": 1.5,
+        "ray_trainer_cpus_per_worker": 1.0,
+        "ray_address": cluster,
+        "ray_auto_start_local": False,
+        "ray_shutdown_on_exit": False,
+        "enable_vllm_tracing": False,
+        "inference_base_port": free_port_block(1),
+        "group_size": 4,
+        "prompts_batch_size_for_trainer": 2,
+        "number_of_steps": 2,
+        "max_async_rollout": 0,
+        "max_tokens": 8,
+        "seq_len": 512,
+        "pad_to_multiple_of": 8,
+        "learning_rate": 1e-3,
+        "discard_group_zero_advantage": False,
+        "use_wandb": False,
+        "run_dir": str(run_dir),
+        "seed": 3,
+    }
     with log.open("wb") as sink:
-        driver = subprocess.run([sys.executable, "-c", RUN_ON_CLUSTER, json.dumps(settings), str(out)],
-                                stdout=sink, stderr=subprocess.STDOUT, timeout=480)  # fmt: skip
+        driver = subprocess.run(
+            [sys.executable, "-c", RUN_ON_CLUSTER, json.dumps(settings), str(out)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=480,
+        )
     assert driver.returncode == 0 and out.is_file(), f"the driver failed:\n{log.read_text()[-4000:]}"
     return {**json.loads(out.read_text()), "run_dir": run_dir}
 
@@ -177,9 +221,16 @@ def test_placement_strategies(cluster: str, strategy: str, cpus: float, expected
     from telescope.core.runtime.ray_group import bundle_ip
     from telescope.core.testing import make_config
 
-    cfg = make_config(ray_inference_placement_strategy=strategy, ray_trainer_placement_strategy=strategy,
-                      ray_inference_cpus_per_worker=cpus, ray_trainer_cpus_per_worker=0.01, trainer_num_workers=1,
-                      inference_num_workers=2, ray_placement_timeout_s=30, ray_namespace=f"placement-{strategy}")  # fmt: skip
+    cfg = make_config(
+        ray_inference_placement_strategy=strategy,
+        ray_trainer_placement_strategy=strategy,
+        ray_inference_cpus_per_worker=cpus,
+        ray_trainer_cpus_per_worker=0.01,
+        trainer_num_workers=1,
+        inference_num_workers=2,
+        ray_placement_timeout_s=30,
+        ray_namespace=f"placement-{strategy}",
+    )
     ray.init(address=cluster)
     pools = None
     try:

@@ -250,14 +250,18 @@ def test_prime_builds_the_sdk_request_and_calls(monkeypatch: pytest.MonkeyPatch)
     async def go() -> Any:
         client = provider.client()
         with (
-            mock.patch.object(client, "create", autospec=True, return_value=SimpleNamespace(id="p-1")) as create,
+            mock.patch.object(
+                client, "create", autospec=True, return_value=SimpleNamespace(id="p-1")
+            ) as create,
             mock.patch.object(client, "wait_for_creation", autospec=True) as wait,
             mock.patch.object(
-                client, "execute_command", autospec=True,
+                client,
+                "execute_command",
+                autospec=True,
                 return_value=ps.CommandResponse(stdout="ok", stderr="warn", exit_code=0),
             ) as execute,
             mock.patch.object(client, "delete", autospec=True, return_value={}) as delete,
-        ):  # fmt: skip
+        ):
             handle = await provider.create(config)
             result = await provider.execute(handle, "echo ok", timeout=4)
             await provider.destroy(handle)

@@ -12,11 +12,20 @@ from telescope.core.sandbox import SandboxConfigError
 from telescope.envs.i3_code import I3CodeEnvironment
 from telescope.envs.kwargs import I3CodeKwargs
 
-CREDENTIALS = {"E2B_API_KEY": "e2b_x", "DAYTONA_API_KEY": "dtn_x", "PRIME_API_KEY": "pk_x",
-               "MODAL_TOKEN_ID": "ak-x", "MODAL_TOKEN_SECRET": "as-x"}  # fmt: skip
-PROVIDERS = {"e2b": ("e2b", "E2BSandboxProvider"), "modal": ("modal", "ModalSandboxProvider"),
-             "daytona": ("daytona", "DaytonaSandboxProvider"), "prime": ("prime_sandboxes", "PrimeSandboxProvider"),
-             "local": (None, "LocalSandboxProvider")}  # fmt: skip
+CREDENTIALS = {
+    "E2B_API_KEY": "e2b_x",
+    "DAYTONA_API_KEY": "dtn_x",
+    "PRIME_API_KEY": "pk_x",
+    "MODAL_TOKEN_ID": "ak-x",
+    "MODAL_TOKEN_SECRET": "as-x",
+}
+PROVIDERS = {
+    "e2b": ("e2b", "E2BSandboxProvider"),
+    "modal": ("modal", "ModalSandboxProvider"),
+    "daytona": ("daytona", "DaytonaSandboxProvider"),
+    "prime": ("prime_sandboxes", "PrimeSandboxProvider"),
+    "local": (None, "LocalSandboxProvider"),
+}
 
 
 def _provider(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -60,10 +69,11 @@ def test_default_i3_code_config_is_accepted_by_every_provider(
 EXPLICIT_SETTINGS = {"memory_mb": 4096, "cpu": 2, "docker_image": "python:3.12"}
 EXPLICIT = [
     pytest.param("e2b", EXPLICIT_SETTINGS, "memory_mb=4096", id="e2b"),  # resources come from the template
-    pytest.param("daytona", EXPLICIT_SETTINGS, None, id="daytona",
-                 marks=pytest.mark.daytona),  # whole CPUs and GiB: accepted
+    pytest.param(
+        "daytona", EXPLICIT_SETTINGS, None, id="daytona", marks=pytest.mark.daytona
+    ),  # whole CPUs and GiB: accepted
     pytest.param("modal", {"disk_size_gb": 2}, "disk_size_gb", id="modal"),  # Modal has no disk limit
-]  # fmt: skip
+]
 
 
 def test_explicit_settings_reach_the_provider() -> None:

@@ -14,7 +14,7 @@ from ui_runs import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows,
 from telescope.cli.ui.data import RunData, Workspace, declared_ranges
 from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.cli.ui.rollouts import RolloutFilter
-from telescope.core.observe.reader import RunDirError
+from telescope.core.observe.rundir.reader import RunDirError
 
 
 def _gini(xs: list[float]) -> float:

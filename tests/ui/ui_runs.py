@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
-from telescope.core.observe.local import LocalLogger
+from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import make_config
 
 #: Rewards of the two kept groups of every step (group 1's last sample depends on the step).

@@ -107,7 +107,7 @@ def run_reporting_failures(
     except Exception as exc:
         if debug:
             raise
-        from telescope.core.runtime.errors import describe_failure, failure_log_tail
+        from telescope.core.errors import describe_failure, failure_log_tail
 
         say(f"{what} failed:", describe_failure(exc))
         for line in failure_log_tail(exc):  # e.g. the server's traceback that ends in the cause

@@ -25,9 +25,9 @@ import pluggy
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
-    from telescope.core.observe.records import RolloutRecord, TimelineEvent
+    from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent
     from telescope.core.registry import Register
-    from telescope.core.runtime.groups import RolloutGroup
+    from telescope.core.rollouts.groups import RolloutGroup
 
 hookspec = pluggy.HookspecMarker("telescope")
 

@@ -13,8 +13,8 @@ from telescope.core.registry import PluginInfo, Registry
 if TYPE_CHECKING:
     import pluggy
 
-    from telescope.core.observe.records import RolloutRecord, TimelineEvent
-    from telescope.core.runtime.groups import RolloutGroup
+    from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent
+    from telescope.core.rollouts.groups import RolloutGroup
 
 __all__ = ["RunRecorder", "make_config", "recording_hooks", "recording_plugin_manager", "registry_with"]
 

@@ -113,9 +113,14 @@ class CountdownEnvironment(SingleTurnEnvironment):
         if kw.dataset_name or kw.data_files or kw.sample_data:
             from telescope.envs.sample_data import sample_path
 
-            rows = load_rows(dataset_name=kw.dataset_name, subset=kw.dataset_subset, split=kw.dataset_split or "train",
-                             data_files=kw.data_files, sample_file=sample_path("countdown.jsonl"),
-                             use_sample=kw.sample_data)  # fmt: skip
+            rows = load_rows(
+                dataset_name=kw.dataset_name,
+                subset=kw.dataset_subset,
+                split=kw.dataset_split or "train",
+                data_files=kw.data_files,
+                sample_file=sample_path("countdown.jsonl"),
+                use_sample=kw.sample_data,
+            )
             problems = [([int(n) for n in r["nums"]], int(r["target"])) for r in rows]
         else:
             if kw.min_numbers > kw.max_numbers:

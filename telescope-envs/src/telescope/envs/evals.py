@@ -51,10 +51,11 @@ class Math500Eval(_MathEval):
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         return await self.rubric.score(
-            completion=completion, sample=sample,
+            completion=completion,
+            sample=sample,
             extra_sample_metrics={"level": sample.metadata["level"]},
             extra_sample_tags={"subject": sample.metadata["subject"]},
-        )  # fmt: skip
+        )
 
 
 class Aime2024Eval(_MathEval):

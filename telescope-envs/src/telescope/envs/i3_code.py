@@ -71,9 +71,14 @@ class I3CodeEnvironment(SingleTurnEnvironment):
         from telescope.envs.sample_data import sample_path
 
         kw = self.code_kwargs
-        rows = load_rows(dataset_name=kw.dataset_name or self.default_dataset, subset=kw.dataset_subset,
-                         split=kw.dataset_split or "train", data_files=kw.data_files,
-                         sample_file=sample_path("i3_code.jsonl"), use_sample=kw.sample_data)  # fmt: skip
+        rows = load_rows(
+            dataset_name=kw.dataset_name or self.default_dataset,
+            subset=kw.dataset_subset,
+            split=kw.dataset_split or "train",
+            data_files=kw.data_files,
+            sample_file=sample_path("i3_code.jsonl"),
+            use_sample=kw.sample_data,
+        )
         rng = random.Random(kw.seed)
         samples = [s for s in (self._row_to_sample(r, rng) for r in rows) if s is not None]
         limit = num_samples if num_samples >= 0 else kw.num_samples
@@ -105,8 +110,13 @@ class I3CodeEnvironment(SingleTurnEnvironment):
         from telescope.core.sandbox import SandboxConfig
 
         kw = self.code_kwargs
-        settings = {"image": kw.docker_image or None, "cpu": kw.cpu, "memory_mb": kw.memory_mb,
-                    "disk_size_gb": kw.disk_size_gb, "timeout_seconds": kw.timeout_minutes * 60}  # fmt: skip
+        settings = {
+            "image": kw.docker_image or None,
+            "cpu": kw.cpu,
+            "memory_mb": kw.memory_mb,
+            "disk_size_gb": kw.disk_size_gb,
+            "timeout_seconds": kw.timeout_minutes * 60,
+        }
         return SandboxConfig.model_validate(
             {"name": "i3-code", **{k: v for k, v in settings.items() if v is not None}}
         )
@@ -132,8 +142,9 @@ class I3CodeEnvironment(SingleTurnEnvironment):
                     self._provider = self._build_provider()
                 config = self.sandbox_config()
                 self._provider.check_config(config)
-                self._pool = await SandboxPool(self._provider, config, size=kw.pool_size,
-                                               max_sandboxes=max(kw.pool_size, 1)).start()  # fmt: skip
+                self._pool = await SandboxPool(
+                    self._provider, config, size=kw.pool_size, max_sandboxes=max(kw.pool_size, 1)
+                ).start()
             return self._pool
 
     async def prepare_resources(self) -> None:
@@ -166,9 +177,15 @@ class I3CodeEnvironment(SingleTurnEnvironment):
         from telescope.core.sandbox import SandboxError
 
         kw, info = self.code_kwargs, meta["verification_info"]
-        bundle = {"mode": "func" if info["fn_name"] else "stdin", "code": code, "fn_name": info["fn_name"],
-                  "inputs": info["inputs"], "outputs": info["outputs"], "timeout": kw.timeout_per_test,
-                  "workers": kw.runner_workers}  # fmt: skip
+        bundle = {
+            "mode": "func" if info["fn_name"] else "stdin",
+            "code": code,
+            "fn_name": info["fn_name"],
+            "inputs": info["inputs"],
+            "outputs": info["outputs"],
+            "timeout": kw.timeout_per_test,
+            "workers": kw.runner_workers,
+        }
         workdir = f"run_{uuid.uuid4().hex[:12]}"
         try:  # the provider and pool are built here, so their failures are counted and logged
             pool = await self._get_pool()
@@ -205,9 +222,14 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             if "<think>" in text and "</think>" not in text
             else extract_code_block(strip_think_tags(text))
         )
-        metrics = {"passed": 0.0, "pass_rate": 0.0, "sandbox_error": 0.0,
-                   "num_test_cases": float(sample.metadata["num_test_cases"]), "retry_count": 0.0,
-                   "generated_code_chars": float(len(code or ""))}  # fmt: skip
+        metrics = {
+            "passed": 0.0,
+            "pass_rate": 0.0,
+            "sandbox_error": 0.0,
+            "num_test_cases": float(sample.metadata["num_test_cases"]),
+            "retry_count": 0.0,
+            "generated_code_chars": float(len(code or "")),
+        }
         if not code:
             return RewardResult(
                 0.0, metrics, info_turns=[info_turn("error", "No code extracted", kind="stderr")]

@@ -76,7 +76,7 @@ class MathEnvironment(SingleTurnEnvironment):
             data_files=kw.data_files,
             sample_file=sample_path(self.sample_file) if kw.sample_data else None,
             use_sample=kw.sample_data,
-        )  # fmt: skip
+        )
 
     def reference_completion(self, sample: Sample) -> str | None:
         return f"The answer is \\boxed{{{sample.answer}}}."

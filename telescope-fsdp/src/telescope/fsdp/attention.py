@@ -24,6 +24,7 @@ reference the grouped path is tested against.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,9 @@ __all__ = [
     "GROUP_MAX_LEN",
     "PACKED_SDPA",
     "AttentionPlan",
+    "flash_attn_problem",
+    "flash_varlen_kwargs",
+    "uses_flash_attention",
     "grouped_attention",
     "packed_sdpa_attention",
     "per_sample_attention",
@@ -44,6 +48,8 @@ __all__ = [
 ]
 
 PACKED_SDPA = "telescope_packed_sdpa"
+
+log = logging.getLogger("telescope.fsdp")
 
 #: Samples up to this many tokens share batched SDPA calls; longer ones get their own call.
 GROUP_MAX_LEN = 256
@@ -220,3 +226,43 @@ def register_packed_sdpa() -> str:
 
     AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
     return PACKED_SDPA
+
+
+def flash_attn_problem() -> str | None:
+    """Why flash-attn cannot be used here, or None. It is imported, not only found: a wheel built for
+    another torch (or CUDA) is found but fails on import (undefined symbols), which would otherwise
+    crash the first forward pass."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed (docs/gpu.md: MAX_JOBS=8 pip install --no-build-isolation flash-attn)"
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken binary raises ImportError (undefined symbol), OSError, ...
+        return (
+            f"flash-attn is installed but does not import ({type(exc).__name__}: {exc}); it was probably built "
+            f"for another torch than {torch.__version__}: reinstall it with --no-build-isolation against this torch"
+        )
+    return None
+
+
+def flash_varlen_kwargs(position_ids: torch.Tensor) -> dict[str, Any]:
+    """transformers' flash-attention varlen kwargs for one packed row, computed once per micro-batch.
+
+    Without them transformers derives the same boundaries from ``position_ids`` in every layer (a
+    ``nonzero`` and a ``max().item()``: two device syncs per layer). Samples start where positions
+    stop counting up by one (``segment_lengths``, as ``packed_sdpa`` splits the row).
+    """
+    lengths = segment_lengths(position_ids.reshape(-1))
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=position_ids.device)
+    longest = max(lengths)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def uses_flash_attention(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (a transformers model) runs a flash-attention implementation."""
+    config = getattr(model, "config", None)
+    return "flash" in str(getattr(config, "_attn_implementation", None) or "")

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from telescope.core.schedules import LRSchedule
 from telescope.core.trainer import RankBatch, TrainerBackend
 from telescope.core.training.process_group import init_process_group, pick_device
+from telescope.core.training.schedules import LRSchedule
 from telescope.core.training.tensors import move_to_device, prepare_tensors
 from telescope.core.training.timing import StepTimer
 from telescope.fsdp import checkpoint

@@ -12,20 +12,24 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from telescope.core.schedules import LRSchedule
 from telescope.core.trainer import RankBatch, TrainerBackend
 from telescope.core.training.process_group import init_process_group
+from telescope.core.training.schedules import LRSchedule
 from telescope.core.training.timing import StepTimer
 from telescope.megatron import checkpoint
 from telescope.megatron.availability import unavailable_reason
 from telescope.megatron.mapping import MegatronToHFStream, model_spec_from_hf_config
+from telescope.megatron.mapping.rules import ExpertLayout, inference_expert_layout
 from telescope.megatron.options import MegatronBackendKwargs
 from telescope.megatron.parallel import ParallelLayout, resolve_parallel_layout
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["MegatronBackend", "build_state", "create_megatron_backend"]
 
@@ -33,14 +37,14 @@ logger = logging.getLogger(__name__)
 
 
 def create_megatron_backend(
-    kwargs: MegatronBackendKwargs | None = None, *, cfg: Any, registry: Any = None
+    kwargs: MegatronBackendKwargs | None = None, *, cfg: TelescopeConfig, registry: Any = None
 ) -> MegatronBackend:
     """Registry factory: ``registry.create("trainer_backend", "megatron", kwargs, cfg=cfg)``."""
     return MegatronBackend(cfg, kwargs, registry=registry)
 
 
 def build_state(
-    cfg: Any,
+    cfg: TelescopeConfig,
     kwargs: MegatronBackendKwargs,
     layout: ParallelLayout,
     device: torch.device,
@@ -72,7 +76,7 @@ class MegatronBackend(TrainerBackend):
     """One trainer rank. Build with the run config, then call ``init()`` on every rank."""
 
     def __init__(
-        self, cfg: Any, kwargs: MegatronBackendKwargs | None = None, *, registry: Any = None
+        self, cfg: TelescopeConfig, kwargs: MegatronBackendKwargs | None = None, *, registry: Any = None
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -170,10 +174,19 @@ class MegatronBackend(TrainerBackend):
         TP/EP all-gathers and PP sends happen per parameter; with
         ``weight_broadcast_free_grad_buffers`` the DDP gradient buffers are released meanwhile.
         """
+        import transformers
+
+        layout = inference_expert_layout(str(self.cfg.inference_engine), transformers.__version__)
+        return self.iter_hf_weights(dtype, expert_layout=layout)
+
+    def iter_hf_weights(
+        self, dtype: torch.dtype | None = None, *, expert_layout: ExpertLayout = "per_expert"
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``iter_weights_for_inference`` with MoE experts in ``expert_layout`` (collective)."""
         from telescope.megatron.export import grad_buffers_freed, iter_full_megatron_params
 
         st = self.require_state()
-        stream = MegatronToHFStream(st.built.spec, te_spec=st.use_te)
+        stream = MegatronToHFStream(st.built.spec, te_spec=st.use_te, expert_layout=expert_layout)
         free = bool(getattr(self.cfg, "weight_broadcast_free_grad_buffers", False))
         with grad_buffers_freed(st.built.chunks, free):
             t0 = time.perf_counter()

@@ -16,7 +16,8 @@ Layout of a checkpoint directory (shared names: ``telescope.core.checkpoint.layo
 - ``trainer_meta.json`` (rank 0, last): backend, base model, step, training_state, vocab and
   padded vocab, TP/PP/EP sizes;
 - ``hf/`` (when ``checkpoint_hf_weights``): ``model-XXXXX.safetensors`` + index + ``config.json``,
-  written by global rank 0 from ``iter_weights_for_inference``; converting to HF is a copy.
+  written by global rank 0 from ``iter_hf_weights`` (experts per expert); converting to HF is a copy
+  (``telescope.megatron.convert.write_hf_weights``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,18 +33,37 @@ import torch.distributed as dist
 from telescope.core.checkpoint.hf_meta import write_hf_meta
 from telescope.core.checkpoint.layout import HF_META_DIR, TRAINER_META, TRAINER_STATE, read_trainer_meta
 from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
+from telescope.megatron.mapping.rules import ExpertLayout
 
 if TYPE_CHECKING:
-    from telescope.megatron.backend import MegatronBackend
+    from collections.abc import Iterator
 
-__all__ = ["load", "save", "write_hf_weights"]
+    from telescope.megatron.options import MegatronBackendKwargs
+    from telescope.megatron.parallel import ParallelLayout
+
+__all__ = ["CheckpointedBackend", "load", "save", "save_hf_weights"]
+
+
+class CheckpointedBackend(Protocol):
+    """What checkpoints need of a Megatron backend (``MegatronBackend`` is one; this module never
+    imports it, so backend -> checkpoint is the only import between the two)."""
+
+    kwargs: MegatronBackendKwargs
+    layout: ParallelLayout
+
+    def require_state(self) -> Any: ...
+
+    def iter_hf_weights(
+        self, dtype: torch.dtype | None = None, *, expert_layout: ExpertLayout = "per_expert"
+    ) -> Iterator[tuple[str, torch.Tensor]]: ...
+
 
 logger = logging.getLogger(__name__)
 
 SHARD_BYTES = 4 * 2**30
 
 
-def save(backend: MegatronBackend, directory: str, *, training_state: bool = True) -> None:
+def save(backend: CheckpointedBackend, directory: str, *, training_state: bool = True) -> None:
     """Write the checkpoint (collective: every rank calls it)."""
     from megatron.core import dist_checkpointing, tensor_parallel
 
@@ -57,7 +77,7 @@ def save(backend: MegatronBackend, directory: str, *, training_state: bool = Tru
     rank = dist.get_rank()
     save_rng_states(path, rank, extra={"tracker": tensor_parallel.get_cuda_rng_tracker().get_states()})
     if backend.kwargs.checkpoint_hf_weights:
-        write_hf_weights(backend, path / "hf")
+        save_hf_weights(backend, path / "hf")
     if rank == 0:
         torch.save({"step": st.scheduler_step, "counters": dict(st.counters)}, path / TRAINER_STATE)
         write_hf_meta(st.cfg.model, path / HF_META_DIR)
@@ -68,7 +88,7 @@ def save(backend: MegatronBackend, directory: str, *, training_state: bool = Tru
     dist.barrier()
 
 
-def _meta(backend: MegatronBackend) -> dict[str, Any]:
+def _meta(backend: CheckpointedBackend) -> dict[str, Any]:
     st, layout = backend.require_state(), backend.layout
     return {
         "backend": "megatron",
@@ -81,8 +101,9 @@ def _meta(backend: MegatronBackend) -> dict[str, Any]:
     }
 
 
-def write_hf_weights(backend: MegatronBackend, out: Path) -> None:
-    """HF safetensors shards of the current weights (collective; rank 0 writes)."""
+def save_hf_weights(backend: CheckpointedBackend, out: Path) -> None:
+    """HF safetensors shards of the current weights (collective; rank 0 writes), MoE experts per
+    expert as on the hub (transformers 4 and 5 and vLLM all load that layout)."""
     from safetensors.torch import save_file
 
     shard: dict[str, torch.Tensor] = {}
@@ -100,7 +121,7 @@ def write_hf_weights(backend: MegatronBackend, out: Path) -> None:
 
     if dist.get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
-    for name, tensor in backend.iter_weights_for_inference():
+    for name, tensor in backend.iter_hf_weights(expert_layout="per_expert"):
         shard[name] = tensor.detach().to("cpu").contiguous()
         if sum(t.numel() * t.element_size() for t in shard.values()) >= SHARD_BYTES:
             flush()
@@ -112,7 +133,7 @@ def write_hf_weights(backend: MegatronBackend, out: Path) -> None:
         backend.require_state().built.hf_config.save_pretrained(str(out))
 
 
-def load(backend: MegatronBackend, directory: str, *, training_state: bool = True) -> dict[str, Any]:
+def load(backend: CheckpointedBackend, directory: str, *, training_state: bool = True) -> dict[str, Any]:
     """Restore model (+ optimizer), schedule step, counters and RNG (collective);
     returns ``{"step", "training_state"}``."""
     from megatron.core import dist_checkpointing, tensor_parallel

@@ -5,7 +5,8 @@ tests/megatron/test_megatron_core_cpu.py): local spec, fp32, all five architectu
 EP 2 - logits equal HF's. Never run: CUDA, the TE spec, bf16 (Float16Module), FP8; the ``gpu``
 tests in tests/megatron/test_gpu.py cover those.
 
-Weights: the HF model is loaded on CPU with ``from_pretrained`` (so hub ids, local paths and
+Weights: read tensor by tensor from the checkpoint's safetensors files (``mapping.source``; a rank
+reads only what it holds), else the HF model is loaded on CPU with ``from_pretrained`` (so hub ids, local paths and
 transformers' own checkpoint conversions all work), converted with ``telescope.megatron.mapping``
 and each rank copies in its own TP shard / pipeline layers / experts.
 """
@@ -14,16 +15,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from telescope.megatron.mapping import ModelSpec, hf_to_megatron, model_spec_from_hf_config
+from telescope.megatron.mapping import ModelSpec, model_spec_from_hf_config
 from telescope.megatron.mapping.placement import global_name
+from telescope.megatron.mapping.source import MegatronFromHF, open_hf_checkpoint
 from telescope.megatron.mapping.tp import expert_index, shard_tensor, tp_partition
 from telescope.megatron.options import MegatronBackendKwargs
 from telescope.megatron.parallel import ParallelLayout
 from telescope.megatron.settings import ddp_config_kwargs, gpt_model_kwargs, transformer_config_kwargs
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["BuiltModel", "build_model", "rank_offsets"]
 
@@ -47,11 +52,30 @@ class BuiltModel:
     padded_vocab: int
 
 
-def materialize(kw: dict[str, Any]) -> dict[str, Any]:
-    """Strings in the torch-free settings dicts -> the objects Megatron expects."""
+def attn_backend(name: str, enum_cls: Any = None) -> Any:
+    """Megatron's ``AttnBackend`` member for ``name``. ``TransformerConfig`` compares
+    ``attention_backend`` with the enum's members, so a string silently selects nothing."""
+    if enum_cls is None:
+        from megatron.core.transformer.enums import AttnBackend
+
+        enum_cls = AttnBackend
+    try:
+        return enum_cls[name]
+    except KeyError:
+        known = ", ".join(m.name for m in enum_cls)
+        raise ValueError(
+            f"attention_backend: {name!r} is not one of Megatron's AttnBackend ({known})"
+        ) from None
+
+
+def materialize(kw: dict[str, Any], attn_backend_enum: Any = None) -> dict[str, Any]:
+    """Strings in the torch-free settings dicts -> the objects Megatron expects (dtypes, the
+    activation function, the ``AttnBackend`` enum)."""
     out = dict(kw)
     if out.get("activation_func") == "silu":
         out["activation_func"] = torch.nn.functional.silu
+    if isinstance(out.get("attention_backend"), str):
+        out["attention_backend"] = attn_backend(out["attention_backend"], attn_backend_enum)
     for key in (
         "params_dtype",
         "pipeline_dtype",
@@ -90,7 +114,7 @@ def rank_offsets(gpt: Any, spec: ModelSpec) -> tuple[int, int]:
 
 
 def build_model(
-    cfg: Any, kwargs: MegatronBackendKwargs, layout: ParallelLayout, device: torch.device
+    cfg: TelescopeConfig, kwargs: MegatronBackendKwargs, layout: ParallelLayout, device: torch.device
 ) -> BuiltModel:
     """GPTModel for this rank with the HF weights loaded, in Float16Module and Megatron DDP."""
     from transformers import AutoConfig
@@ -129,7 +153,7 @@ def build_model(
     return BuiltModel([ddp], gpt, tc, spec, hf_config, padded_vocab)
 
 
-def _wire_grad_sync(tc: Any, ddp: Any, cfg: Any) -> None:
+def _wire_grad_sync(tc: Any, ddp: Any, cfg: TelescopeConfig) -> None:
     """What Megatron's own training loop sets up: without ``finalize_model_grads_func`` the
     schedules never all-reduce gradients across data-parallel ranks."""
     from megatron.core.distributed import finalize_model_grads
@@ -141,15 +165,23 @@ def _wire_grad_sync(tc: Any, ddp: Any, cfg: Any) -> None:
 
 
 @torch.no_grad()
-def load_hf_weights(gpt: Any, cfg: Any, spec: ModelSpec, use_te: bool, padded_vocab: int) -> None:
+def load_hf_weights(gpt: Any, cfg: TelescopeConfig, spec: ModelSpec, use_te: bool, padded_vocab: int) -> None:
     """Copy this rank's part of the HF checkpoint into ``gpt`` (every local parameter is set)."""
     from transformers import AutoModelForCausalLM
 
     from megatron.core import parallel_state as ps
 
-    hf = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    full = hf_to_megatron(hf.state_dict(), spec, te_spec=use_te, padded_vocab=padded_vocab)
-    del hf
+    checkpoint = open_hf_checkpoint(cfg.model)
+    full = (
+        None
+        if checkpoint is None
+        else MegatronFromHF(checkpoint, spec, te_spec=use_te, padded_vocab=padded_vocab)
+    )
+    if full is None or full.missing():  # nothing to read lazily: the whole model, once, on this rank
+        why = "no local safetensors checkpoint" if full is None else f"its files lack {full.missing()[:3]}"
+        logger.warning("%s: %s; loading the whole model on every rank with from_pretrained", cfg.model, why)
+        state = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).state_dict()
+        full = MegatronFromHF(state, spec, te_spec=use_te, padded_vocab=padded_vocab)
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     etp, etp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
     layer_offset, expert_offset = rank_offsets(gpt, spec)
@@ -161,7 +193,7 @@ def load_hf_weights(gpt: Any, cfg: Any, spec: ModelSpec, use_te: bool, padded_vo
             raise KeyError(f"Megatron parameter {name} (global {gname}) has no HF source tensor")
         is_expert = expert_index(gname) is not None
         shard = shard_tensor(
-            full[gname], tp_partition(gname), etp if is_expert else tp, etp_rank if is_expert else tp_rank
+            full.get(gname), tp_partition(gname), etp if is_expert else tp, etp_rank if is_expert else tp_rank
         )
         if shard.shape != param.shape:
             raise ValueError(

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["MegatronConfigError", "ParallelLayout", "resolve_parallel_layout"]
 
@@ -79,7 +82,7 @@ class ParallelLayout:
 
 
 def resolve_parallel_layout(
-    cfg: Any, world_size: int | None = None, num_experts: int | None = None
+    cfg: TelescopeConfig, world_size: int | None = None, num_experts: int | None = None
 ) -> ParallelLayout:
     """Check the ``megatron_*`` fields of ``cfg`` and return the layout.
 
@@ -138,7 +141,7 @@ def _size_problems(world: int, tp: int, pp: int, cp: int, ep: int, num_experts: 
     return problems
 
 
-def _feature_problems(cfg: Any) -> list[str]:
+def _feature_problems(cfg: TelescopeConfig) -> list[str]:
     problems = []
     if cfg.megatron_fp8 and not cfg.megatron_use_transformer_engine:
         problems.append(
@@ -167,7 +170,7 @@ def _feature_problems(cfg: Any) -> list[str]:
     return problems
 
 
-def _global_batch_size(cfg: Any) -> tuple[int, list[str]]:
+def _global_batch_size(cfg: TelescopeConfig) -> tuple[int, list[str]]:
     prompts, minibatches = cfg.prompts_batch_size_for_trainer, cfg.number_of_minibatches
     if prompts % minibatches:
         return 0, [

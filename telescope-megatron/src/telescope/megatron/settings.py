@@ -10,22 +10,25 @@ turned into ``torch.nn.functional.silu`` by the backend.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.megatron.mapping.spec import ModelSpec
 from telescope.megatron.options import MegatronBackendKwargs
 from telescope.megatron.parallel import ParallelLayout
 
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 __all__ = ["ddp_config_kwargs", "gpt_model_kwargs", "optimizer_config_kwargs", "transformer_config_kwargs"]
 
 
-def _precision(cfg: Any) -> dict[str, Any]:
+def _precision(cfg: TelescopeConfig) -> dict[str, Any]:
     dtype = cfg.mixed_precision_dtype or cfg.model_dtype
     return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16", "params_dtype": dtype}
 
 
 def transformer_config_kwargs(
-    spec: ModelSpec, cfg: Any, layout: ParallelLayout, kwargs: MegatronBackendKwargs
+    spec: ModelSpec, cfg: TelescopeConfig, layout: ParallelLayout, kwargs: MegatronBackendKwargs
 ) -> dict[str, Any]:
     """``TransformerConfig`` fields for ``spec`` trained with ``cfg``'s megatron settings."""
     kw: dict[str, Any] = {
@@ -86,7 +89,7 @@ def _moe_kwargs(spec: ModelSpec, te: bool) -> dict[str, Any]:
     }
 
 
-def gpt_model_kwargs(spec: ModelSpec, cfg: Any, padded_vocab: int) -> dict[str, Any]:
+def gpt_model_kwargs(spec: ModelSpec, cfg: TelescopeConfig, padded_vocab: int) -> dict[str, Any]:
     """``GPTModel`` keyword arguments (besides config and layer spec)."""
     return {
         "vocab_size": padded_vocab,
@@ -99,7 +102,7 @@ def gpt_model_kwargs(spec: ModelSpec, cfg: Any, padded_vocab: int) -> dict[str, 
     }
 
 
-def optimizer_config_kwargs(cfg: Any, kwargs: MegatronBackendKwargs) -> dict[str, Any]:
+def optimizer_config_kwargs(cfg: TelescopeConfig, kwargs: MegatronBackendKwargs) -> dict[str, Any]:
     """``OptimizerConfig`` fields: Adam with the run's lr/weight decay/clip and the megatron_* memory knobs."""
     kw: dict[str, Any] = {
         "optimizer": "adam",
@@ -132,7 +135,7 @@ def optimizer_config_kwargs(cfg: Any, kwargs: MegatronBackendKwargs) -> dict[str
     return kw
 
 
-def ddp_config_kwargs(cfg: Any) -> dict[str, Any]:
+def ddp_config_kwargs(cfg: TelescopeConfig) -> dict[str, Any]:
     """``DistributedDataParallelConfig`` fields."""
     return {
         "grad_reduce_in_fp32": cfg.megatron_grad_reduce_in_fp32,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,10 @@ from telescope.megatron.model import BuiltModel
 from telescope.megatron.packed import packed_boundaries, pad_row, split_segments, to_packed_seq_params
 from telescope.megatron.vocab_parallel import vocab_parallel_logprobs_and_entropy
 
-__all__ = ["MegatronState", "run_minibatches"]
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
+__all__ = ["MegatronState", "model_call_kwargs", "run_minibatches"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ logger = logging.getLogger(__name__)
 class MegatronState:
     """Everything a step needs; built by ``MegatronBackend.init``."""
 
-    cfg: Any
+    cfg: TelescopeConfig
     built: BuiltModel
     optimizer: Any
     algorithm: Algorithm
@@ -120,9 +123,24 @@ def _logprobs_only(st: MegatronState, item: _Item, output: torch.Tensor) -> Any:
     return output.new_zeros(()), {"logprobs": logprobs.detach()}
 
 
+def model_call_kwargs(config: Any) -> dict[str, Any]:
+    """Extra keyword arguments of the model call. In bf16/fp16 the model is wrapped in Megatron's
+    ``Float16Module``, which by default (``fp32_output=True``) upcasts the last stage's whole logits
+    ``[L, V]`` to fp32 at once; the logprob and entropy code upcasts chunk by chunk (``token_logprobs``,
+    ``entropy_chunk_size``) or per vocabulary shard, from the same bf16 values (bit-identical results),
+    so the logits stay in the compute dtype."""
+    return {"fp32_output": False} if (config.bf16 or config.fp16) else {}
+
+
 def _forward_step(st: MegatronState, loss_fn: Any, data_iterator: Any, model: Any) -> Any:
     item = next(data_iterator)
-    output = model(item.mb.input_ids, item.mb.position_ids, None, packed_seq_params=item.packed_seq_params)
+    output = model(
+        item.mb.input_ids,
+        item.mb.position_ids,
+        None,
+        packed_seq_params=item.packed_seq_params,
+        **model_call_kwargs(st.built.config),
+    )
     return output, partial(loss_fn, item)
 
 

@@ -56,9 +56,11 @@ class E2BSandboxProvider(SandboxProvider):
 
     def check_config(self, config: SandboxConfig) -> None:
         reject_explicit(
-            config, _PROVIDER, ("cpu", "memory_mb", "disk_size_gb", "max_processes"),
+            config,
+            _PROVIDER,
+            ("cpu", "memory_mb", "disk_size_gb", "max_processes"),
             "E2B takes resources from the template (set them when building it)",
-        )  # fmt: skip
+        )
         reject_explicit(config, _PROVIDER, ("gpu_count",), "E2B offers no GPUs")
 
     def _errors(self) -> dict[type[BaseException], type[SandboxError]]:

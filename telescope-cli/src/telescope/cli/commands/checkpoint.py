@@ -76,7 +76,10 @@ def convert(
     except (ConversionError, NotImplementedError, FileNotFoundError) as exc:
         raise _fail(str(exc), debug) from None
     except ImportError as exc:
-        raise _fail(f"checkpoint conversion needs torch, safetensors and transformers ({exc}); "
-                    "pip install telescope-fsdp", debug) from None  # fmt: skip
+        raise _fail(
+            f"checkpoint conversion needs torch, safetensors and transformers ({exc}); "
+            "pip install telescope-fsdp",
+            debug,
+        ) from None
     done = sum(not r.skipped for r in results)
     console.print(f"{done} converted, {len(results) - done} skipped, in {time.perf_counter() - start:.1f} s")

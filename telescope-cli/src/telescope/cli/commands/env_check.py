@@ -79,11 +79,22 @@ def check(
     else:
         cfg, registry = None, load_plugins(files=[local_plugin_name(p) for p in plugins])[1]
     as_eval = as_eval or (not registry.has("environment", name) and registry.has("eval", name))
-    tokenizer = _tokenizer(model or (cfg.model if cfg is not None else "telescope/tiny"),
-                           cfg.chat_template if cfg is not None else None)  # fmt: skip
+    tokenizer = _tokenizer(
+        model or (cfg.model if cfg is not None else "telescope/tiny"),
+        cfg.chat_template if cfg is not None else None,
+    )
     chat = ChatOptions.from_config(cfg) if cfg is not None else None
-    lines = asyncio.run(check_environment(registry, name, _kwargs(kwargs, cfg, name, as_eval), tokenizer=tokenizer,
-                                          chat=chat, num_samples=samples, as_eval=as_eval))  # fmt: skip
+    lines = asyncio.run(
+        check_environment(
+            registry,
+            name,
+            _kwargs(kwargs, cfg, name, as_eval),
+            tokenizer=tokenizer,
+            chat=chat,
+            num_samples=samples,
+            as_eval=as_eval,
+        )
+    )
     failed = print_check_lines(lines, width=9)
     if failed:
         err_console.print(f"[bold red]{name}: {failed} check(s) failed[/]")

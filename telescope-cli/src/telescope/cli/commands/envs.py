@@ -43,10 +43,15 @@ def _kwargs_table(component: Component) -> list[dict[str, Any]]:
             default: Any = field.default_factory()  # type: ignore[call-arg]
         else:
             default = None if field.default is PydanticUndefined else field.default
-        rows.append({
-            "name": name, "type": _type_name(field.annotation), "default": default,
-            "required": field.is_required(), "description": field.description or "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": name,
+                "type": _type_name(field.annotation),
+                "default": default,
+                "required": field.is_required(),
+                "description": field.description or "",
+            }
+        )
     return rows
 
 
@@ -63,18 +68,23 @@ def environment_listing() -> list[dict[str, Any]]:
         for comp in registry.components(kind):
             meta = dict(comp.meta)
             missing = _missing_optional(meta)
-            out.append({
-                "name": comp.name, "kind": kind,
-                "turns": "multi" if meta.get("multi_turn") else "single",
-                "description": comp.description,
-                "plugin": comp.plugin.name, "distribution": comp.plugin.distribution,
-                "available": comp.available, "unavailable": comp.unavailable,
-                "install": meta.get("install") if not comp.available else None,
-                "requires": meta.get("requires", []),
-                "missing_optional": missing,
-                "optional_install": meta.get("optional_install") if missing else None,
-                "kwargs": _kwargs_table(comp),
-            })  # fmt: skip
+            out.append(
+                {
+                    "name": comp.name,
+                    "kind": kind,
+                    "turns": "multi" if meta.get("multi_turn") else "single",
+                    "description": comp.description,
+                    "plugin": comp.plugin.name,
+                    "distribution": comp.plugin.distribution,
+                    "available": comp.available,
+                    "unavailable": comp.unavailable,
+                    "install": meta.get("install") if not comp.available else None,
+                    "requires": meta.get("requires", []),
+                    "missing_optional": missing,
+                    "optional_install": meta.get("optional_install") if missing else None,
+                    "kwargs": _kwargs_table(comp),
+                }
+            )
     return out
 
 

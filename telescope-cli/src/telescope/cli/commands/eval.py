@@ -16,7 +16,7 @@ CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _summary(ref: Any, results: list[Any]) -> None:
-    from telescope.core.observe.console import format_eval
+    from telescope.core.observe.loggers.console import format_eval
 
     for r in results:
         err_console.print(
@@ -49,8 +49,12 @@ def eval_command(
     _, registry = load_plugins()
     check_eval_names(run, registry)
     refs = discover_checkpoints(run)
-    say("telescope eval", f"{eval_yaml}: {len(refs)} checkpoint(s) (steps {', '.join(str(r.step) for r in refs)}), "
-        f"evals {', '.join(e.name for e in run.evals)}, results in {run.resolved_run_dir / 'evals'}", style="bold")  # fmt: skip
+    say(
+        "telescope eval",
+        f"{eval_yaml}: {len(refs)} checkpoint(s) (steps {', '.join(str(r.step) for r in refs)}), "
+        f"evals {', '.join(e.name for e in run.evals)}, results in {run.resolved_run_dir / 'evals'}",
+        style="bold",
+    )
     with Progress(console=err_console, transient=True) as bar:
         tasks: dict[str, Any] = {}
 
@@ -62,7 +66,11 @@ def eval_command(
                 tasks.pop(name)  # the next checkpoint starts a fresh bar
 
         run_reporting_failures(
-            lambda: asyncio.run(evaluate_checkpoints(run, registry, progress=progress, on_checkpoint=_summary)),
-            what="eval", interrupted="the eval servers were stopped",
-            logs=f"{run.resolved_run_dir}/logs/eval_inference", debug=debug,
-        )  # fmt: skip
+            lambda: asyncio.run(
+                evaluate_checkpoints(run, registry, progress=progress, on_checkpoint=_summary)
+            ),
+            what="eval",
+            interrupted="the eval servers were stopped",
+            logs=f"{run.resolved_run_dir}/logs/eval_inference",
+            debug=debug,
+        )

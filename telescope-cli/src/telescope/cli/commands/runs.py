@@ -16,7 +16,7 @@ from rich.table import Table
 from telescope.cli.errors import say
 from telescope.cli.health import run_health
 from telescope.cli.style import new_app
-from telescope.core.observe.reader import RunDirError, RunDirReader
+from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
 
 app = new_app(help="Inspect run directories.", no_args_is_help=True)
@@ -29,10 +29,20 @@ def _runs() -> None:
 
 #: Config fields shown in the summary, in this order (those missing are skipped).
 HIGHLIGHT_KEYS = (
-    "model", "algorithm", "train_backend", "inference_engine", "environments", "number_of_steps",
-    "group_size", "prompts_batch_size_for_trainer", "learning_rate", "max_async_rollout",
-    "max_off_policy_steps", "seq_len", "seed",
-)  # fmt: skip
+    "model",
+    "algorithm",
+    "train_backend",
+    "inference_engine",
+    "environments",
+    "number_of_steps",
+    "group_size",
+    "prompts_batch_size_for_trainer",
+    "learning_rate",
+    "max_async_rollout",
+    "max_off_policy_steps",
+    "seq_len",
+    "seed",
+)
 _BARS = "▁▂▃▄▅▆▇█"
 #: Step metrics a reader looks for first, in this order (those missing are skipped).
 HEADLINE_METRICS = ("reward/mean", "loss", "entropy", "kl_divergence_inference", "grad_norm")

@@ -54,13 +54,19 @@ def train(
     try:
         runtime = importlib.import_module("telescope.core.runtime")
     except ModuleNotFoundError:
-        say("error:", "the training runtime (orchestrator on Ray) is not part of this release yet; "
-            "the config above is valid but no training was run.")  # fmt: skip
+        say(
+            "error:",
+            "the training runtime (orchestrator on Ray) is not part of this release yet; "
+            "the config above is valid but no training was run.",
+        )
         raise typer.Exit(code=1) from None
     code = run_reporting_failures(
-        lambda: int(runtime.run_training(run.cfg, run.pset, run.registry) or 0), what="training",
-        interrupted="every server and trainer process was stopped", logs=f"{cfg.resolved_run_dir}/logs", debug=debug,
-    )  # fmt: skip
+        lambda: int(runtime.run_training(run.cfg, run.pset, run.registry) or 0),
+        what="training",
+        interrupted="every server and trainer process was stopped",
+        logs=f"{cfg.resolved_run_dir}/logs",
+        debug=debug,
+    )
     raise typer.Exit(code=code)
 
 

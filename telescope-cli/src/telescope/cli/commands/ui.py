@@ -78,7 +78,7 @@ def ui(
             f"[bold red]error:[/] telescope ui needs the ui extra ({exc}): pip install 'telescope-cli[ui]'"
         )
         raise typer.Exit(code=2) from None
-    from telescope.core.observe.reader import RunDirError
+    from telescope.core.observe.rundir.reader import RunDirError
 
     targets = list(paths or [])
     if wandb:

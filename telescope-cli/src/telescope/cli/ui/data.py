@@ -27,7 +27,7 @@ from telescope.cli.ui.records import MetricsStore, RecordLog
 from telescope.cli.ui.rollouts import RolloutFilter, RolloutStore
 from telescope.cli.ui.timeline import EventStore, build_spans, trainer_phases
 from telescope.core.models.tiny import builtin_model_name
-from telescope.core.observe.layout import (
+from telescope.core.observe.rundir.layout import (
     CONFIG_FILE,
     EVAL_METRICS_FILE,
     EVAL_SAMPLES_FILE,
@@ -35,7 +35,7 @@ from telescope.core.observe.layout import (
     RUN_FILE,
     SYSTEM_FILE,
 )
-from telescope.core.observe.reader import RunDirError, read_run_meta
+from telescope.core.observe.rundir.reader import RunDirError, read_run_meta
 
 __all__ = ["RunData", "Workspace", "declared_ranges"]
 
@@ -328,7 +328,7 @@ class RunData:
         return {"records": list(self.evals.records), "revision": self.evals.revision}
 
     def eval_samples(self, name: str, step: int, limit: int = 200) -> list[dict[str, Any]]:
-        from telescope.core.observe.jsonl import iter_jsonl
+        from telescope.core.observe.rundir.jsonl import iter_jsonl
 
         out = []
         for row in iter_jsonl(self.path / EVAL_SAMPLES_FILE):

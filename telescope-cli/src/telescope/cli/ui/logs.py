@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.cli.ui.tail import FileTail
-from telescope.core.observe.layout import LOGS_DIR
+from telescope.core.observe.rundir.layout import LOGS_DIR
 from telescope.core.observe.stdio import strip_ansi
 
 __all__ = ["LEVELS", "LogStore", "parse_line"]

@@ -15,8 +15,8 @@ from typing import Any
 
 from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.cli.ui.tail import parse_json_line, read_at
-from telescope.core.observe.blocks import block_files
-from telescope.core.observe.layout import ROLLOUTS_DIR, ROLLOUTS_FILE
+from telescope.core.observe.rundir.blocks import block_files
+from telescope.core.observe.rundir.layout import ROLLOUTS_DIR, ROLLOUTS_FILE
 from telescope.core.observe.stats import gini, summary
 
 __all__ = ["RolloutFilter", "RolloutStore", "outcome_of", "step_summary"]

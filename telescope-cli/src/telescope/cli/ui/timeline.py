@@ -18,8 +18,8 @@ from typing import Any
 
 from telescope.cli.ui.index import StepIndex
 from telescope.cli.ui.tail import parse_json_line, read_at
-from telescope.core.observe.blocks import block_files
-from telescope.core.observe.layout import EVENTS_DIR, EVENTS_FILE
+from telescope.core.observe.rundir.blocks import block_files
+from telescope.core.observe.rundir.layout import EVENTS_DIR, EVENTS_FILE
 
 __all__ = ["EventStore", "TRAINER_PHASES", "build_spans"]
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from telescope.core.observe.layout import CONFIG_FILE, METRICS_FILE, RUN_FILE, write_json_atomic
-from telescope.core.observe.records import SCHEMA_VERSION
+from telescope.core.observe.rundir.layout import CONFIG_FILE, METRICS_FILE, RUN_FILE, write_json_atomic
+from telescope.core.observe.rundir.records import SCHEMA_VERSION
 
 __all__ = ["cache_root", "pull_run", "pull_runs"]
 

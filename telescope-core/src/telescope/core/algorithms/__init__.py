@@ -40,7 +40,7 @@ __all__ = [
 
 _LAZY = {
     "Algorithm": "telescope.core.algorithms.base",
-    "LossInputs": "telescope.core.algorithms.base",
+    "LossInputs": "telescope.core.algorithms.inputs",
     "LossOutputs": "telescope.core.algorithms.base",
     "StepMetrics": "telescope.core.algorithms.metrics",
     "kl_divergence_inference": "telescope.core.algorithms.metrics",

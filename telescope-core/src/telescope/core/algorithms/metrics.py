@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from telescope.core.algorithms.base import LossInputs
+    from telescope.core.algorithms.inputs import LossInputs
 
 __all__ = [
     "StepMetrics",

@@ -13,7 +13,7 @@ import importlib.util
 from telescope.core import hookimpl
 from telescope.core.registry import Register
 
-_MODULE = "telescope.core.observe"
+_MODULE = "telescope.core.observe.loggers"
 
 
 def _missing(*modules: str, install: str | None = None) -> str | None:

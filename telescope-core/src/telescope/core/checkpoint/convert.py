@@ -43,12 +43,28 @@ from telescope.core.checkpoint.layout import (
 )
 
 __all__ = [
-    "ConversionError", "ConvertResult", "backend_converter", "convert_all", "convert_checkpoint", "match_config_dtype",
-    "parse_size", "stored_float_dtype",
-]  # fmt: skip
+    "ConversionError",
+    "ConvertResult",
+    "backend_converter",
+    "convert_all",
+    "convert_checkpoint",
+    "match_config_dtype",
+    "parse_size",
+    "stored_float_dtype",
+]
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 class ConversionError(ValueError):
@@ -93,7 +109,7 @@ def convert_checkpoint(
 
     The weights are written by the converter the checkpoint's trainer backend registered
     (``checkpoint_converter``, see ``backend_converter``); ``registry`` defaults to the installed plugins.
-    """  # fmt: skip
+    """
     src, out = Path(src), Path(out)
     limit = parse_size(max_shard_size)
     backend = _check_source(src)

@@ -19,10 +19,18 @@ logger = logging.getLogger(__name__)
 
 #: Non-weight files of a model folder that describe the model and its tokenizer.
 HF_META_PATTERNS = (
-    "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
-    "merges.txt", "added_tokens.json", "chat_template.*", "preprocessor_config.json", "*.tiktoken",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab.*",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.*",
+    "preprocessor_config.json",
+    "*.tiktoken",
     "*.py",  # remote-code models (auto_map) need their modelling files next to config.json
-)  # fmt: skip
+)
 
 
 def _is_meta_file(name: str) -> bool:

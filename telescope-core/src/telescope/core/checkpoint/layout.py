@@ -35,8 +35,12 @@ TRAINER_STATE = "trainer_state.pt"
 TRAINER_META = "trainer_meta.json"
 HF_META_DIR = "hf_meta"
 DCP_METADATA = ".metadata"
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                   "pytorch_model.bin.index.json")  # fmt: skip
+HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def rng_file(directory: str | Path, rank: int) -> Path:

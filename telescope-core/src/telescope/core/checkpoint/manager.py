@@ -130,8 +130,13 @@ class CheckpointManager:
             raise ValueError(
                 f"{partial} is not a folder made by begin() under {self.root}; call begin(step) first"
             )
-        record = {"format": FORMAT, "version": FORMAT_VERSION, "step": step,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(meta or {})}  # fmt: skip
+        record = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **(meta or {}),
+        }
         _fsync_tree(partial)
         tmp = partial / (META_FILE + ".tmp")
         with open(tmp, "w") as f:

@@ -5,6 +5,10 @@ Shared by the FSDP and Megatron backends: ``save_rng_states(dir, rank, extra=...
 backend's ``extra`` entries (e.g. Megatron's model-parallel CUDA RNG tracker), or None when
 the file is missing (loaded with more ranks than saved: the RNG is left as it is, with a
 warning). torch is imported inside the functions.
+
+The file is data, never code: numpy's state is saved as a tensor and every file is read with
+``torch.load(weights_only=True)`` (files of older releases, which pickled numpy arrays, load
+with exactly numpy's array-rebuilding globals allowed), so a crafted checkpoint cannot run code.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ def capture_rng_states() -> dict[str, Any]:
     states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     np = _numpy()
     if np is not None:
-        states["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+        states["numpy"] = {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -50,7 +61,7 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         random.setstate(states["python"])
     np = _numpy()
     if "numpy" in states and np is not None:
-        np.random.set_state(states["numpy"])
+        np.random.set_state(_numpy_state(np, states["numpy"]))
     if "torch" in states:
         torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
@@ -58,8 +69,11 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         else:
-            logger.warning("checkpoint has CUDA RNG states for %d devices, this process sees %d: "
-                           "CUDA RNG not restored", len(cuda), torch.cuda.device_count())  # fmt: skip
+            logger.warning(
+                "checkpoint has CUDA RNG states for %d devices, this process sees %d: CUDA RNG not restored",
+                len(cuda),
+                torch.cuda.device_count(),
+            )
 
 
 def save_rng_states(directory: str | Path, rank: int, extra: dict[str, Any] | None = None) -> Path:
@@ -77,11 +91,29 @@ def load_rng_states(directory: str | Path, rank: int) -> dict[str, Any] | None:
 
     path = rng_file(directory, rank)
     if not path.is_file():
-        logger.warning("%s is missing (saved with fewer ranks?): rank %d keeps its current RNG state",
-                       path, rank)  # fmt: skip
+        logger.warning(
+            "%s is missing (saved with fewer ranks?): rank %d keeps its current RNG state", path, rank
+        )
         return None
-    # weights_only=False: python/numpy states are tuples of plain objects, written by us
-    states = torch.load(path, weights_only=False)
+    with torch.serialization.safe_globals(_legacy_numpy_globals()):
+        states = torch.load(path, weights_only=True)
     restore_rng_states(states)
     extra: dict[str, Any] = states.get("extra", {})
     return extra
+
+
+def _numpy_state(np: Any, saved: Any) -> Any:
+    """numpy's ``get_state()`` tuple from what ``capture_rng_states`` saved (or an older release's tuple)."""
+    if not isinstance(saved, dict):
+        return saved
+    keys = saved["keys"].numpy().astype(np.uint32)
+    return (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+
+
+def _legacy_numpy_globals() -> list[Any]:
+    """What an RNG file of an older release needs to rebuild its numpy arrays, and nothing else."""
+    np = _numpy()
+    if np is None:
+        return []
+    multiarray = getattr(getattr(np, "_core", None), "multiarray", None) or np.core.multiarray
+    return [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]

@@ -394,6 +394,11 @@ class TelescopeConfig(BaseModel):
         return self
 
     @property
+    def num_inference_servers(self) -> int:
+        """Inference servers of the run: ``inference_num_workers / inference_tensor_parallel_size``."""
+        return int(self.inference_num_workers // self.inference_tensor_parallel_size)
+
+    @property
     def resolved_run_dir(self) -> str:
         """The run directory: run_dir, or runs/<wandb_run_name>."""
         return self.run_dir or f"runs/{self.wandb_run_name}"

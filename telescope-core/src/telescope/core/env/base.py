@@ -199,7 +199,7 @@ class Environment(ABC):
 
 async def _with_faults(env_name: str, call: Any) -> Any:
     if "TELESCOPE_FAULTS" in os.environ:  # fault injection (tests, bench/faults.py)
-        from telescope.core.runtime import faults
+        from telescope.core import faults
 
         try:
             await faults.on_reward(env_name)

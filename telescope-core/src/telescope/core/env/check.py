@@ -52,8 +52,11 @@ async def check_environment(
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line
         return [_fail("build", exc)]
     kind = "multi-turn" if env.is_multi_turn else "single-turn"
-    lines.append(CheckLine("build", True, f"{type(env).__name__} ({kind}), reward range "
-                                          f"{env.reward_min}..{env.reward_max}"))  # fmt: skip
+    lines.append(
+        CheckLine(
+            "build", True, f"{type(env).__name__} ({kind}), reward range {env.reward_min}..{env.reward_max}"
+        )
+    )
     try:
         samples = env.load_dataset(num_samples=num_samples)
         if not samples:
@@ -130,8 +133,14 @@ async def _rewards(env: Environment, sample: Sample, eos: str) -> list[CheckLine
         if failed is not None:
             lines.append(CheckLine("reference", False, f"scoring {reference!r} failed: {failed}"))
         elif good.total_reward <= junk.total_reward:
-            lines.append(CheckLine("reference", False, f"the reference answer {reference!r} scored "
-                                   f"{good.total_reward:g}, no more than a junk answer ({junk.total_reward:g})"))  # fmt: skip
+            lines.append(
+                CheckLine(
+                    "reference",
+                    False,
+                    f"the reference answer {reference!r} scored "
+                    f"{good.total_reward:g}, no more than a junk answer ({junk.total_reward:g})",
+                )
+            )
         else:
             lines.append(CheckLine("reference", True, f"{reference!r} scored {good.total_reward:g}"))
     failed = _error(junk)

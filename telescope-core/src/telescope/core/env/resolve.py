@@ -45,17 +45,23 @@ def _factory_problem(component: Component) -> str | None:
     try:
         component.load_factory()
     except ModuleNotFoundError as exc:
-        return (f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): factory "
-                f"'{component.factory}' cannot be imported: {exc}")  # fmt: skip
+        return (
+            f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): factory "
+            f"'{component.factory}' cannot be imported: {exc}"
+        )
     except AttributeError:
         import importlib
 
         names = [n for n in dir(importlib.import_module(module_name)) if not n.startswith("_")]
-        return (f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): factory "
-                f"'{component.factory}': module '{module_name}' has no '{attr}'.{did_you_mean(attr, names)}")  # fmt: skip
+        return (
+            f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): factory "
+            f"'{component.factory}': module '{module_name}' has no '{attr}'.{did_you_mean(attr, names)}"
+        )
     except Exception as exc:  # noqa: BLE001 - the plugin's module itself is broken
-        return (f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): importing factory "
-                f"'{component.factory}' failed: {type(exc).__name__}: {exc}")  # fmt: skip
+        return (
+            f"{component.kind} '{component.name}' (plugin '{component.plugin.name}'): importing factory "
+            f"'{component.factory}' failed: {type(exc).__name__}: {exc}"
+        )
     return None
 
 

@@ -42,5 +42,10 @@ def report(function: str, exc: BaseException | None, detail: str = "", env: Any 
     what = detail or (f"{type(exc).__name__}: {exc}" if exc is not None else "failed")
     log.warning(
         "environment '%s': reward function '%s' failed: %s (first failure, logged once; every failure "
-        "scores 0 and is counted in reward/%s/errors)", name, function, what, name, exc_info=exc,
-    )  # fmt: skip
+        "scores 0 and is counted in reward/%s/errors)",
+        name,
+        function,
+        what,
+        name,
+        exc_info=exc,
+    )

@@ -83,9 +83,17 @@ class Rubric:
             raise ValueError(f"Rubric already has a function named '{fname}'; pass name=...")
         params, takes_all = _signature_params(func)
         entry = _Entry(
-            func, fname, float(weight), golden_answer, range_min, range_max, invert,
-            float(timeout_s or self.timeout_s), params, takes_all,
-        )  # fmt: skip
+            func,
+            fname,
+            float(weight),
+            golden_answer,
+            range_min,
+            range_max,
+            invert,
+            float(timeout_s or self.timeout_s),
+            params,
+            takes_all,
+        )
         self.entries.append(entry)
         return self
 

@@ -56,8 +56,13 @@ class ToolEnvironment(MultiTurnEnvironment):
     kwargs_model: ClassVar[type[EnvironmentKwargs]] = ToolEnvironmentKwargs
     tools: ClassVar[list[Callable[..., Any]]] = []
 
-    def __init__(self, kwargs: EnvironmentKwargs | None = None, *, name: str | None = None,
-                 tools: list[Callable[..., Any]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kwargs: EnvironmentKwargs | None = None,
+        *,
+        name: str | None = None,
+        tools: list[Callable[..., Any]] | None = None,
+    ) -> None:
         super().__init__(kwargs, name=name)
         tool_list = list(self.tools if tools is None else tools)
         self.tool_map: dict[str, Callable[..., Any]] = {t.__name__: t for t in tool_list}
@@ -204,12 +209,16 @@ class ToolEnvironment(MultiTurnEnvironment):
         custom["tool_success_count" if result.success else "tool_error_count"] += 1
         if result.error == "argument_error":
             custom["tool_argument_error_count"] = custom.get("tool_argument_error_count", 0) + 1
-        custom.setdefault("_pending_tool_calls", []).append({
-            "tool_name": result.tool_name,
-            "arguments": json.dumps(call.arguments, default=str) if call else "{}",
-            "raw_text": call.raw_text if call else "",
-            "result": result.result, "success": result.success, "error": result.error,
-        })  # fmt: skip
+        custom.setdefault("_pending_tool_calls", []).append(
+            {
+                "tool_name": result.tool_name,
+                "arguments": json.dumps(call.arguments, default=str) if call else "{}",
+                "raw_text": call.raw_text if call else "",
+                "result": result.result,
+                "success": result.success,
+                "error": result.error,
+            }
+        )
 
     def is_done(self, state: RolloutState) -> tuple[bool, str | None]:
         """``final_answer`` when the model stopped calling tools, else the turn limit."""

@@ -15,6 +15,16 @@ from telescope.core.evals.runner import EvalRunner, eval_settings
 from telescope.core.evals.separation import sample_key, training_exclusions
 
 __all__ = [
-    "CompletionOutcome", "EvalResult", "EvalRunner", "LoadedEval", "aggregate", "eval_indices", "eval_settings",
-    "flat_metrics", "load_eval", "resolve_eval", "sample_key", "training_exclusions",
-]  # fmt: skip
+    "CompletionOutcome",
+    "EvalResult",
+    "EvalRunner",
+    "LoadedEval",
+    "aggregate",
+    "eval_indices",
+    "eval_settings",
+    "flat_metrics",
+    "load_eval",
+    "resolve_eval",
+    "sample_key",
+    "training_exclusions",
+]

@@ -69,12 +69,16 @@ def _values(outcomes: list[CompletionOutcome], metric: str) -> list[float]:
 
 def _row(index: int, prompt: str, answer: str, outcomes: list[CompletionOutcome]) -> dict[str, Any]:
     return {
-        "sample_index": index, "prompt": prompt, "answer": answer,
-        "completions": [o.text for o in outcomes], "rewards": [o.reward for o in outcomes],
-        "metrics": [dict(o.metrics) for o in outcomes], "finish_reasons": [o.finish_reason for o in outcomes],
+        "sample_index": index,
+        "prompt": prompt,
+        "answer": answer,
+        "completions": [o.text for o in outcomes],
+        "rewards": [o.reward for o in outcomes],
+        "metrics": [dict(o.metrics) for o in outcomes],
+        "finish_reasons": [o.finish_reason for o in outcomes],
         "completion_tokens": [o.num_tokens for o in outcomes],
         "errors": [o.error for o in outcomes],
-    }  # fmt: skip
+    }
 
 
 def aggregate(

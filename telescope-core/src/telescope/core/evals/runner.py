@@ -22,10 +22,10 @@ from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import RewardResult, Sample
 from telescope.core.evals.aggregate import CompletionOutcome, EvalResult, aggregate
 from telescope.core.evals.resolve import LoadedEval, load_eval
-from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner, SampleTask, request_seed
-from telescope.core.runtime.scheduler import PromptItem
-from telescope.core.runtime.tokens import Interleaver, stop_token_ids
+from telescope.core.rollouts.prompts import PreparedPrompt, PromptSource
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask, request_seed
+from telescope.core.rollouts.scheduler import PromptItem
+from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 
 __all__ = ["EvalRunner", "eval_scoring_env", "eval_settings"]
 
@@ -55,8 +55,13 @@ def eval_scoring_env(env: Environment) -> Environment:
         if not own_metrics:
             return reward
         result = await env.evaluate(target, sample, eos_token)
-        return RewardResult(reward.total_reward, dict(result.metrics), result.golden_answers,
-                            result.info_turns, result.sample_tags)  # fmt: skip
+        return RewardResult(
+            reward.total_reward,
+            dict(result.metrics),
+            result.golden_answers,
+            result.info_turns,
+            result.sample_tags,
+        )
 
     scored.score = score  # type: ignore[method-assign]
     return scored
@@ -142,18 +147,29 @@ class EvalRunner:
         prompt, name = ev.prompts[pos], ev.loaded.name
         index = prompt.item.sample_idx
         task = SampleTask(
-            request_id=f"eval-{name}-step{step}-{index}-{completion}", env=ev.scoring_env, sample=prompt.sample,
-            prompt_ids=prompt.prompt_ids, prompt_text=prompt.prompt_text, reward_min=None, reward_max=None,
-            server=server, seed=request_seed(int(self.cfg.seed), "eval", name, index, completion),
-        )  # fmt: skip
+            request_id=f"eval-{name}-step{step}-{index}-{completion}",
+            env=ev.scoring_env,
+            sample=prompt.sample,
+            prompt_ids=prompt.prompt_ids,
+            prompt_text=prompt.prompt_text,
+            reward_min=None,
+            reward_max=None,
+            server=server,
+            seed=request_seed(int(self.cfg.seed), "eval", name, index, completion),
+        )
         try:
             rollout = await ev.runner.run(client, task, lambda: None)
         except Exception as exc:  # noqa: BLE001 - one failed request never stops an eval
             return CompletionOutcome(error=f"{type(exc).__name__}: {exc}")
         metrics = {k: float(v) for k, v in rollout.sample_metrics.items()}
         metrics.setdefault("reward", float(rollout.raw_reward))
-        return CompletionOutcome(rollout.completion_text, float(rollout.raw_reward), metrics, rollout.finish_reason,
-                                 num_tokens=len(rollout.completion_ids))  # fmt: skip
+        return CompletionOutcome(
+            rollout.completion_text,
+            float(rollout.raw_reward),
+            metrics,
+            rollout.finish_reason,
+            num_tokens=len(rollout.completion_ids),
+        )
 
     def _aggregate(self, ev: _Eval, outcomes: list[list[CompletionOutcome]], step: int) -> EvalResult:
         samples = [(p.item.sample_idx, p.prompt_text, p.sample.answer) for p in ev.prompts]

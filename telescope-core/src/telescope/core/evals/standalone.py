@@ -38,11 +38,16 @@ def discover_checkpoints(run: EvalRunConfig) -> list[CheckpointRef]:
     if run.checkpoint_dir:
         root = Path(run.checkpoint_dir)
         native = set(CheckpointManager(root).steps())
-        hf = {int(m.group(1)) for p in (root.iterdir() if root.is_dir() else [])
-              if (m := _STEP_DIR.match(p.name)) and is_hf_checkpoint(p)}  # fmt: skip
+        hf = {
+            int(m.group(1))
+            for p in (root.iterdir() if root.is_dir() else [])
+            if (m := _STEP_DIR.match(p.name)) and is_hf_checkpoint(p)
+        }
         if not native | hf:
-            raise ConfigError(f"checkpoint_dir: {root} holds no complete step_<N> checkpoint (native with "
-                              "meta.json, or an HF folder); check the path")  # fmt: skip
+            raise ConfigError(
+                f"checkpoint_dir: {root} holds no complete step_<N> checkpoint (native with "
+                "meta.json, or an HF folder); check the path"
+            )
         found.update({s: CheckpointRef(path=str(root / f"step_{s}"), step=s) for s in sorted(native | hf)})
     if run.model:
         found[run.model_step] = CheckpointRef(path=run.model, step=run.model_step)
@@ -125,13 +130,24 @@ def _append(path: Path, records: list[dict[str, Any]]) -> None:
 
 def write_results(out_dir: Path, ref: CheckpointRef, results: list[EvalResult]) -> None:
     """Append one results line per eval and one samples line per eval sample."""
-    from telescope.core.observe.local import eval_sample_record
+    from telescope.core.observe.loggers.local import eval_sample_record
 
     now = time.time()
-    _append(out_dir / "metrics.jsonl", [{"step": ref.step, "name": r.name, "checkpoint": ref.path, "time": now,
-                                         "metrics": r.metrics} for r in results])  # fmt: skip
-    _append(out_dir / "samples.jsonl", [{**eval_sample_record(ref.step, r.name, row), "checkpoint": ref.path}
-                                        for r in results for row in r.rows])  # fmt: skip
+    _append(
+        out_dir / "metrics.jsonl",
+        [
+            {"step": ref.step, "name": r.name, "checkpoint": ref.path, "time": now, "metrics": r.metrics}
+            for r in results
+        ],
+    )
+    _append(
+        out_dir / "samples.jsonl",
+        [
+            {**eval_sample_record(ref.step, r.name, row), "checkpoint": ref.path}
+            for r in results
+            for row in r.rows
+        ],
+    )
 
 
 class WandbEvalSink:
@@ -160,9 +176,12 @@ class WandbEvalSink:
 
 
 async def evaluate_checkpoints(
-    run: EvalRunConfig, registry: Any, *, progress: Progress | None = None,
+    run: EvalRunConfig,
+    registry: Any,
+    *,
+    progress: Progress | None = None,
     on_checkpoint: Callable[[CheckpointRef, list[EvalResult]], None] | None = None,
-) -> list[tuple[CheckpointRef, list[EvalResult]]]:  # fmt: skip
+) -> list[tuple[CheckpointRef, list[EvalResult]]]:
     """Evaluate every checkpoint of ``run`` in step order (see the module docstring)."""
     from telescope.core.inference.auto import resolve_inference_engine
 

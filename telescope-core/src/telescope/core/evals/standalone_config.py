@@ -114,17 +114,37 @@ def load_eval_run_config(path: str | Path, overrides: dict[str, Any] | None = No
 
 def training_config(run: EvalRunConfig, model: str, engine: str) -> TelescopeConfig:
     """A full run config for the servers and the ``EvalRunner`` (the rest keeps its defaults)."""
-    fields = {name: getattr(run, name) for name in (
-        "temperature", "top_p", "max_tokens", "max_model_len", "model_dtype", "enable_thinking", "chat_template", "seed",
-        "inference_engine_kwargs", "inference_num_workers", "inference_host", "inference_base_port",
-        "max_concurrent_prompts_per_server")}  # fmt: skip
+    fields = {
+        name: getattr(run, name)
+        for name in (
+            "temperature",
+            "top_p",
+            "max_tokens",
+            "max_model_len",
+            "model_dtype",
+            "enable_thinking",
+            "chat_template",
+            "seed",
+            "inference_engine_kwargs",
+            "inference_num_workers",
+            "inference_host",
+            "inference_base_port",
+            "max_concurrent_prompts_per_server",
+        )
+    }
     # `environments` needs one entry; nothing trains, so the first eval's name stands in.
-    return TelescopeConfig.model_validate({
-        **fields, "inference_dtype": run.model_dtype,  # servers load the checkpoint in model_dtype
-        "model": model, "inference_engine": engine, "run_dir": str(run.resolved_run_dir),
-        "use_wandb": False, "evals": [e.model_dump() for e in run.evals],
-        "environments": [{"name": run.evals[0].name}],
-    })  # fmt: skip
+    return TelescopeConfig.model_validate(
+        {
+            **fields,
+            "inference_dtype": run.model_dtype,  # servers load the checkpoint in model_dtype
+            "model": model,
+            "inference_engine": engine,
+            "run_dir": str(run.resolved_run_dir),
+            "use_wandb": False,
+            "evals": [e.model_dump() for e in run.evals],
+            "environments": [{"name": run.evals[0].name}],
+        }
+    )
 
 
 def check_eval_names(run: EvalRunConfig, registry: Any) -> None:
@@ -136,8 +156,10 @@ def check_eval_names(run: EvalRunConfig, registry: Any) -> None:
     for i, entry in enumerate(run.evals):
         kind = "eval" if registry.has("eval", entry.name) else "environment"
         if not registry.has(kind, entry.name):
-            problems.append(f"evals[{i}].name: unknown eval '{entry.name}'.{did_you_mean(entry.name, valid)} "
-                            f"Registered evals and environments: {', '.join(valid) or '(none)'}")  # fmt: skip
+            problems.append(
+                f"evals[{i}].name: unknown eval '{entry.name}'.{did_you_mean(entry.name, valid)} "
+                f"Registered evals and environments: {', '.join(valid) or '(none)'}"
+            )
             continue
         try:
             registry.get(kind, entry.name).validate_kwargs(entry.kwargs)

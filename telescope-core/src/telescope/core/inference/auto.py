@@ -7,8 +7,10 @@ GPUs would make a run many times slower. ``inference_engine: transformers`` runs
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ from telescope.core.config.errors import ConfigError
 
 __all__ = [
     "VLLM_INSTALL",
+    "VLLM_MIN_VERSION",
     "StartupSummary",
     "resolve_inference_engine",
     "run_summary",
@@ -32,8 +35,19 @@ VLLM_INSTALL = (
     "pip install 'telescope-core[vllm]' (or TELESCOPE_EXTRAS=vllm scripts/bootstrap.sh; see docs/gpu.md)"
 )
 
-#: Modules vLLM imports for ``--otlp-traces-endpoint`` with the http/protobuf protocol we set.
-TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+#: The oldest vLLM the engine works with: ``POST /pause`` takes ``mode`` (``keep``: in-flight requests
+#: freeze across a weight sync) from 0.16. 0.11-0.14 have no ``/pause`` (HTTP 404 at the first sync);
+#: 0.15's ``/pause`` has no ``mode`` and aborts every running request, whose truncated samples would
+#: then be trained on.
+VLLM_MIN_VERSION = (0, 16)
+
+#: Modules vLLM imports for ``--otlp-traces-endpoint``: from 0.16 its tracing module imports both
+#: OTLP span exporters (grpc and http) at once, so with either one missing the server refuses to start.
+TRACING_MODULES = (
+    "opentelemetry.sdk.trace",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
 
 
 def _importable(module: str) -> bool:
@@ -43,11 +57,34 @@ def _importable(module: str) -> bool:
         return False
 
 
+def _installed_vllm_version() -> str | None:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def vllm_version_problem(version: str) -> str | None:
+    """Why vLLM ``version`` cannot serve Telescope (below ``VLLM_MIN_VERSION``), or None."""
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    if parts is None:
+        return f"vllm {version} is installed and its version cannot be read; Telescope needs vllm >= 0.16"
+    if (int(parts[1]), int(parts[2])) >= VLLM_MIN_VERSION:
+        return None
+    floor = ".".join(map(str, VLLM_MIN_VERSION))
+    return (
+        f"vllm {version} is installed but Telescope needs vllm >= {floor} (weight syncs pause generation with "
+        f"POST /pause?mode=keep, which older releases lack or answer by aborting every running request): "
+        f"pip install 'vllm>={floor}', or {VLLM_INSTALL}"
+    )
+
+
 def vllm_unavailable_reason() -> str | None:
-    """Why the vllm engine cannot run here, or None when it can be imported (no import happens)."""
+    """Why the vllm engine cannot run here, or None when it can (reads metadata; no import happens)."""
     if not _importable("vllm"):
         return f"vllm is not installed: {VLLM_INSTALL} on a CUDA machine"
-    return None
+    version = _installed_vllm_version()
+    return None if version is None else vllm_version_problem(version)
 
 
 def tracing_unavailable_reason() -> str | None:

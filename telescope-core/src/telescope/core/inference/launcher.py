@@ -97,9 +97,12 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # kept open for the process lifetime
         self.process = subprocess.Popen(
-            command.argv, env={**os.environ, **command.env}, stdout=self._log, stderr=subprocess.STDOUT,
+            command.argv,
+            env={**os.environ, **command.env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def wait_ready(self, timeout_s: float, interval_s: float = 0.5) -> None:
         """Poll ``/health`` until 200; raise (with the log's tail) if the process exits or time runs out."""
@@ -187,9 +190,15 @@ class InferenceEngine:
         return str(path)
 
     def launch(
-        self, index: int, *, host: str | None = None, port: int | None = None, log_dir: str | None = None,
-        config_path: str | None = None, wait: bool = True,
-    ) -> ServerProcess:  # fmt: skip
+        self,
+        index: int,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        log_dir: str | None = None,
+        config_path: str | None = None,
+        wait: bool = True,
+    ) -> ServerProcess:
         """Start server ``index`` (host/port default to inference_host and inference_base_port + index)."""
         host = host or self.cfg.inference_host
         port = port or server_port(self.cfg, index)

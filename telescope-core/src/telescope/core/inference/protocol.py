@@ -84,6 +84,9 @@ class CompletionRequest(BaseModel):
     """Render logprob tokens as ``token_id:<id>`` (vLLM's option; accepted by both engines)."""
     skip_special_tokens: bool = True
     """Leave special tokens out of ``text``."""
+    cache_salt: str | None = None
+    """vLLM's prefix-cache namespace: requests reuse only cached blocks made under the same salt (the
+    vllm client names the weights with it). The transformers engine has no prefix cache: ignored."""
 
 
 class ChoiceLogprobs(BaseModel):

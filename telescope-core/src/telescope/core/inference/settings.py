@@ -64,8 +64,20 @@ class VllmEngineKwargs(BaseModel):
     """``--max-num-seqs`` (None = vLLM's default)."""
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     """``--max-num-batched-tokens`` (None = vLLM's default)."""
-    enable_prefix_caching: bool = False
-    """Prefix caching: off by default, so a weight update never serves KV computed by old weights."""
+    enable_prefix_caching: bool = True
+    """Prefix caching (the G samples of a GRPO group share their prompt's KV). A cached prefix never
+    outlives a weight sync: every request carries a ``cache_salt`` naming the weights it was sent
+    under, and vLLM hashes the salt into every cached block, so requests sent after a sync never hit
+    blocks computed before it (docs/weight-sync.md)."""
+    pause_clear_cache: bool = False
+    """What vLLM does with the KV of running requests at a weight sync. False (default): they keep it
+    and decode on with the new weights (their earlier tokens' KV is from the old weights, as their
+    tokens are). True: vLLM preempts every running request and prefills it again with the new weights
+    (prompt and tokens so far) on every sync."""
+    per_request_seed: bool = False
+    """Send each request's sampling seed (reproducible samples). vLLM then samples those requests one
+    by one instead of as a batch (its sampler's per-request generator path), which slows decoding;
+    off, vLLM's ``--seed`` (the run's ``seed`` + server index) still seeds each server."""
     extra_args: list[str] = Field(default_factory=list)
     """More ``vllm serve`` arguments, appended verbatim (must not repeat a managed one)."""
     startup_timeout_s: float = Field(default=900.0, gt=0)
@@ -73,8 +85,8 @@ class VllmEngineKwargs(BaseModel):
 
 
 def num_servers(cfg: Any) -> int:
-    """Inference servers of a run: workers / tensor parallel size."""
-    return int(cfg.inference_num_workers // cfg.inference_tensor_parallel_size)
+    """Inference servers of a run (``TelescopeConfig.num_inference_servers``)."""
+    return int(cfg.num_inference_servers)
 
 
 def server_port(cfg: Any, index: int) -> int:

@@ -22,8 +22,17 @@ __all__ = ["main", "supervised_argv"]
 
 def supervised_argv(argv: list[str], interval_s: float = 1.0, grace_s: float = 10.0) -> list[str]:
     """``argv`` wrapped in this supervisor (same interpreter)."""
-    return [sys.executable, "-m", "telescope.core.inference.supervise",
-            "--interval", str(interval_s), "--grace", str(grace_s), "--", *argv]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "telescope.core.inference.supervise",
+        "--interval",
+        str(interval_s),
+        "--grace",
+        str(grace_s),
+        "--",
+        *argv,
+    ]
 
 
 def _end_group(child: subprocess.Popen[bytes], grace_s: float) -> int:

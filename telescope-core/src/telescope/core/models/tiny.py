@@ -21,9 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "TINY_MODEL_SPECS", "TinyModelSpec", "build_tiny_model", "builtin_model_name", "cache_dir",
+    "TINY_MODEL_SPECS",
+    "TinyModelSpec",
+    "build_tiny_model",
+    "builtin_model_name",
+    "cache_dir",
     "resolve_model_path",
-]  # fmt: skip
+]
 
 PREFIX = "telescope/"
 EOS_TOKEN = "<|im_end|>"

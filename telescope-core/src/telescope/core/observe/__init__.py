@@ -29,8 +29,8 @@ from telescope.core.observe.build import build_logger_hub, enabled_logger_names
 from telescope.core.observe.hub import FINISH_STATUSES, LoggerHub, LoggerStartError
 from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.observe.metrics import perf_metrics, rollout_metrics, zero_advantage_kind
-from telescope.core.observe.reader import RunDirError, RunDirReader
-from telescope.core.observe.records import (
+from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
+from telescope.core.observe.rundir.records import (
     CANCEL_REASONS,
     DISCARD_REASONS,
     SCHEMA_VERSION,

@@ -1,6 +1,6 @@
 """Turn the orchestrator's rollout groups into ``RolloutRecord`` rows.
 
-Duck-typed on ``telescope.core.runtime.groups.RolloutGroup``/``RolloutSample`` (read by
+Duck-typed on ``telescope.core.rollouts.groups.RolloutGroup``/``RolloutSample`` (read by
 attribute name, not imported), so the observe package does not depend on the runtime.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from telescope.core.observe.records import RolloutRecord
+from telescope.core.observe.rundir.records import RolloutRecord
 
 __all__ = ["records_from_group"]
 
@@ -16,10 +16,12 @@ __all__ = ["records_from_group"]
 def _reward_details(info: dict[str, Any]) -> dict[str, Any]:
     """The ``RewardResult`` details and the environment's stop reason the runtime keeps in ``info``."""
     stop = info.get("stop_reason")
-    return {"env_stop_reason": None if stop is None else str(stop),
-            "golden_answers": dict(info.get("golden_answers") or {}),
-            "info_turns": [dict(t) for t in info.get("info_turns") or []],
-            "sample_tags": {str(k): str(v) for k, v in dict(info.get("sample_tags") or {}).items()}}  # fmt: skip
+    return {
+        "env_stop_reason": None if stop is None else str(stop),
+        "golden_answers": dict(info.get("golden_answers") or {}),
+        "info_turns": [dict(t) for t in info.get("info_turns") or []],
+        "sample_tags": {str(k): str(v) for k, v in dict(info.get("sample_tags") or {}).items()},
+    }
 
 
 def _token_view(sample: Any) -> dict[str, Any]:
@@ -60,19 +62,30 @@ def records_from_group(
         version = int(getattr(s, "model_version_start", -1))
         rows.append(
             RolloutRecord(
-                step=int(step), group_id=int(group.group_id), env=str(group.env_name), sample_id=i,
-                prompt_text=s.prompt_text, prompt_ids=list(s.prompt_ids),
-                completion_text=s.completion_text, completion_ids=list(s.completion_ids),
-                reward=float(s.reward), raw_reward=float(getattr(s, "raw_reward", s.reward)),
+                step=int(step),
+                group_id=int(group.group_id),
+                env=str(group.env_name),
+                sample_id=i,
+                prompt_text=s.prompt_text,
+                prompt_ids=list(s.prompt_ids),
+                completion_text=s.completion_text,
+                completion_ids=list(s.completion_ids),
+                reward=float(s.reward),
+                raw_reward=float(getattr(s, "raw_reward", s.reward)),
                 sample_metrics={k: float(v) for k, v in dict(s.sample_metrics).items()},
                 advantage=float(getattr(s, "advantage", 0.0)),
                 model_version=version if version >= 0 else group_version,
-                off_policy_steps=int(off_policy_steps or 0), stop_reason=str(s.finish_reason),
-                discard_reason=reason, zero_advantage_kind=kind,
-                server=int(getattr(s, "server", -1)), lane=int(getattr(s, "lane", -1)),
-                timings=dict(getattr(s, "timings", {}) or {}), prompt_idx=int(getattr(group, "sample_idx", -1)),
-                num_turns=int(getattr(s, "num_turns", 1)), **_reward_details(getattr(s, "info", None) or {}),
+                off_policy_steps=int(off_policy_steps or 0),
+                stop_reason=str(s.finish_reason),
+                discard_reason=reason,
+                zero_advantage_kind=kind,
+                server=int(getattr(s, "server", -1)),
+                lane=int(getattr(s, "lane", -1)),
+                timings=dict(getattr(s, "timings", {}) or {}),
+                prompt_idx=int(getattr(group, "sample_idx", -1)),
+                num_turns=int(getattr(s, "num_turns", 1)),
+                **_reward_details(getattr(s, "info", None) or {}),
                 **_token_view(s),
             )
-        )  # fmt: skip
+        )
     return rows

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.observe.records import RolloutRecord, TimelineEvent
+from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig

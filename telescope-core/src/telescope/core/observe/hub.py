@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.core import hookimpl
 from telescope.core.observe.base import Logger
-from telescope.core.observe.records import RolloutRecord, TimelineEvent, eval_event
-from telescope.core.observe.storage import StorageError, describe_os_error
+from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent, eval_event
+from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
-    from telescope.core.observe.otlp import OtlpReceiver
+    from telescope.core.observe.samplers.otlp import OtlpReceiver
 
 __all__ = ["FINISH_STATUSES", "LoggerHub", "LoggerStartError"]
 
@@ -92,9 +92,13 @@ class LoggerHub:
         with self._lock:
             self.failures[(lg.name, method)] += 1
             first = self.fatal is None
-            fatal = self.fatal or (exc if isinstance(exc, StorageError) else StorageError(
-                f"logger '{lg.name}' could not write the run directory ({method}): {describe_os_error(exc)}"
-            ))  # fmt: skip
+            fatal = self.fatal or (
+                exc
+                if isinstance(exc, StorageError)
+                else StorageError(
+                    f"logger '{lg.name}' could not write the run directory ({method}): {describe_os_error(exc)}"
+                )
+            )
             self.fatal = fatal
         if self.on_fatal is None:
             raise fatal from exc
@@ -158,7 +162,7 @@ class LoggerHub:
         for name, reason in self.skipped.items():
             self.warn(f"logger '{name}' is off for this run: {reason}")
         if system_metrics:
-            from telescope.core.observe.system import SystemMetricsSampler
+            from telescope.core.observe.samplers.system import SystemMetricsSampler
 
             self._sampler = SystemMetricsSampler(
                 self._system_sample,
@@ -187,10 +191,10 @@ class LoggerHub:
 
         Args:
             fetch: returns the torch-memory samples taken since its last call, e.g.
-                ``telescope.core.observe.torch_memory.RayDrainFetcher(trainer_actors)``.
+                ``telescope.core.observe.samplers.torch_memory.RayDrainFetcher(trainer_actors)``.
             interval_s: overrides the config's drain interval.
         """
-        from telescope.core.observe.torch_memory import TorchMemoryDrainer
+        from telescope.core.observe.samplers.torch_memory import TorchMemoryDrainer
 
         if interval_s is None:
             interval_s = float(getattr(self._cfg, "ray_torch_memory_drain_interval_seconds", 0.5))
@@ -203,7 +207,7 @@ class LoggerHub:
             urls: ``{server index: base URL}``, e.g. ``{0: "http://10.0.0.2:8000"}``.
             interval_s: overrides the config's ``system_metrics_collection_interval_seconds``.
         """
-        from telescope.core.observe.prometheus import PrometheusScraper
+        from telescope.core.observe.samplers.prometheus import PrometheusScraper
 
         if interval_s is None:
             interval_s = float(getattr(self._cfg, "system_metrics_collection_interval_seconds", 1.0))
@@ -217,7 +221,7 @@ class LoggerHub:
         Returns the ``OtlpReceiver`` (look finished requests up with ``receiver.timings(id)``),
         or None when ``enable_vllm_tracing`` is off.
         """
-        from telescope.core.observe.otlp import OtlpReceiver
+        from telescope.core.observe.samplers.otlp import OtlpReceiver
 
         if self._cfg is None or not self._cfg.enable_vllm_tracing:  # not started, or tracing off
             return None

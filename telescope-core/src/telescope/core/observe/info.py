@@ -51,10 +51,14 @@ def eval_info(envs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One ``{name, reward_min, reward_max, metrics_ranges, tags_options, dataset_size, multi_turn}``
     per eval (``{name: environment}`` as the eval runner loaded them)."""
     return [
-        {"name": str(name), "reward_min": getattr(env, "reward_min", None),
-         "reward_max": getattr(env, "reward_max", None), **_declared(env)}
+        {
+            "name": str(name),
+            "reward_min": getattr(env, "reward_min", None),
+            "reward_max": getattr(env, "reward_max", None),
+            **_declared(env),
+        }
         for name, env in envs.items()
-    ]  # fmt: skip
+    ]
 
 
 def _declared(env: Any) -> dict[str, Any]:

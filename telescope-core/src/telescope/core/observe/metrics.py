@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from telescope.core.observe.records import CANCEL_REASONS, DISCARD_REASONS, RolloutRecord
+from telescope.core.observe.rundir.records import CANCEL_REASONS, DISCARD_REASONS, RolloutRecord
 from telescope.core.observe.stats import gini, max_median_ratio, summary
 
 __all__ = ["LENGTH_STOP_REASONS", "perf_metrics", "rollout_metrics", "zero_advantage_kind"]

@@ -10,26 +10,28 @@ from typing import TYPE_CHECKING, Any
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
 from telescope.core.observe.info import environment_info, eval_info
-from telescope.core.runtime.batching import BatchBuilder
-from telescope.core.runtime.healing import RayServerHealer
+from telescope.core.rollouts.batching import BatchBuilder
+from telescope.core.rollouts.prompts import PromptSource
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
+from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
+from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
-from telescope.core.runtime.prompts import PromptSource
 from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
 from telescope.core.runtime.reporting import report_evals
-from telescope.core.runtime.rollout import GenerationSettings, RolloutRunner
-from telescope.core.runtime.scheduler import PromptScheduler, SourceEnv
-from telescope.core.runtime.tokens import Interleaver, stop_token_ids
+from telescope.core.runtime.supervision.healing import RayServerHealer
 
 if TYPE_CHECKING:
     import pluggy
 
     from telescope.core.config import TelescopeConfig
+    from telescope.core.plugins import PluginSet
     from telescope.core.registry import Registry
-    from telescope.core.runtime.driver import RunSession
     from telescope.core.runtime.eval_control import EvalController
+    from telescope.core.runtime.session import RunSession
 
 __all__ = [
     "add_checkpoints_and_evals",
+    "train_session",
     "build_orchestrator",
     "close_environments",
     "load_environments",
@@ -120,8 +122,13 @@ def sync_group_spec(
 ) -> dict[str, Any]:
     """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
     the rendezvous and every collective)."""
-    return {"host": host, "port": port, "world_size": world_size, "backend": backend,
-            "timeout_s": float(cfg.ray_broadcast_init_timeout_s)}  # fmt: skip
+    return {
+        "host": host,
+        "port": port,
+        "world_size": world_size,
+        "backend": backend,
+        "timeout_s": float(cfg.ray_broadcast_init_timeout_s),
+    }
 
 
 async def init_weight_sync(session: RunSession, clients: list[Any], ranks_per_server: int = 1) -> None:
@@ -175,8 +182,10 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)
-    sources = [SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))
-               for e in cfg.environments]  # fmt: skip
+    sources = [
+        SourceEnv(e.name, e.weight, len(envs[e.name]), excluded.get(e.name, frozenset()))
+        for e in cfg.environments
+    ]
     ranges = {name: (env.reward_min, env.reward_max) for name, env in envs.items()}
     prefetch = cfg.prompt_prefetch_buffer_size if cfg.enable_prompt_prefetch else 0
     prompts = PromptSource(PromptScheduler(sources, cfg.seed), envs, ranges, tokenizer, chat, prefetch)
@@ -191,9 +200,11 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     orchestrator.tokenizer = tokenizer
     orchestrator.rollouts.traces = session.traces
     orchestrator.healer = RayServerHealer(
-        session.servers.actors, clients, lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
+        session.servers.actors,
+        clients,
+        lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
         trainer.excluded,
-    )  # fmt: skip
+    )
     return orchestrator, clients
 
 
@@ -231,3 +242,24 @@ async def add_checkpoints_and_evals(
     )
     orchestrator.hooks.append(controller)
     return controller
+
+
+async def train_session(session: RunSession, pset: PluginSet) -> None:
+    """Build the orchestrator around ``session``'s started processes, run it with its checkpoints and
+    evals, and close environments and clients however it ends."""
+    orchestrator, clients = await build_orchestrator(session, pset.pm.hook)
+    session.orchestrator = orchestrator
+    evals = None
+    try:
+        evals = await add_checkpoints_and_evals(orchestrator, session, session.logger_ids)
+        if evals is not None:
+            await evals.before_training(resumed=session.resume is not None)
+        await orchestrator.run()
+        if evals is not None:
+            await evals.after_training(orchestrator)
+    finally:
+        if evals is not None:
+            await evals.close()
+        await close_environments(orchestrator)
+        for client in clients:
+            await client.close()

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.observe.records import TimelineEvent
-from telescope.core.runtime.errors import describe_failure, exception_chain
+from telescope.core.errors import describe_failure, exception_chain
+from telescope.core.observe.rundir.records import TimelineEvent
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -73,9 +73,11 @@ def find_resume_point(cfg: TelescopeConfig) -> ResumePoint | None:
         from telescope.core.config import ConfigError
 
         raise ConfigError(
-            [f"resume_from_checkpoint: {path} has no {ORCHESTRATOR_STATE}, so it was not written by a "
-             "training run (a converted or hand-made folder?); resume from a step_N folder of checkpoint_dir"]
-        )  # fmt: skip
+            [
+                f"resume_from_checkpoint: {path} has no {ORCHESTRATOR_STATE}, so it was not written by a "
+                "training run (a converted or hand-made folder?); resume from a step_N folder of checkpoint_dir"
+            ]
+        )
     ids_file = path / LOGGER_IDS
     return ResumePoint(
         path=path,
@@ -92,16 +94,25 @@ def supersede_later_checkpoints(cfg: TelescopeConfig, resume: ResumePoint) -> li
         log.warning(
             "resuming from step %d: moved the later checkpoints %s to %s (kept, not deleted; "
             "this run writes its own from step %d on)",
-            resume.step, ", ".join(p.name for p in moved), moved[0].parent, resume.step + 1,
-        )  # fmt: skip
+            resume.step,
+            ", ".join(p.name for p in moved),
+            moved[0].parent,
+            resume.step + 1,
+        )
     return moved
 
 
 class RunCheckpointer:
     """Saves a checkpoint after the steps ``checkpoint_every`` names (and the last step)."""
 
-    def __init__(self, cfg: TelescopeConfig, trainer: Any, logger_ids: Callable[[], dict[str, Any]],
-                 warn: Callable[[str], None], fail: Callable[[BaseException], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TelescopeConfig,
+        trainer: Any,
+        logger_ids: Callable[[], dict[str, Any]],
+        warn: Callable[[str], None],
+        fail: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.trainer = trainer
         self.logger_ids = logger_ids
@@ -163,7 +174,7 @@ class RunCheckpointer:
         return None
 
     def _failed(self, step: int, error: Exception) -> None:
-        from telescope.core.observe.storage import StorageError, describe_os_error
+        from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 
         steps = self.mgr.steps()
         previous = (
@@ -175,8 +186,10 @@ class RunCheckpointer:
         if self.cfg.checkpoint_failure == "warn":
             self.warn(f"{what}; training continues without it (checkpoint_failure: warn), {previous}")
             return None
-        failure = StorageError(f"{what}; {previous}. Free space and resume, or set checkpoint_failure: warn "
-                               "to train on without checkpoints")  # fmt: skip
+        failure = StorageError(
+            f"{what}; {previous}. Free space and resume, or set checkpoint_failure: warn "
+            "to train on without checkpoints"
+        )
         failure.__cause__ = error
         if self.fail is not None:
             self.fail(failure)

@@ -12,15 +12,27 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from telescope.core import faults
 from telescope.core.config import ConfigError, TelescopeConfig
-from telescope.core.runtime import faults
 
 __all__ = ["Pools", "connect", "reserve_pools", "shutdown"]
 
 log = logging.getLogger("telescope.runtime")
 
-_EXCLUDES = ["checkpoints*", "converted*", "*.safetensors", "*.pt", "*.bin", ".git", "__pycache__", "*.pyc",
-             "logs", "wandb", "runs", ".venv"]  # fmt: skip
+_EXCLUDES = [
+    "checkpoints*",
+    "converted*",
+    "*.safetensors",
+    "*.pt",
+    "*.bin",
+    ".git",
+    "__pycache__",
+    "*.pyc",
+    "logs",
+    "wandb",
+    "runs",
+    ".venv",
+]
 
 
 def runtime_env(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
@@ -82,8 +94,12 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
             ray.init(address="local", **options)
             started_here = True
     claim = _claim_private(run_dir) if started_here else None
-    return {"resources": ray.cluster_resources(), "node_ip": ray.util.get_node_ip_address(),
-            "started_here": started_here, "private_claim": claim}  # fmt: skip
+    return {
+        "resources": ray.cluster_resources(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "started_here": started_here,
+        "private_claim": claim,
+    }
 
 
 def _resolve_auto(address: str) -> str:
@@ -106,8 +122,11 @@ def _resolve_auto(address: str) -> str:
         return str(started)
     others = sorted(running - {started} if started else running)
     if others:
-        log.warning("ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "
-                    "ray_address to join one)", "; ".join(_describe_cluster(a) for a in others))  # fmt: skip
+        log.warning(
+            "ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "
+            "ray_address to join one)",
+            "; ".join(_describe_cluster(a) for a in others),
+        )
     else:
         log.info(
             "ray_address auto: no Ray cluster started with `ray start` here: starting a private local one"
@@ -116,7 +135,7 @@ def _resolve_auto(address: str) -> str:
 
 
 def _private_owner(address: str) -> dict[str, Any] | None:
-    from telescope.core.runtime.claims import claim_holder
+    from telescope.core.cluster.claims import claim_holder
 
     return claim_holder("ray-clusters", address)
 
@@ -136,7 +155,7 @@ def _gcs_address() -> str:
 
 def _claim_private(run_dir: str) -> Any:
     """Mark the cluster this run started as private (another run's ``ray_address: auto`` skips it)."""
-    from telescope.core.runtime.claims import claim
+    from telescope.core.cluster.claims import claim
 
     address = _gcs_address()
     log.info("started a private local Ray cluster at %s for this run", address)
@@ -154,8 +173,11 @@ def _joined_another_runs_cluster(address: str) -> bool:
     if _private_owner(gcs) is None:
         log.info("ray_address auto: joined the running Ray cluster at %s", gcs)
         return False
-    log.warning("ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "
-                "ray_address to join one)", _describe_cluster(gcs))  # fmt: skip
+    log.warning(
+        "ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "
+        "ray_address to join one)",
+        _describe_cluster(gcs),
+    )
     return True
 
 
@@ -234,8 +256,11 @@ def _remove_groups(pools: Pools, timeout_s: float = 15.0) -> None:
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        log.warning("removing the placement groups did not finish within %.0f s; the cluster frees them when "
-                    "this driver disconnects", timeout_s)  # fmt: skip
+        log.warning(
+            "removing the placement groups did not finish within %.0f s; the cluster frees them when "
+            "this driver disconnects",
+            timeout_s,
+        )
 
 
 def shutdown(cfg: TelescopeConfig, pools: Pools | None, *, started_here: bool = True) -> None:

@@ -4,31 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.cluster.signals import sigterm_as_interrupt, teardown_signals
 from telescope.core.config import TelescopeConfig
+from telescope.core.errors import describe_failure
 from telescope.core.observe import LoggerHub, build_logger_hub
 from telescope.core.observe.stdio import tail_lines
-from telescope.core.runtime.errors import describe_failure
-from telescope.core.runtime.hookcalls import HookFailure, call_each
-from telescope.core.runtime.preflight import check_supported
-from telescope.core.runtime.recovery import RestartPlan
+from telescope.core.runtime.assemble import train_session
 from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
-from telescope.core.runtime.signals import route_sigterm_to_interrupt, sigterm_as_interrupt, teardown_signals
+from telescope.core.runtime.session import RunSession
+from telescope.core.runtime.supervision.hookcalls import HookFailure, call_each
+from telescope.core.runtime.supervision.preflight import check_supported
+from telescope.core.runtime.supervision.recovery import RestartPlan
 
 if TYPE_CHECKING:
     import pluggy
 
-    from telescope.core.observe.otlp import OtlpReceiver
     from telescope.core.plugins import PluginSet
     from telescope.core.registry import Registry
-    from telescope.core.runtime.checkpointing import ResumePoint
-    from telescope.core.runtime.orchestrator import Orchestrator
 
 __all__ = ["LOGGER_HUB_PLUGIN", "run_training"]
 
@@ -49,8 +48,9 @@ def worker_config(cfg: TelescopeConfig, engine: str, run_dir: Path) -> Telescope
     """The config every process receives: the model path resolved once, the engine decided once."""
     from telescope.core.models.tiny import resolve_model_path
 
-    return cfg.model_copy(update={"model": resolve_model_path(cfg.model), "inference_engine": engine,
-                                  "run_dir": str(run_dir)})  # fmt: skip
+    return cfg.model_copy(
+        update={"model": resolve_model_path(cfg.model), "inference_engine": engine, "run_dir": str(run_dir)}
+    )
 
 
 def run_training(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
@@ -95,11 +95,27 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
         try:
             hook.telescope_run_start(config=wcfg, run_dir=str(run_dir))
             if resume is not None:
-                hook.telescope_run_info(info={"resume": {"from_step": resume.step, "checkpoint": str(resume.path),
-                                                         "superseded": [str(p) for p in superseded]}})  # fmt: skip
+                hook.telescope_run_info(
+                    info={
+                        "resume": {
+                            "from_step": resume.step,
+                            "checkpoint": str(resume.path),
+                            "superseded": [str(p) for p in superseded],
+                        }
+                    }
+                )
             summary = startup_summary(cfg, engine, why)  # once: run.json and telescope.log share it
-            hook.telescope_run_info(info={"setup": {"inference_engine": engine, "why": why, "plugins": pset.names,
-                                                    "summary": summary.line, "notes": list(summary.notes)}})  # fmt: skip
+            hook.telescope_run_info(
+                info={
+                    "setup": {
+                        "inference_engine": engine,
+                        "why": why,
+                        "plugins": pset.names,
+                        "summary": summary.line,
+                        "notes": list(summary.notes),
+                    }
+                }
+            )
             with sigterm_as_interrupt():
                 _train_recovering(sessions, hub, pset, engine)
             status = "completed"
@@ -130,7 +146,7 @@ def registered(pm: pluggy.PluginManager, plugin: object, name: str) -> Iterator[
 def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSet, engine: str) -> None:
     """Start and train the last session; after a trainer failure, again from the latest checkpoint
     (``max_run_restarts`` times; the same failure at the same step twice ends the run)."""
-    from telescope.core.runtime.recovery import FailureSignature
+    from telescope.core.runtime.supervision.recovery import FailureSignature
 
     seen: set[FailureSignature] = set()
     restarts: list[dict[str, Any]] = []
@@ -140,15 +156,21 @@ def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSe
             session.start()
             if len(sessions) == 1:
                 _add_sources(hub, pset.pm.hook, sessions, engine)
-            asyncio.run(session.train(pset))
+            asyncio.run(session.train(functools.partial(train_session, session, pset)))
             return
         except Exception as exc:
             plan = _restart_plan(exc, session, seen, len(restarts))
             if plan is None:
                 raise
             point = plan.point
-            restarts.append({"from_step": point.step, "reason": plan.reason, "checkpoint": str(point.path),
-                             "time": time.time()})  # fmt: skip
+            restarts.append(
+                {
+                    "from_step": point.step,
+                    "reason": plan.reason,
+                    "checkpoint": str(point.path),
+                    "time": time.time(),
+                }
+            )
             session.stop()
             pset.pm.hook.telescope_run_info(info={"restarts": restarts})
             again = RunSession(session.cfg, session.plugins, session.registry, session.run_dir)
@@ -161,8 +183,13 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
     """The checkpoint to restart from after ``exc``, or None when the run must end (raises a clearer
     error naming the dead trainer ranks when there are any)."""
     from telescope.core.config import ConfigError
-    from telescope.core.observe.storage import StorageError
-    from telescope.core.runtime.recovery import dead_trainer_ranks, report_dead, restart_point, signature
+    from telescope.core.observe.rundir.storage import StorageError
+    from telescope.core.runtime.supervision.recovery import (
+        dead_trainer_ranks,
+        report_dead,
+        restart_point,
+        signature,
+    )
 
     if isinstance(exc, ConfigError | StorageError) or not _from_a_worker(exc):
         return None  # the driver's own failures (config, storage, code) do not heal by restarting
@@ -172,8 +199,15 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
     sig = signature(exc, step, dead)
     point = restart_point(session.cfg)
     limit = session.cfg.max_run_restarts
-    why = ("no checkpoint to restart from" if point is None else f"max_run_restarts ({limit}) used up"
-           if done >= limit else f"it failed the same way at step {step} before" if sig in seen else "")  # fmt: skip
+    why = (
+        "no checkpoint to restart from"
+        if point is None
+        else f"max_run_restarts ({limit}) used up"
+        if done >= limit
+        else f"it failed the same way at step {step} before"
+        if sig in seen
+        else ""
+    )
     if why:
         if done or point is not None:
             log.error("not restarting the run: %s", why)
@@ -183,8 +217,13 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
     assert point is not None  # ``why`` says so when there is none
     seen.add(sig)
     reason = describe_failure(died or exc)
-    log.warning("%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts "
-                "%d)", reason, point.step, done + 1, limit)  # fmt: skip
+    log.warning(
+        "%s; restarting the trainers and servers from checkpoint step %d (restart %d of max_run_restarts %d)",
+        reason,
+        point.step,
+        done + 1,
+        limit,
+    )
     return RestartPlan(point, reason)
 
 
@@ -192,13 +231,13 @@ def _from_a_worker(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it wraps) is a Ray failure: a trainer or server process failed or died."""
     import ray
 
-    from telescope.core.runtime.errors import exception_chain
+    from telescope.core.errors import exception_chain
 
     return any(isinstance(e, ray.exceptions.RayError) for e in exception_chain(exc))
 
 
 def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSession], engine: str) -> None:
-    from telescope.core.observe.torch_memory import RayDrainFetcher
+    from telescope.core.observe.samplers.torch_memory import RayDrainFetcher
     from telescope.core.runtime.workers import torch_thread_info
 
     fetchers: dict[int, RayDrainFetcher] = {}
@@ -220,8 +259,14 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
         session.traces = hub.add_otlp_receiver()
 
 
-def _end_run(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, status: str,
-             error: BaseException | None, run_dir: Path) -> BaseException | None:  # fmt: skip
+def _end_run(
+    pm: pluggy.PluginManager,
+    hub: LoggerHub,
+    session: RunSession,
+    status: str,
+    error: BaseException | None,
+    run_dir: Path,
+) -> BaseException | None:
     """Stop every process, then end the run (the hub closes the run directory with its final status).
 
     A plugin raising on the way is reported naming the hook and the plugin; it never replaces
@@ -238,8 +283,15 @@ def _end_run(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, stat
     return ending
 
 
-def _stop_and_finish(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSession, status: str,
-                     error: BaseException | None, failures: list[HookFailure], run_dir: Path) -> BaseException | None:  # fmt: skip
+def _stop_and_finish(
+    pm: pluggy.PluginManager,
+    hub: LoggerHub,
+    session: RunSession,
+    status: str,
+    error: BaseException | None,
+    failures: list[HookFailure],
+    run_dir: Path,
+) -> BaseException | None:
     """Stop the workers, then telescope_run_end, then the hub, each even when the one before raised."""
     try:
         session.stop()
@@ -255,11 +307,12 @@ def _stop_and_finish(pm: pluggy.PluginManager, hub: LoggerHub, session: RunSessi
     return ending
 
 
-def _report_hook_failures(hub: LoggerHub, failures: list[HookFailure], status: str,
-                          run_dir: Path) -> BaseException | None:  # fmt: skip
+def _report_hook_failures(
+    hub: LoggerHub, failures: list[HookFailure], status: str, run_dir: Path
+) -> BaseException | None:
     """Log each plugin's failure and keep them in run.json; after a successful run, the first one
     becomes the run's failure (returned)."""
-    from telescope.core.runtime.liveness import stage_error
+    from telescope.core.errors import stage_error
 
     hub.log_info({"hook_failures": [f.record() for f in failures]})
     if status != "completed":
@@ -278,8 +331,8 @@ def _report_hook_failures(hub: LoggerHub, failures: list[HookFailure], status: s
 def _failure_info(error: BaseException, run_dir: Path) -> dict[str, Any]:
     """The one-line reason into logs/telescope.log, the traceback into the detailed log; returns both
     for run.json (``telescope_run_info``)."""
+    from telescope.core.errors import root_cause
     from telescope.core.observe.hub import HUB_WARNING
-    from telescope.core.runtime.errors import root_cause
 
     reason = describe_failure(error)
     # HUB_WARNING: the console does not repeat it (the CLI prints the same line once, in red)
@@ -292,188 +345,3 @@ def _failure_info(error: BaseException, run_dir: Path) -> dict[str, Any]:
 def log_tail(path: Path, lines: int = 30) -> list[str]:
     """The last ``lines`` lines of ``path``, cleaned (empty when it cannot be read)."""
     return tail_lines(path, lines)
-
-
-class RunSession:
-    """Owns Ray, the pools and every actor of one run."""
-
-    def __init__(self, cfg: TelescopeConfig, plugins: list[str], registry: Registry, run_dir: Path) -> None:
-        self.cfg = cfg
-        self.plugins = plugins
-        self.registry = registry
-        self.run_dir = run_dir
-        self.pools: Any = None
-        self.servers: Any = None
-        self.trainers: list[Any] = []
-        self.trainer_info: list[dict[str, Any]] = []
-        self.started_here = True
-        self.resume: ResumePoint | None = None
-        """The checkpoint this run continues from, or None."""
-        self._failure: BaseException | None = None
-        self.run_id = ""
-        """Names this run's placement groups (the run directory's run id; empty = a random one)."""
-        self._claims: list[Any] = []
-        self.orchestrator: Orchestrator | None = None
-        self.traces: OtlpReceiver | None = None
-        """The OTLP receiver of vLLM's request timings (``enable_vllm_tracing``), kept across restarts."""
-        self.logger_ids: Callable[[], dict[str, Any]] = dict
-        """Each logger's run ids (``LoggerHub.run_ids``), stored in checkpoints so a resume continues them."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._abort: asyncio.Event | None = None
-
-    def current_step(self) -> int:
-        """The training step in progress (0 before the orchestrator exists)."""
-        if self.orchestrator is None:
-            return 0
-        return int(self.orchestrator.counts.completed_steps) + 1
-
-    def start(self) -> None:
-        """Ray, placement groups, inference servers and trainer ranks (created concurrently)."""
-        import ray
-
-        from telescope.core.inference.settings import num_servers
-        from telescope.core.runtime.cluster import connect, reserve_pools
-        from telescope.core.runtime.ray_group import start_servers, start_trainers
-
-        joined = connect(self.cfg, str(self.run_dir))
-        self.started_here = bool(joined["started_here"])
-        self._claims += [joined["private_claim"]] if joined.get("private_claim") else []
-        route_sigterm_to_interrupt()  # ray.init installed its own (sys.exit from any frame)
-        use_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self.pools = reserve_pools(self.cfg, num_servers(self.cfg), use_gpus, self.run_id)
-        self._move_ports_if_taken(num_servers(self.cfg))
-        cfg, data = self.cfg, self.cfg.to_dict()
-        self.trainers = start_trainers(data, self.plugins, self.pools, cfg.trainer_num_workers,
-                                       cfg.ray_trainer_cpus_per_worker)  # fmt: skip
-        init_refs = [t.init.remote() for t in self.trainers]
-        self.servers = start_servers(data, self.plugins, self.pools, cfg.inference_engine, num_servers(cfg),
-                                     cfg.ray_inference_cpus_per_worker, str(self.run_dir / "logs" / "inference"))  # fmt: skip
-        self.trainer_info = ray.get(init_refs)
-
-    def _move_ports_if_taken(self, count: int) -> None:
-        """Servers on this node: claim a free block of ports (``inference_base_port`` or the next free
-        one), so that two runs on one machine, or another program on 8100, never collide."""
-        import ray
-
-        from telescope.core.runtime.claims import port_block
-        from telescope.core.runtime.ray_group import bundle_ip
-
-        here = ray.util.get_node_ip_address()
-        if not any(bundle_ip(self.pools.inference, i) == here for i in range(count)):
-            return  # servers on other nodes: their launch refuses a taken port (check_port_free)
-        host, base = self.cfg.inference_host, self.cfg.inference_base_port
-        first, claims = port_block(host or "0.0.0.0", base, count, {"run_dir": str(self.run_dir)})
-        self._claims += claims
-        if first != base:
-            log.warning("inference ports %d-%d are in use or held by another Telescope run: the servers listen "
-                        "on %d-%d instead", base, base + count - 1, first, first + count - 1)  # fmt: skip
-            self.cfg = self.cfg.model_copy(update={"inference_base_port": first})
-
-    def fail(self, error: BaseException) -> None:
-        """End the run with ``error`` now, from any thread (a run directory that cannot be written).
-
-        ``train`` stops waiting for the orchestrator, cancels it (it shuts its groups down) and
-        raises ``error``; the first error wins.
-        """
-        if self._failure is None:
-            self._failure = error
-        loop, abort = self._loop, self._abort
-        if loop is not None and abort is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(abort.set)
-
-    async def train(self, pset: PluginSet) -> None:
-        """Build the orchestrator around the started processes and run it (until done or ``fail``)."""
-        self._loop, self._abort = asyncio.get_running_loop(), asyncio.Event()
-        if self._failure is not None:
-            raise self._failure
-        work = asyncio.ensure_future(self._train(pset))
-        abort = asyncio.ensure_future(self._abort.wait())
-        watch = asyncio.ensure_future(self._watch_trainers())
-        await asyncio.wait({work, abort}, return_when=asyncio.FIRST_COMPLETED)
-        abort.cancel()
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-        if self._failure is not None:
-            raise self._failure
-        work.result()
-
-    async def _watch_trainers(self, interval_s: float = 2.0) -> None:
-        """Supervise the trainer ranks: a dead one ends the training at once (``fail``), whatever the
-        orchestrator is waiting for. One liveness call per rank is in flight at a time (a rank busy in
-        a step answers after it)."""
-        import ray
-
-        pending: dict[int, Any] = {}
-        while True:
-            for rank, actor in enumerate(self.trainers):
-                pending.setdefault(rank, actor.node_ip.remote())
-            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
-            for rank, ref in list(pending.items()):
-                if ref not in ready:
-                    continue
-                del pending[rank]
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    self.fail(exc)
-                    return
-            await asyncio.sleep(interval_s)
-
-    async def _train(self, pset: PluginSet) -> None:
-        from telescope.core.runtime.assemble import (
-            add_checkpoints_and_evals,
-            build_orchestrator,
-            close_environments,
-        )
-
-        orchestrator, clients = await build_orchestrator(self, pset.pm.hook)
-        self.orchestrator = orchestrator
-        evals = None
-        try:
-            evals = await add_checkpoints_and_evals(orchestrator, self, self.logger_ids)
-            if evals is not None:
-                await evals.before_training(resumed=self.resume is not None)
-            await orchestrator.run()
-            if evals is not None:
-                await evals.after_training(orchestrator)
-        finally:
-            if evals is not None:
-                await evals.close()
-            await close_environments(orchestrator)
-            for client in clients:
-                await client.close()
-
-    def stop(self) -> None:
-        """Stop servers first (their processes), then kill every actor and release the pools."""
-        import ray
-
-        try:
-            if ray.is_initialized():
-                self._stop_processes()
-        finally:
-            from telescope.core.runtime.claims import release_rendezvous_ports
-
-            for held in self._claims:  # ports and the private-cluster mark, once everything stopped
-                held.release()
-            self._claims.clear()
-            release_rendezvous_ports()  # the trainers' and weight-sync stores' (``node_free_port``)
-
-    def _stop_processes(self) -> None:
-        import ray
-
-        from telescope.core.runtime.cluster import shutdown
-
-        if self.servers is not None:
-            try:
-                ray.get([a.stop.remote() for a in self.servers.actors], timeout=30)
-            except Exception as exc:  # noqa: BLE001 - continue tearing down
-                log.warning("stopping inference servers: %s", exc)
-        for actor in [*self.trainers, *(self.servers.actors if self.servers else [])]:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
-        shutdown(self.cfg, self.pools, started_here=self.started_here)
-        os.environ.pop("TELESCOPE_RUN_DIR", None)

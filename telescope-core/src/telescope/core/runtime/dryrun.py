@@ -65,8 +65,10 @@ def resource_problems(cfg: TelescopeConfig, engine: str, available: dict[str, fl
     need = needed_resources(cfg, gpus > 0)
     problems = []
     if engine == "vllm" and gpus == 0:
-        problems.append("inference_engine: vllm needs a CUDA GPU and none is visible; use inference_engine: "
-                        "transformers (or auto) on a CPU machine")  # fmt: skip
+        problems.append(
+            "inference_engine: vllm needs a CUDA GPU and none is visible; use inference_engine: "
+            "transformers (or auto) on a CPU machine"
+        )
     for kind in ("CPU", "GPU"):
         have = float(available.get(kind, 0))
         if need[kind] > have:
@@ -120,7 +122,7 @@ async def dry_run(
     from telescope.core.env.chat import ChatOptions
     from telescope.core.env.check import check_environment
     from telescope.core.inference.auto import resolve_inference_engine
-    from telescope.core.runtime.preflight import unsupported_problems
+    from telescope.core.runtime.supervision.preflight import unsupported_problems
 
     lines = [CheckLine("settings", False, p) for p in unsupported_problems(cfg)]
     model = model_problem(cfg.model)
@@ -139,8 +141,15 @@ async def dry_run(
     chat = ChatOptions.from_config(cfg)
     entries = [(e, False) for e in cfg.environments] + [(e, True) for e in cfg.evals]
     for entry, as_eval in entries:
-        checks = await check_environment(registry, entry.name, dict(entry.kwargs), tokenizer=tokenizer,
-                                         chat=chat, num_samples=num_samples, as_eval=as_eval)  # fmt: skip
+        checks = await check_environment(
+            registry,
+            entry.name,
+            dict(entry.kwargs),
+            tokenizer=tokenizer,
+            chat=chat,
+            num_samples=num_samples,
+            as_eval=as_eval,
+        )
         lines += [CheckLine(f"{entry.name}.{c.step}", c.ok, c.message) for c in checks]
     return lines
 

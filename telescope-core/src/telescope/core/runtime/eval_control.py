@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.runtime.liveness import RunStageError, stage_error
+from telescope.core.errors import RunStageError, stage_error
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -62,8 +62,11 @@ class EvalController:
         if not entries:
             return
         if not servers:
-            log.warning("evals at step %d skipped: no server for them (eval_num_servers: 0 and "
-                        "eval_start_end_use_all_servers: false)", step)  # fmt: skip
+            log.warning(
+                "evals at step %d skipped: no server for them (eval_num_servers: 0 and "
+                "eval_start_end_use_all_servers: false)",
+                step,
+            )
             return
         results = await self.runner.run(entries, [self.clients[i] for i in servers], step)
         self.ran_at.setdefault(step, set()).update(e.name for e in entries)

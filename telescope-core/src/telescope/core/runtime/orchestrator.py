@@ -27,24 +27,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from telescope.core.observe.records import TimelineEvent
-from telescope.core.runtime import faults
-from telescope.core.runtime.batching import BatchBuilder, TrainBatch
-from telescope.core.runtime.groups import (
+from telescope.core import faults
+from telescope.core.errors import stage_error
+from telescope.core.observe.rundir.records import TimelineEvent
+from telescope.core.rollouts.batching import BatchBuilder, TrainBatch
+from telescope.core.rollouts.groups import (
     GroupFailure,
     RolloutGroup,
     RolloutSample,
     reward_failed,
     zero_advantage_kind,
 )
-from telescope.core.runtime.healing import ServerRestartsExhaustedError
-from telescope.core.runtime.lanes import Lanes, QueuedSample
-from telescope.core.runtime.liveness import DiscardTally, StallError, stage_error
-from telescope.core.runtime.prompts import PreparedPrompt, PromptSource
+from telescope.core.rollouts.lanes import Lanes, QueuedSample
+from telescope.core.rollouts.prompts import PreparedPrompt, PromptSource
+from telescope.core.rollouts.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
 from telescope.core.runtime.reporting import StepRollouts
-from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
-from telescope.core.runtime.stall import FailureStreaks
 from telescope.core.runtime.step_metrics import step_metrics
+from telescope.core.runtime.supervision.healing import ServerRestartsExhaustedError
+from telescope.core.runtime.supervision.liveness import DiscardTally, StallError
+from telescope.core.runtime.supervision.stall import FailureStreaks
 
 if TYPE_CHECKING:
     import pluggy
@@ -113,20 +114,32 @@ class Counts:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready counters (a checkpoint's ``orchestrator_state.json``)."""
-        return {"model_version": self.model_version, "completed_steps": self.completed_steps,
-                "discarded": dict(self.discarded), "zero_advantage": dict(self.zero_advantage),
-                "cancelled_samples": self.cancelled_samples, "rollout_errors": self.rollout_errors,
-                "reward_errors": dict(self.reward_errors), "inference_restarts": self.inference_restarts}  # fmt: skip
+        return {
+            "model_version": self.model_version,
+            "completed_steps": self.completed_steps,
+            "discarded": dict(self.discarded),
+            "zero_advantage": dict(self.zero_advantage),
+            "cancelled_samples": self.cancelled_samples,
+            "rollout_errors": self.rollout_errors,
+            "reward_errors": dict(self.reward_errors),
+            "inference_restarts": self.inference_restarts,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Counts:
         """Counters of a resumed run: batches after the checkpoint's step are generated again."""
         step = int(state["completed_steps"])
-        return cls(inference_step=step, model_version=int(state["model_version"]), completed_steps=step,
-                   discarded=Counter(state["discarded"]), zero_advantage=Counter(state["zero_advantage"]),
-                   cancelled_samples=int(state["cancelled_samples"]), rollout_errors=int(state["rollout_errors"]),
-                   reward_errors=Counter(state.get("reward_errors", {})),
-                   inference_restarts=int(state.get("inference_restarts", 0)))  # fmt: skip
+        return cls(
+            inference_step=step,
+            model_version=int(state["model_version"]),
+            completed_steps=step,
+            discarded=Counter(state["discarded"]),
+            zero_advantage=Counter(state["zero_advantage"]),
+            cancelled_samples=int(state["cancelled_samples"]),
+            rollout_errors=int(state["rollout_errors"]),
+            reward_errors=Counter(state.get("reward_errors", {})),
+            inference_restarts=int(state.get("inference_restarts", 0)),
+        )
 
 
 class Orchestrator:
@@ -136,9 +149,15 @@ class Orchestrator:
     """While no step completes, a line with the discards since the last step at most this often."""
 
     def __init__(
-        self, cfg: TelescopeConfig, prompts: PromptSource, runner: RolloutRunner, clients: list[Any],
-        trainer: TrainerHandle, batches: BatchBuilder, hook: pluggy.HookRelay,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: TelescopeConfig,
+        prompts: PromptSource,
+        runner: RolloutRunner,
+        clients: list[Any],
+        trainer: TrainerHandle,
+        batches: BatchBuilder,
+        hook: pluggy.HookRelay,
+    ) -> None:
         """``hook``: the plugin manager's hooks (``pm.hook``); the run reports through them only."""
         self.cfg = cfg
         self.prompts = prompts
@@ -274,19 +293,26 @@ class Orchestrator:
             if stall > 0 and idle > stall:
                 for line in describe_state(self):
                     log.error("%s", line)
-                self._fail(StallError(
-                    f"no training step completed for {idle:.0f}s (stall_timeout_s={stall:g}) while "
-                    f"waiting for step {self.counts.completed_steps + 1}, the trainer loop in '{self._stage}': "
-                    "what every server, lane and group was doing is in <run_dir>/logs/telescope.log; "
-                    "raise stall_timeout_s for steps this slow, 0 turns the watchdog off"))  # fmt: skip
+                self._fail(
+                    StallError(
+                        f"no training step completed for {idle:.0f}s (stall_timeout_s={stall:g}) while "
+                        f"waiting for step {self.counts.completed_steps + 1}, the trainer loop in '{self._stage}': "
+                        "what every server, lane and group was doing is in <run_dir>/logs/telescope.log; "
+                        "raise stall_timeout_s for steps this slow, 0 turns the watchdog off"
+                    )
+                )
                 return
             if self._discards and idle >= self.progress_every_s and now - last_line >= self.progress_every_s:
                 last_line = now
                 log.warning(
                     "no batch for step %d yet after %.0fs (%d of %d groups collected); discarded since the "
-                    "last step: %s", self.counts.inference_step + 1, idle, len(self._bucket),
-                    self.cfg.prompts_batch_size_for_trainer, self._discards.summary(),
-                )  # fmt: skip
+                    "last step: %s",
+                    self.counts.inference_step + 1,
+                    idle,
+                    len(self._bucket),
+                    self.cfg.prompts_batch_size_for_trainer,
+                    self._discards.summary(),
+                )
 
     # --- starting groups ---------------------------------------------------------------
     def _groups_wanted(self) -> int:
@@ -318,8 +344,10 @@ class Orchestrator:
                 self.lanes.release(server, slot)
                 continue
             request_id = f"g{queued.group_id}-s{queued.index}-v{self.counts.model_version}"
-            task = self._spawn(self._run_sample(group, queued.index, server, slot, request_id),
-                               f"the rollout task of group {queued.group_id} sample {queued.index}")  # fmt: skip
+            task = self._spawn(
+                self._run_sample(group, queued.index, server, slot, request_id),
+                f"the rollout task of group {queued.group_id} sample {queued.index}",
+            )
             group.running[queued.index] = _Running(task, request_id, slot, self.counts.model_version)
 
     # --- one sample --------------------------------------------------------------------
@@ -343,9 +371,19 @@ class Orchestrator:
                 self._poke()
 
         self._event("generation", "start", **where)
-        task = SampleTask(request_id, p.env, p.sample, p.prompt_ids, p.prompt_text, p.reward_min, p.reward_max,
-                          server, slot, lambda: self.counts.model_version,
-                          request_seed(self.cfg.seed, p.item.group_id, index))  # fmt: skip
+        task = SampleTask(
+            request_id,
+            p.env,
+            p.sample,
+            p.prompt_ids,
+            p.prompt_text,
+            p.reward_min,
+            p.reward_max,
+            server,
+            slot,
+            lambda: self.counts.model_version,
+            request_seed(self.cfg.seed, p.item.group_id, index),
+        )
         try:
             result = await self.runner.run(self.clients[server], task, on_generated)
             group.results[index] = result
@@ -455,8 +493,14 @@ class Orchestrator:
             item = group.prepared.item
             self._discards.add(reason, item.env_name)
             done = [s for s in group.results if s is not None]
-            cancelled = RolloutGroup(item.group_id, item.env_name, item.sample_idx, done, self.counts.model_version,
-                                     discard_reason=reason)  # fmt: skip
+            cancelled = RolloutGroup(
+                item.group_id,
+                item.env_name,
+                item.sample_idx,
+                done,
+                self.counts.model_version,
+                discard_reason=reason,
+            )
             cancelled.info["cancelled_samples"] = len(ids)
             self._report_group(cancelled)
         if ids:
@@ -483,8 +527,11 @@ class Orchestrator:
         limit = self.cfg.max_off_policy_steps
         if limit < 0:
             return
-        stale = [gid for gid, g in self._groups.items()
-                 if any(r.generating and self.counts.model_version - r.version > limit for r in g.running.values())]  # fmt: skip
+        stale = [
+            gid
+            for gid, g in self._groups.items()
+            if any(r.generating and self.counts.model_version - r.version > limit for r in g.running.values())
+        ]
         for gid in stale:
             await self._cancel_group(gid, reason="off_policy")
 
@@ -601,9 +648,15 @@ class Orchestrator:
         limit = self.cfg.inference_max_restarts
         others = [i for i in range(len(self.clients)) if i != server and i not in self._dropped]
         if self._restarts[server] > limit and others:
-            log.warning("inference server %d died %d times (inference_max_restarts=%d): dropped, training goes "
-                        "on with servers %s; its last log lines:\n%s", server, self._restarts[server], limit,
-                        others, tail)  # fmt: skip
+            log.warning(
+                "inference server %d died %d times (inference_max_restarts=%d): dropped, training goes "
+                "on with servers %s; its last log lines:\n%s",
+                server,
+                self._restarts[server],
+                limit,
+                others,
+                tail,
+            )
             self._dropped.add(server)
             self._healing.discard(server)
             self._event("run", "instant", name="inference_drop", server=server)
@@ -615,9 +668,15 @@ class Orchestrator:
             raise ServerRestartsExhaustedError(
                 f"inference server {server} died {self._restarts[server]} times (inference_max_restarts={limit}); "
                 f"its last log line: {last} (the log is under <run_dir>/logs/inference)"
-            )  # fmt: skip
-        log.warning("inference server %d died: restarting it (%d of %d), its groups were re-queued; its last log "
-                    "lines:\n%s", server, self._restarts[server], limit, tail)  # fmt: skip
+            )
+        log.warning(
+            "inference server %d died: restarting it (%d of %d), its groups were re-queued; its last log "
+            "lines:\n%s",
+            server,
+            self._restarts[server],
+            limit,
+            tail,
+        )
         self._event("run", "instant", name="inference_restart", server=server)
         await self.healer.restart(server)
         self.counts.inference_restarts += 1
@@ -626,9 +685,21 @@ class Orchestrator:
 
 def _failed_sample(p: PreparedPrompt, server: int, lane: int, version: int, message: str) -> RolloutSample:
     """The record of a sample whose request failed: nothing generated, nothing scored."""
-    return RolloutSample(list(p.prompt_ids), [], [], None, "error", 0.0, 0.0, prompt_text=p.prompt_text,
-                         server=server, lane=lane, model_version_start=version, model_version_end=version,
-                         info={"error": message})  # fmt: skip
+    return RolloutSample(
+        list(p.prompt_ids),
+        [],
+        [],
+        None,
+        "error",
+        0.0,
+        0.0,
+        prompt_text=p.prompt_text,
+        server=server,
+        lane=lane,
+        model_version_start=version,
+        model_version_end=version,
+        info={"error": message},
+    )
 
 
 def _reward_error_detail(env: str, sample: RolloutSample) -> str:
@@ -645,19 +716,23 @@ def describe_state(orch: Orchestrator) -> list[str]:
         f"'{orch._stage}' for {now - orch._stage_since:.0f}s, {len(orch._bucket)} groups waiting for a batch, "
         f"{orch._batches.qsize()} batches queued for the trainer, discards since the last step: "
         f"{orch._discards.summary() or 'none'}"
-    ]  # fmt: skip
+    ]
     for server in range(orch.lanes.num_servers):
         groups = [g for g in orch._groups.values() if g.server == server]
         running = sum(len(g.running) for g in groups)
-        lines.append(f"server {server}: {'enabled' if orch.lanes.enabled(server) else 'disabled'}, "
-                     f"{orch.lanes.free_count(server)}/{orch.lanes.slots_per_server} lanes free, {running} samples "
-                     f"running, {orch.lanes.queued_count(server)} queued, {len(groups)} groups")  # fmt: skip
+        lines.append(
+            f"server {server}: {'enabled' if orch.lanes.enabled(server) else 'disabled'}, "
+            f"{orch.lanes.free_count(server)}/{orch.lanes.slots_per_server} lanes free, {running} samples "
+            f"running, {orch.lanes.queued_count(server)} queued, {len(groups)} groups"
+        )
     for gid, g in sorted(orch._groups.items()):
         samples = ", ".join(
             f"#{i} lane {r.slot} {'generating' if r.generating else 'scoring'} {now - r.started:.0f}s "
             f"(dispatched at v{r.version}, {r.request_id})"
             for i, r in sorted(g.running.items())
-        )  # fmt: skip
-        lines.append(f"group {gid} ({g.prepared.item.env_name}) on server {g.server}: {g.finished}/"
-                     f"{len(g.results)} finished; running: {samples or 'none'}")  # fmt: skip
+        )
+        lines.append(
+            f"group {gid} ({g.prepared.item.env_name}) on server {g.server}: {g.finished}/"
+            f"{len(g.results)} finished; running: {samples or 'none'}"
+        )
     return lines

@@ -45,8 +45,9 @@ class RayTrainerGroup:
     """Servers dropped from the run (dead past ``inference_max_restarts``): not in the sync group."""
 
     @classmethod
-    def from_info(cls, actors: list[Any], infos: list[dict[str, Any]], clients: list[Any],
-                  urls: list[str]) -> RayTrainerGroup:  # fmt: skip
+    def from_info(
+        cls, actors: list[Any], infos: list[dict[str, Any]], clients: list[Any], urls: list[str]
+    ) -> RayTrainerGroup:
         """The group for ``actors`` whose ``init`` returned ``infos`` (``dp_rank``, ``dp_world_size``)."""
         dp = int(infos[0].get("dp_world_size", len(actors))) if infos else len(actors)
         ranks = [int(info.get("dp_rank", i)) for i, info in enumerate(infos)]
@@ -77,8 +78,11 @@ class RayTrainerGroup:
         results = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*receives))
         sent, loaded = results[0][0], results[1]
         urls = [self.urls[i] for i in members]
-        check_sync(sent.get("fingerprints"), {url: r.fingerprints for url, r in zip(urls, loaded, strict=True)},
-                   version)  # fmt: skip
+        check_sync(
+            sent.get("fingerprints"),
+            {url: r.fingerprints for url, r in zip(urls, loaded, strict=True)},
+            version,
+        )
         fingerprints = sent.get("fingerprints") or {}
         return {
             "digest": _digest(fingerprints),
@@ -126,8 +130,9 @@ def _digest(fingerprints: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16] if fingerprints else ""
 
 
-def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, world_size: int,
-                   cpus: float) -> list[Any]:  # fmt: skip
+def start_trainers(
+    cfg_data: dict[str, Any], plugins: list[str], pools: Pools, world_size: int, cpus: float
+) -> list[Any]:
     """Create the trainer rank actors (one bundle each) on a shared rendezvous address."""
     import ray
 
@@ -136,9 +141,13 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
     port = node_free_port(pools.trainer, 0)
     actors = []
     for rank in range(world_size):
-        actor = remote.options(num_cpus=cpus, num_gpus=pools.trainer_gpus, max_restarts=0,
-                               scheduling_strategy=scheduling(pools.trainer, rank),
-                               name=None).remote(cfg_data, plugins, rank, world_size, master, port)  # fmt: skip
+        actor = remote.options(
+            num_cpus=cpus,
+            num_gpus=pools.trainer_gpus,
+            max_restarts=0,
+            scheduling_strategy=scheduling(pools.trainer, rank),
+            name=None,
+        ).remote(cfg_data, plugins, rank, world_size, master, port)
         actors.append(actor)
     return actors
 
@@ -146,7 +155,7 @@ def start_trainers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, w
 def rendezvous_host(rank_node_ips: list[str]) -> str:
     """Rank 0's address for the trainer rendezvous: loopback (fastest, always reachable) only when
     every rank shares rank 0's node, whichever node the driver is on."""
-    from telescope.core.runtime.addresses import LOOPBACK
+    from telescope.core.cluster.addresses import LOOPBACK
 
     first = rank_node_ips[0]
     return LOOPBACK if all(ip == first for ip in rank_node_ips) else first
@@ -156,7 +165,7 @@ def node_free_port(pg: Any, index: int) -> int:
     """A port free on the node of bundle ``index`` (rank 0 listens there, not on the driver's node)."""
     import ray
 
-    from telescope.core.runtime.claims import rendezvous_port
+    from telescope.core.cluster.claims import rendezvous_port
 
     probe: Any = ray.remote(num_cpus=0)(rendezvous_port)
     owner = {"pid": os.getpid(), "host": socket.gethostname()}  # the driver: the run's end releases it
@@ -177,24 +186,44 @@ def bundle_ip(pg: Any, index: int) -> str:
     return "127.0.0.1"
 
 
-def start_servers(cfg_data: dict[str, Any], plugins: list[str], pools: Pools, engine: str, num_servers: int,
-                  cpus: float, log_dir: str) -> Servers:  # fmt: skip
+def start_servers(
+    cfg_data: dict[str, Any],
+    plugins: list[str],
+    pools: Pools,
+    engine: str,
+    num_servers: int,
+    cpus: float,
+    log_dir: str,
+) -> Servers:
     """Create one server actor per bundle and wait for every server to answer /health."""
     import ray
 
-    from telescope.core.runtime.addresses import DRIVER_ADDRESS_ENV, reachable_url
+    from telescope.core.cluster.addresses import DRIVER_ADDRESS_ENV, reachable_url
 
     remote: Any = ray.remote(InferenceServerWorker)
     driver_ip = str(ray.util.get_node_ip_address())
     # Servers on other nodes send their traces to the driver's node (merged with the job's env_vars).
     env = {"env_vars": {DRIVER_ADDRESS_ENV: driver_ip}}
     actors: list[Any] = [
-        remote.options(num_cpus=cpus, num_gpus=pools.inference_gpus, max_restarts=0, runtime_env=env,
-                       scheduling_strategy=scheduling(pools.inference, i)).remote(cfg_data, plugins, i, engine, log_dir)
+        remote.options(
+            num_cpus=cpus,
+            num_gpus=pools.inference_gpus,
+            max_restarts=0,
+            runtime_env=env,
+            scheduling_strategy=scheduling(pools.inference, i),
+        ).remote(cfg_data, plugins, i, engine, log_dir)
         for i in range(num_servers)
-    ]  # fmt: skip
+    ]
     infos = ray.get([a.start.remote() for a in actors])
     # Each server reports how its own node reaches it; the driver may be elsewhere.
-    urls = [reachable_url(i["url"], i["node_ip"], driver_ip, bound_host=str(cfg_data["inference_host"]),
-                          what=f"inference server {n}") for n, i in enumerate(infos)]  # fmt: skip
+    urls = [
+        reachable_url(
+            i["url"],
+            i["node_ip"],
+            driver_ip,
+            bound_host=str(cfg_data["inference_host"]),
+            what=f"inference server {n}",
+        )
+        for n, i in enumerate(infos)
+    ]
     return Servers(actors, urls, [i["node_ip"] for i in infos])

@@ -12,13 +12,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.observe.records import RolloutRecord, eval_event
+from telescope.core.observe.rundir.records import RolloutRecord, eval_event
 
 if TYPE_CHECKING:
     import pluggy
 
-    from telescope.core.observe.otlp import OtlpReceiver
-    from telescope.core.runtime.groups import RolloutGroup
+    from telescope.core.observe.samplers.otlp import OtlpReceiver
+    from telescope.core.rollouts.groups import RolloutGroup
 
 __all__ = ["StepRollouts", "report_evals"]
 

@@ -71,12 +71,23 @@ class RunDirLock:
         f.seek(0)
         previous = _holder(f.read())
         if previous.get("pid"):
-            log.info("run_dir %s: taking over the lock of pid %s, which is no longer running",
-                     self.run_dir, previous["pid"])  # fmt: skip
+            log.info(
+                "run_dir %s: taking over the lock of pid %s, which is no longer running",
+                self.run_dir,
+                previous["pid"],
+            )
         f.seek(0)
         f.truncate()
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time(),
-                            "argv": sys.argv}))  # fmt: skip
+        f.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started_at": time.time(),
+                    "argv": sys.argv,
+                }
+            )
+        )
         f.flush()
         self._file = f
         return self

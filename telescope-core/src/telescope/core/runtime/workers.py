@@ -11,9 +11,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from telescope.core.cluster.threads import Component
     from telescope.core.config import TelescopeConfig
     from telescope.core.registry import Registry
-    from telescope.core.runtime.threads import Component
 
 __all__ = ["InferenceServerWorker", "TrainerWorker", "torch_thread_info"]
 
@@ -34,10 +34,10 @@ def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[TelescopeConfig
 
 
 def _set_threads(cfg: TelescopeConfig, component: Component) -> dict[str, Any]:
-    """Set torch's intra-op threads by ``telescope.core.runtime.threads``; returns the choice."""
+    """Set torch's intra-op threads by ``telescope.core.cluster.threads``; returns the choice."""
     import torch
 
-    from telescope.core.runtime.threads import choose_torch_threads
+    from telescope.core.cluster.threads import choose_torch_threads
 
     choice = choose_torch_threads(cfg, component)
     torch.set_num_threads(choice.threads)
@@ -59,14 +59,28 @@ def torch_thread_info(trainer_info: list[dict[str, Any]], servers: Any) -> dict[
 class TrainerWorker:
     """One trainer rank: the configured backend plus the sending end of the weight sync."""
 
-    def __init__(self, cfg_data: dict[str, Any], plugins: list[str], rank: int, world_size: int,
-                 master_addr: str, master_port: int) -> None:  # fmt: skip
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
-                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})  # fmt: skip
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        plugins: list[str],
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+    ) -> None:
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+            }
+        )
         self.cfg, registry = _load(cfg_data, plugins)
         self._threads = _set_threads(self.cfg, "trainer")
         self.rank = rank
-        from telescope.core.observe.torch_memory import TorchMemorySampler
+        from telescope.core.observe.samplers.torch_memory import TorchMemorySampler
 
         self._torch_memory = TorchMemorySampler.from_config(self.cfg, rank=rank).start()
         self.backend = registry.create(
@@ -89,7 +103,7 @@ class TrainerWorker:
 
     def train_step(self, batch: Any) -> dict[str, float]:
         """One training step on this rank's share of the batch."""
-        from telescope.core.runtime import faults
+        from telescope.core import faults
 
         faults.on_train_step(int(getattr(batch, "step", -1)) + 1)
         return dict(self.backend.train_step(batch))
@@ -120,8 +134,12 @@ class TrainerWorker:
                 pass
             return {}
         report = self._sender.send(weights, version)
-        return {"fingerprints": report.fingerprints, "num_tensors": report.num_tensors,
-                "num_bytes": report.num_bytes, "seconds": time.perf_counter() - start}  # fmt: skip
+        return {
+            "fingerprints": report.fingerprints,
+            "num_tensors": report.num_tensors,
+            "num_bytes": report.num_bytes,
+            "seconds": time.perf_counter() - start,
+        }
 
     def save_checkpoint(self, directory: str, training_state: bool = True) -> None:
         """Write this rank's part of a checkpoint (collective)."""

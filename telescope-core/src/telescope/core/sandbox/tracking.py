@@ -13,23 +13,30 @@ import logging
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from telescope.core.sandbox.provider import SandboxProvider
     from telescope.core.sandbox.types import SandboxHandle
 
 __all__ = ["cleanup_all", "install_exit_handlers", "live_sandboxes"]
 
 _log = logging.getLogger(__name__)
+
+
+class Destroyer(Protocol):
+    """What the exit handlers need of a provider (``SandboxProvider`` is one): a blocking destroy."""
+
+    def destroy_sync(self, handle: SandboxHandle) -> None: ...
+
+
 _lock = threading.RLock()
-_live: dict[int, tuple[SandboxProvider, SandboxHandle]] = {}
+_live: dict[int, tuple[Destroyer, SandboxHandle]] = {}
 _previous_handlers: dict[int, Any] = {}
 _atexit_installed = False
 _handling: set[int] = set()
 
 
-def track(provider: SandboxProvider, handle: SandboxHandle) -> None:
+def track(provider: Destroyer, handle: SandboxHandle) -> None:
     """Record a newly created sandbox (and make sure the exit handlers are installed)."""
     with _lock:
         _live[id(handle)] = (provider, handle)

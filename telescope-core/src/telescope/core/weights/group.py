@@ -16,7 +16,7 @@ import torch.distributed as dist
 from telescope.core.weights.errors import WeightSyncError
 from telescope.core.weights.settings import GroupSpec
 
-__all__ = ["WeightSyncGroup", "free_port"]
+__all__ = ["WeightSyncGroup", "device_synchronize", "free_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -26,6 +26,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def device_synchronize(device: torch.device) -> None:
+    """Block until ``device`` ran everything queued on it. On NCCL a collective's ``work.wait()`` only
+    makes the current CUDA stream wait for it and returns before the bytes moved, so a clock read after
+    ``wait()`` alone times the launch, not the transfer. gloo's ``wait()`` returns after the transfer."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class WeightSyncGroup:
@@ -87,6 +95,10 @@ class WeightSyncGroup:
         opts.rootRank = 0
         opts.rootTensor = 0
         return self._pg.broadcast([tensor], opts)
+
+    def synchronize(self) -> None:
+        """Wait until this member's device finished every collective issued so far (see ``device_synchronize``)."""
+        device_synchronize(self.device)
 
     def broadcast_now(self, tensor: torch.Tensor) -> None:
         """Broadcast ``tensor`` from rank 0 and wait for it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from telescope.core.weights.errors import WeightSyncError
-from telescope.core.weights.fingerprint import compare_fingerprints, fingerprint
+from telescope.core.weights.fingerprint import algorithm_of, compare_fingerprints, fingerprint
 
 __all__ = ["ModelWeightLoader"]
 
@@ -63,12 +63,14 @@ class ModelWeightLoader:
         happens, which saves hashing every received byte a second time).
         """
         expected, actual = {}, {}
+        # the digest the receiver used (sum64 on CUDA groups, computed on the device)
+        algorithm = algorithm_of(next(iter(received.values()))) if received else "xxh3"
         for name, tensor in named.items():
             target = self.targets[name].detach()
             if received is not None and name in received and tensor.dtype == target.dtype:
                 expected[name] = received[name]
             else:
-                expected[name] = fingerprint(tensor.to(dtype=target.dtype))
-            actual[name] = fingerprint(target)
+                expected[name] = fingerprint(tensor.to(dtype=target.dtype), algorithm)
+            actual[name] = fingerprint(target, algorithm)
         compare_fingerprints(expected, actual, where=where)
         return actual

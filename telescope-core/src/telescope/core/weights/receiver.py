@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from telescope.core.weights.errors import WeightSyncError
-from telescope.core.weights.fingerprint import digest, format_fingerprint
+from telescope.core.weights.fingerprint import digest, digest_for_device, format_fingerprint, sum64_tensor
 from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.wire import (
     FLAG_COMBINED,
@@ -75,6 +75,8 @@ class WeightReceiver:
         ``load_weights``) never applies part of the wrong weights.
         """
         digests: list[int] = []
+        algorithm = digest_for_device(self.group.device)  # the sender's (same group, same device kind)
+        on_device: list[torch.Tensor] = []  # sum64 digests, read back once at the end (no sync per tensor)
         slots: list[TensorSlot] = []
         index, version = 0, -1
         first_work, first = self._post_first(0)
@@ -94,8 +96,10 @@ class WeightReceiver:
                 if work is not None:
                     work.wait()
                 for name, tensor in tensors:
-                    if self.verify:
-                        digests.append(digest(tensor))
+                    if self.verify and algorithm == "sum64":
+                        on_device.append(sum64_tensor(tensor))
+                    elif self.verify:
+                        digests.append(digest(tensor, algorithm))
                     yield name, tensor
             if last:
                 break
@@ -103,7 +107,9 @@ class WeightReceiver:
         self.group.layouts.end_sync(index + 1)
         self._pool = {k: v for k, v in self._pool.items() if k[1] <= index}
         self._views = {k: v for k, v in self._views.items() if k[0] <= index}
-        received = _formatted(slots, digests) if self.verify else None
+        if on_device:
+            digests = [int(v) for v in torch.stack(on_device).tolist()]
+        received = _formatted(slots, digests, algorithm) if self.verify else None
         self.last_sync = ReceivedSync(version, len(slots), received)
 
     def receive_all(self) -> dict[str, torch.Tensor]:
@@ -207,6 +213,9 @@ def _typed(raw: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
     return raw.view(dtype_from_name(slot.dtype)).view(slot.shape)
 
 
-def _formatted(slots: list[TensorSlot], digests: list[int]) -> dict[str, str]:
+def _formatted(slots: list[TensorSlot], digests: list[int], algorithm: str) -> dict[str, str]:
     """Fingerprint strings by name from digests (same order as ``slots``)."""
-    return {s.name: format_fingerprint(s.dtype, s.shape, d) for s, d in zip(slots, digests, strict=True)}
+    return {
+        s.name: format_fingerprint(s.dtype, s.shape, d, algorithm)
+        for s, d in zip(slots, digests, strict=True)
+    }

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from telescope.core.weights.fingerprint import digest, format_fingerprint
+from telescope.core.weights.fingerprint import digest, digest_for_device, format_fingerprint
 from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.settings import WeightSyncSettings
 from telescope.core.weights.wire import (
@@ -97,6 +97,7 @@ class WeightSender:
         for work in self._in_flight:
             work.wait()
         self._in_flight = []
+        self.group.synchronize()  # NCCL: wait() returned before the transfer; time the transfer itself
         self.group.layouts.end_sync(report.num_messages)
         self._pool = {k: v for k, v in self._pool.items() if k[1] < report.num_messages}
         report.seconds = time.perf_counter() - start
@@ -180,9 +181,10 @@ class WeightSender:
             works.append(self.group.broadcast(tensor_bytes(self._to_device(tensors[slot.name]))))
         self.group.layouts.record(index, Layout(key, meta))
         if report.fingerprints is not None:  # hash while the broadcasts are in flight
+            algorithm = digest_for_device(self.group.device)
             for slot in meta.slots:
                 report.fingerprints[slot.name] = format_fingerprint(
-                    slot.dtype, slot.shape, digest(tensors[slot.name])
+                    slot.dtype, slot.shape, digest(tensors[slot.name], algorithm), algorithm
                 )
         # Double buffering: message i stays in flight while message i+1 is prepared and issued,
         # so the per-message latency of small broadcasts overlaps with the payloads.

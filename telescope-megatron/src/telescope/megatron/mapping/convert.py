@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from telescope.megatron.mapping.rules import Rule, conversion_rules
+from telescope.megatron.mapping.rules import ExpertLayout, Rule, conversion_rules, detect_expert_layout
 from telescope.megatron.mapping.spec import ModelSpec
 
 __all__ = ["MegatronToHFStream", "hf_to_megatron", "megatron_to_hf"]
@@ -43,21 +43,32 @@ def hf_to_megatron(
     padded_vocab: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Full (unsharded) Megatron state dict from an HF one. Unknown HF tensors are an error;
-    ``lm_head.weight`` of a tied model is ignored (Megatron shares the embedding)."""
-    rules = conversion_rules(spec, te_spec=te_spec, padded_vocab=padded_vocab or spec.vocab_size)
+    ``lm_head.weight`` of a tied model is ignored (Megatron shares the embedding). MoE experts may
+    come in either HF layout (``rules.ExpertLayout``: per expert, or transformers 5's fused tensors)."""
+    rules = conversion_rules(
+        spec,
+        te_spec=te_spec,
+        padded_vocab=padded_vocab or spec.vocab_size,
+        expert_layout=detect_expert_layout(hf_state),
+    )
     tied = {"lm_head.weight"} if spec.tie_word_embeddings else set()
     return _apply(rules, hf_state, forward=True, tied_extra=tied)
 
 
 def megatron_to_hf(
-    megatron_state: Mapping[str, torch.Tensor], spec: ModelSpec, *, te_spec: bool = False
+    megatron_state: Mapping[str, torch.Tensor],
+    spec: ModelSpec,
+    *,
+    te_spec: bool = False,
+    expert_layout: ExpertLayout = "fused",
 ) -> dict[str, torch.Tensor]:
-    """HF state dict from a full (TP-gathered, all experts) Megatron one; vocab padding dropped.
+    """HF state dict from a full (TP-gathered, all experts) Megatron one; vocab padding dropped;
+    MoE experts in ``expert_layout``.
 
     Megatron's TE modules also carry ``_extra_state`` entries (FP8 metadata); they are skipped.
     """
     source = {k: v for k, v in megatron_state.items() if not k.endswith("._extra_state")}
-    rules = conversion_rules(spec, te_spec=te_spec, padded_vocab=spec.vocab_size)
+    rules = conversion_rules(spec, te_spec=te_spec, padded_vocab=spec.vocab_size, expert_layout=expert_layout)
     return _apply(rules, source, forward=False, tied_extra=set())
 
 
@@ -69,9 +80,14 @@ class MegatronToHFStream:
     have arrived (so at most one layer's experts of one kind are buffered).
     """
 
-    def __init__(self, spec: ModelSpec, *, te_spec: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, *, te_spec: bool = False, expert_layout: ExpertLayout = "fused"
+    ) -> None:
         self._rules = {}
-        for rule in conversion_rules(spec, te_spec=te_spec, padded_vocab=spec.vocab_size):
+        rules = conversion_rules(
+            spec, te_spec=te_spec, padded_vocab=spec.vocab_size, expert_layout=expert_layout
+        )
+        for rule in rules:
             for name in rule.megatron:
                 self._rules[name] = rule
         self._pending: dict[int, dict[str, torch.Tensor]] = {}

@@ -13,8 +13,10 @@ spec (``te_spec=True``) the pre-attention and pre-MLP norms live inside the fuse
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -28,9 +30,34 @@ from telescope.megatron.mapping.fuse import (
 )
 from telescope.megatron.mapping.spec import ModelSpec
 
-__all__ = ["Rule", "conversion_rules"]
+__all__ = [
+    "EXPERT_LAYOUTS", "ExpertLayout", "Rule", "conversion_rules", "detect_expert_layout", "inference_expert_layout",
+]  # fmt: skip
 
 Tensors = list[torch.Tensor]
+
+#: How an HF MoE checkpoint names its experts. ``per_expert``: ``mlp.experts.<e>.gate_proj.weight``
+#: ``[I, H]``, ``up_proj`` and ``down_proj`` ``[H, I]`` per expert: the hub's files, transformers < 5
+#: and vLLM 0.16/0.17 (which pin transformers < 5) load these; transformers 5 converts them on load.
+#: ``fused``: transformers 5's in-memory modules, ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (gate
+#: rows then up rows per expert) and ``mlp.experts.down_proj`` ``[E, H, I]``.
+ExpertLayout = Literal["per_expert", "fused"]
+EXPERT_LAYOUTS: tuple[ExpertLayout, ...] = ("per_expert", "fused")
+_PER_EXPERT_NAME = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def inference_expert_layout(inference_engine: str, transformers_version: str) -> ExpertLayout:
+    """The layout weight syncs send experts in: vLLM (``auto`` picks it on the GPU machines Megatron
+    runs on) loads per-expert names; the transformers engine loads its own modules' names, fused
+    from transformers 5 on."""
+    if inference_engine == "transformers" and int(transformers_version.split(".")[0]) >= 5:
+        return "fused"
+    return "per_expert"
+
+
+def detect_expert_layout(hf_names: Iterable[str]) -> ExpertLayout:
+    """The expert layout of an HF state dict's names (``fused`` when it has no per-expert names)."""
+    return "per_expert" if any(_PER_EXPERT_NAME.search(n) for n in hf_names) else "fused"
 
 
 @dataclass(frozen=True)
@@ -47,8 +74,13 @@ def _same(hf: str, meg: str) -> Rule:
     return Rule((hf,), (meg,), lambda t: t, lambda t: t)
 
 
-def conversion_rules(spec: ModelSpec, *, te_spec: bool, padded_vocab: int) -> list[Rule]:
-    """Every rule for ``spec``: embeddings, each layer, final norm, output layer."""
+def conversion_rules(
+    spec: ModelSpec, *, te_spec: bool, padded_vocab: int, expert_layout: ExpertLayout = "fused"
+) -> list[Rule]:
+    """Every rule for ``spec``: embeddings, each layer, final norm, output layer; MoE experts on
+    the HF side in ``expert_layout``."""
+    if expert_layout not in EXPERT_LAYOUTS:
+        raise ValueError(f"expert_layout {expert_layout!r}: use one of {', '.join(EXPERT_LAYOUTS)}")
     vocab_rule = Rule(
         ("model.embed_tokens.weight",),
         ("embedding.word_embeddings.weight",),
@@ -58,7 +90,10 @@ def conversion_rules(spec: ModelSpec, *, te_spec: bool, padded_vocab: int) -> li
     rules = [vocab_rule]
     for layer in range(spec.num_layers):
         rules += _attention_rules(spec, layer, te_spec)
-        rules += _moe_rules(spec, layer, te_spec) if spec.is_moe_layer(layer) else _mlp_rules(layer, te_spec)
+        if spec.is_moe_layer(layer):
+            rules += _moe_rules(spec, layer, te_spec, expert_layout)
+        else:
+            rules += _mlp_rules(layer, te_spec)
     rules.append(_same("model.norm.weight", "decoder.final_layernorm.weight"))
     if not spec.tie_word_embeddings:
         rules.append(
@@ -119,11 +154,32 @@ def expert_weight_name(layer: int, expert: int, linear: str, te_spec: bool) -> s
     return f"{base}{linear}.weight{expert}" if te_spec else f"{base}local_experts.{expert}.{linear}.weight"
 
 
-def _moe_rules(spec: ModelSpec, layer: int, te_spec: bool) -> list[Rule]:
-    """transformers 5 keeps all experts of a layer in two fused tensors ``[E, 2I, H]`` (gate
-    rows then up rows, the same order as Megatron's ``linear_fc1``) and ``[E, H, I]``."""
+def _moe_rules(spec: ModelSpec, layer: int, te_spec: bool, expert_layout: ExpertLayout) -> list[Rule]:
+    """Router, norm and experts of a MoE layer; experts in ``expert_layout`` (see ``ExpertLayout``).
+    Megatron's per-expert ``linear_fc1`` is the gate rows then the up rows, like transformers 5's
+    fused ``gate_up_proj`` row block of that expert."""
     hf, meg = f"model.layers.{layer}.", f"decoder.layers.{layer}."
     experts = range(spec.num_experts)
+    shared = [
+        _same(f"{hf}post_attention_layernorm.weight", f"{meg}pre_mlp_layernorm.weight"),
+        _same(f"{hf}mlp.gate.weight", f"{meg}mlp.router.weight"),
+    ]
+    if expert_layout == "per_expert":
+        per_expert: list[Rule] = []
+        for e in experts:
+            src = f"{hf}mlp.experts.{e}."
+            per_expert.append(
+                Rule(
+                    (f"{src}gate_proj.weight", f"{src}up_proj.weight"),
+                    (expert_weight_name(layer, e, "linear_fc1", te_spec),),
+                    lambda t: [fuse_gate_up(t[0], t[1])],
+                    lambda t: list(split_gate_up(t[0])),
+                )
+            )
+            per_expert.append(
+                _same(f"{src}down_proj.weight", expert_weight_name(layer, e, "linear_fc2", te_spec))
+            )
+        return shared + per_expert
 
     def stacked(linear: str, hf_name: str) -> Rule:
         return Rule(
@@ -133,9 +189,7 @@ def _moe_rules(spec: ModelSpec, layer: int, te_spec: bool) -> list[Rule]:
             lambda t: [torch.stack(t, dim=0)],
         )
 
-    return [
-        _same(f"{hf}post_attention_layernorm.weight", f"{meg}pre_mlp_layernorm.weight"),
-        _same(f"{hf}mlp.gate.weight", f"{meg}mlp.router.weight"),
+    return shared + [
         stacked("linear_fc1", f"{hf}mlp.experts.gate_up_proj"),
         stacked("linear_fc2", f"{hf}mlp.experts.down_proj"),
     ]

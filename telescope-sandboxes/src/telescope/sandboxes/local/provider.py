@@ -162,10 +162,16 @@ class LocalSandboxProvider(SandboxProvider):
         env = self._environment(config)
         if self.bwrap is not None:
             argv = bwrap_argv(
-                self.bwrap, box.workspace, inside_cwd=inside_cwd, env=env,
-                ro_paths=tuple(self.kwargs.ro_paths), network=bool(config.network_access), command=command,
-                shm_bytes=min(int(config.disk_size_gb * 1e9), _MAX_SHM_BYTES), etc_dir=self._etc_dir(),
-            )  # fmt: skip
+                self.bwrap,
+                box.workspace,
+                inside_cwd=inside_cwd,
+                env=env,
+                ro_paths=tuple(self.kwargs.ro_paths),
+                network=bool(config.network_access),
+                command=command,
+                shm_bytes=min(int(config.disk_size_gb * 1e9), _MAX_SHM_BYTES),
+                etc_dir=self._etc_dir(),
+            )
             run_env, cwd = {}, None
         else:
             # Tag the processes so strays that left the process group can be found later.
@@ -175,9 +181,17 @@ class LocalSandboxProvider(SandboxProvider):
         prefix = wrapper_argv(limits, uid, uid) if self.kwargs.use_util_linux_wrappers else None
         preexec = None if prefix is not None else make_preexec(limits, uid, uid)
         spec = RunSpec(
-            [*(prefix or []), *argv], run_env, cwd, preexec, timeout, config.max_output_bytes,
-            box.workspace, int(config.disk_size_gb * 1e9), self.kwargs.disk_check_interval_s, box.running,
-        )  # fmt: skip
+            [*(prefix or []), *argv],
+            run_env,
+            cwd,
+            preexec,
+            timeout,
+            config.max_output_bytes,
+            box.workspace,
+            int(config.disk_size_gb * 1e9),
+            self.kwargs.disk_check_interval_s,
+            box.running,
+        )
         try:
             return await run_command(spec)
         finally:

@@ -17,12 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
+from telescope.core.cluster.threads import ThreadChoice, choose_torch_threads
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.app import build_app
 from telescope.core.inference.transformers_engine.core import EngineOptions, GenerationEngine
 from telescope.core.inference.transformers_engine.requestlog import server_logging
 from telescope.core.inference.transformers_engine.weights import ServerWeightSync
-from telescope.core.runtime.threads import ThreadChoice, choose_torch_threads
 from telescope.core.weights.settings import serving_dtype
 
 __all__ = [
@@ -69,7 +69,7 @@ def _notes(cfg: Any, device: str) -> list[str]:
 
 
 def server_threads(cfg: Any, kwargs: TransformersEngineKwargs) -> ThreadChoice:
-    """The engine kwarg ``num_threads`` if set, else ``telescope.core.runtime.threads``' rule."""
+    """The engine kwarg ``num_threads`` if set, else ``telescope.core.cluster.threads``' rule."""
     if kwargs.num_threads:
         return ThreadChoice(kwargs.num_threads, "inference_engine_kwargs.num_threads")
     return choose_torch_threads(cfg, "inference")

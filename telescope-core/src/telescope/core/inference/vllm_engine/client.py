@@ -1,25 +1,104 @@
 """``VllmClient``: the inference client of vllm-engine servers.
 
-Completions, abort, pause and metrics are the shared protocol (``InferenceClient``); weight
-syncs go through vLLM's dev-mode ``/collective_rpc`` to Telescope's worker extension
-(``vllm_engine.worker``), one result per tensor-parallel worker.
+Completions, pause and metrics are the shared protocol (``InferenceClient``); weight syncs go
+through vLLM's dev-mode ``/collective_rpc`` to Telescope's worker extension
+(``vllm_engine.worker``), one result per tensor-parallel worker. What differs from the
+transformers engine, each checked against vLLM's source by the contract tests
+(tests/inference/test_vllm_contract.py):
+
+- **Abort** is by disconnect. vLLM names a completion ``cmpl-<request_id>-<prompt index>``, and its
+  ``/abort_requests`` route exists only under ``--tokens-only``; but every completion route aborts
+  its request when the client disconnects. ``abort(ids)`` closes the connection of each matching
+  request in flight (a multi-turn sample's turns are ``<id>-t<turn>``) and counts those.
+- **Pause** around a sync is ``mode=keep`` with ``clear_cache`` explicit (``pause_clear_cache``).
+- **Prefix cache**: each request carries a ``cache_salt`` that changes at every applied sync, so a
+  request never reuses KV blocks computed with older weights.
+- **Seeds** are sent only with ``per_request_seed`` (vLLM samples seeded requests one by one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import uuid
 from typing import Any
 
-from telescope.core.inference.client import InferenceClient, InferenceServerError
-from telescope.core.inference.protocol import WeightSyncInitRequest, WeightUpdateResponse
+from telescope.core.inference.client import Completion, InferenceClient, InferenceServerError
+from telescope.core.inference.protocol import ENDPOINTS, WeightSyncInitRequest, WeightUpdateResponse
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
 from telescope.core.weights.verify import compare_fingerprints
 
-__all__ = ["VllmClient"]
+__all__ = ["VllmClient", "matches_request"]
+
+
+def matches_request(request_id: str, sent_id: str) -> bool:
+    """Whether ``sent_id`` (an id a completion was sent with) belongs to the sample ``request_id``:
+    the id itself, or one of its multi-turn requests ``<request_id>-t<turn>``."""
+    return sent_id == request_id or re.fullmatch(re.escape(request_id) + r"-t\d+", sent_id) is not None
 
 
 class VllmClient(InferenceClient):
-    """``InferenceClient`` whose weight-sync calls reach the worker extension through ``/collective_rpc``."""
+    """``InferenceClient`` for ``vllm serve``: weight syncs through ``/collective_rpc``, abort by disconnect."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        pause_clear_cache: bool = False,
+        per_request_seed: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__(base_url, **options)
+        self.pause_clear_cache = pause_clear_cache
+        self.per_request_seed = per_request_seed
+        self._in_flight: dict[str, asyncio.Task[Any]] = {}
+        """Request id -> the task awaiting its completion (cancelling it closes the connection)."""
+        # The prefix-cache namespace: new at every applied sync (and per client, so a restarted
+        # client never meets the blocks of an earlier one).
+        self._salt_base = uuid.uuid4().hex[:12]
+        self._weights_epoch = 0
+
+    @property
+    def cache_salt(self) -> str:
+        """The ``cache_salt`` of requests sent now: changes whenever the weights may have changed."""
+        return f"telescope-{self._salt_base}-w{self._weights_epoch}"
+
+    async def complete(self, prompt: list[int] | str, **params: Any) -> list[Completion]:
+        """``/v1/completions`` with this client's ``cache_salt``; the seed only with ``per_request_seed``."""
+        if not self.per_request_seed:
+            params.pop("seed", None)
+        params["cache_salt"] = self.cache_salt
+        request_id = params.get("request_id")
+        task = asyncio.current_task()
+        if request_id is None or task is None:
+            return await super().complete(prompt, **params)
+        self._in_flight[request_id] = task
+        try:
+            return await super().complete(prompt, **params)
+        finally:
+            if self._in_flight.get(request_id) is task:
+                del self._in_flight[request_id]
+
+    async def abort(self, request_ids: list[str] | None = None) -> int:
+        """Close the connection of every matching request in flight (``None``: all); vLLM aborts a
+        request whose client disconnected. Returns how many requests were in flight and closed."""
+        found = [
+            sent
+            for sent in self._in_flight
+            if request_ids is None or any(matches_request(r, sent) for r in request_ids)
+        ]
+        current = asyncio.current_task()
+        for sent in found:
+            task = self._in_flight.pop(sent)
+            if task is not current:
+                task.cancel()
+        await asyncio.sleep(0)  # let the cancelled tasks close their connections
+        return len(found)
+
+    async def pause(self, mode: str = "keep") -> None:
+        """``POST /pause?mode=...&clear_cache=...`` (vLLM >= 0.16); ``clear_cache`` from ``pause_clear_cache``."""
+        params = {"mode": mode, "clear_cache": "true" if self.pause_clear_cache else "false"}
+        await self._request("POST", ENDPOINTS["pause"], params=params)
 
     async def init_weight_sync(self, request: WeightSyncInitRequest) -> None:
         """Every TP worker joins the weight-sync group (returns once the whole group formed)."""
@@ -30,12 +109,14 @@ class VllmClient(InferenceClient):
         requests freeze, then continue with the new weights) around the worker-extension call."""
         start = asyncio.get_running_loop().time()
         if not apply:  # nothing changes for in-flight requests: no pause
-            results = await self._rpc("telescope_update_weights", str(version), apply=False)
+            results = await self._rpc("telescope_update_weights", str(version), apply="false")
         else:
             await self.pause("keep")
             try:
-                results = await self._rpc("telescope_update_weights", str(version), apply=True)
+                results = await self._rpc("telescope_update_weights", str(version), apply="true")
             finally:
+                # Also after a failed load: the weights may have changed part way.
+                self._weights_epoch += 1
                 await self.resume()
         first = results[0]
         _check_workers_agree(self.base_url, version, results)
@@ -52,8 +133,9 @@ class VllmClient(InferenceClient):
         """The weight version the server serves (worker 0's)."""
         return int((await self._rpc("telescope_weight_version"))[0])
 
-    async def _rpc(self, method: str, *args: str, **kwargs: Any) -> list[Any]:
-        """vLLM dev-mode ``POST /collective_rpc``: one result per worker (``kwargs`` must be JSON values)."""
+    async def _rpc(self, method: str, *args: str, **kwargs: str) -> list[Any]:
+        """vLLM dev-mode ``POST /collective_rpc``: one result per worker. vLLM passes only strings
+        (``args: list[str]``, ``kwargs: dict[str, str]``); the worker extension parses them."""
         body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs, "timeout": None}
         raw = await self._request("POST", "/collective_rpc", json=body)
         results = raw.get("results") if isinstance(raw, dict) else None

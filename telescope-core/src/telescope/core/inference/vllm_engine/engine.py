@@ -83,7 +83,7 @@ class VllmEngine(InferenceEngine):
 
     def otlp_endpoint(self) -> str | None:
         """Where this node's server sends traces: the driver's OTLP receiver (loopback on its node)."""
-        from telescope.core.runtime.addresses import driver_host_from
+        from telescope.core.cluster.addresses import driver_host_from
 
         return otlp_endpoint(self.cfg, driver_host_from(_node_ip()))
 
@@ -91,6 +91,8 @@ class VllmEngine(InferenceEngine):
         """A ``VllmClient``: weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
         from telescope.core.inference.vllm_engine.client import VllmClient
 
+        options.setdefault("pause_clear_cache", self.kwargs.pause_clear_cache)
+        options.setdefault("per_request_seed", self.kwargs.per_request_seed)
         return VllmClient(url, **options)
 
 

@@ -4,7 +4,10 @@ Launched with ``--worker-extension-cls telescope.core.inference.vllm_engine.work
 vLLM mixes this class into its GPU workers (no ``__init__``), and the client reaches the methods
 through the dev-mode ``POST /collective_rpc`` (string arguments only, hence the JSON strings).
 Each TP worker joins the group as ``rank + tp_rank`` and receives the full HF-named tensors;
-``model.load_weights`` shards and fuses them the way vLLM loads a checkpoint.
+``model.load_weights`` shards and fuses them the way vLLM loads a checkpoint, inside vLLM's config
+context and its layer-wise reload (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``),
+exactly as vLLM's own ``reload_weights`` and weight-transfer ``update_weights`` do: quantized and
+post-processed layers (fp8, Marlin repacking, ...) get their ``process_weights_after_loading`` again.
 
 Verification on vLLM covers the transport (per-tensor fingerprints of what arrived equal the
 sender's); vLLM fuses parameters (e.g. ``qkv_proj``), so the per-name check of the loaded model
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["TelescopeWeightSyncExtension"]
@@ -25,7 +29,11 @@ __all__ = ["TelescopeWeightSyncExtension"]
 class TelescopeWeightSyncExtension:
     """Methods added to vLLM's worker class."""
 
-    model_runner: Any  # provided by the vLLM worker this class is mixed into
+    # Provided by the vLLM GPU worker this class is mixed into (checked by the vLLM contract tests).
+    model_runner: Any
+    vllm_config: Any
+    model_config: Any
+    device: Any
 
     def telescope_init_weight_sync(self, request_json: str) -> dict[str, Any]:
         """Join the trainer's weight-sync group (NCCL, on this worker's GPU)."""
@@ -47,18 +55,20 @@ class TelescopeWeightSyncExtension:
         self._telescope_version = 0
         return {"rank": rank}
 
-    def telescope_update_weights(self, version: str, apply: bool = True) -> dict[str, Any]:
+    def telescope_update_weights(self, version: str, apply: str = "true") -> dict[str, Any]:
         """Receive one sync straight into ``model.load_weights`` (streamed, bucket by bucket).
 
-        ``apply=False``: receive (fingerprinting what arrived), load nothing, keep the served version.
+        ``apply="false"``: receive (fingerprinting what arrived), load nothing, keep the served version.
+        Arguments are strings: vLLM's ``/collective_rpc`` passes only strings.
         """
         receiver = getattr(self, "_telescope_receiver", None)
         if receiver is None:
             raise RuntimeError("no weight-sync group: call telescope_init_weight_sync first")
+        apply_flag = _parse_flag("apply", apply)
         # The version is checked on the first header, before load_weights sees any tensor.
         stream = receiver.receive(expect_version=int(version))
-        if apply:
-            self.model_runner.model.load_weights(stream)
+        if apply_flag:
+            self._telescope_load(stream)
         else:
             for _ in stream:  # take part in every broadcast; fingerprinted as they arrive
                 pass
@@ -67,19 +77,40 @@ class TelescopeWeightSyncExtension:
             raise RuntimeError(
                 f"asked to load version {version}, trainer sent {last.version if last else None}"
             )
-        if apply:
+        if apply_flag:
             self._telescope_version = last.version
         return {
             "version": self.telescope_weight_version(),
             "received_version": last.version,
-            "applied": bool(apply),
+            "applied": apply_flag,
             "num_tensors": last.num_tensors,
             "fingerprints": last.received_fingerprints,
         }
 
+    def _telescope_load(self, weights: Iterator[tuple[str, Any]]) -> None:
+        """``model.load_weights`` the way vLLM reloads checkpoint-format weights in place."""
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        model = self.model_runner.model
+        with set_current_vllm_config(self.vllm_config), torch.device(self.device):
+            initialize_layerwise_reload(model)
+            model.load_weights(weights)
+            finalize_layerwise_reload(model, self.model_config)
+
     def telescope_weight_version(self) -> int:
         """The version this worker serves."""
         return int(getattr(self, "_telescope_version", 0))
+
+
+def _parse_flag(name: str, value: str) -> bool:
+    if value in ("true", "false"):
+        return value == "true"
+    raise ValueError(f"telescope_update_weights: {name}={value!r}; send the string 'true' or 'false'")
 
 
 def _verify_enabled() -> bool:

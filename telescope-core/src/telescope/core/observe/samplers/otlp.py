@@ -1,0 +1,179 @@
+"""OTLP/HTTP receiver for vLLM request traces (``enable_vllm_tracing``, ``otlp_receiver_port``).
+
+vLLM exports one span per request with ``gen_ai.request.id`` and latency attributes; the
+orchestrator looks a finished request up by id to fill the rollout's ``timings``.
+
+Bodies are capped before any work: at most ``MAX_BODY_BYTES`` on the wire (413 unread above it)
+and ``MAX_DECODED_BYTES`` once gunzipped (a small gzip bomb used to cost seconds of the driver's
+CPU and gigabytes of memory).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_json, spans_from_protobuf
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
+
+__all__ = ["MAX_BODY_BYTES", "MAX_DECODED_BYTES", "VLLM_TIMING_ATTRIBUTES", "OtlpReceiver"]
+
+#: Largest export body read from the wire (vLLM batches spans; a batch is a few hundred KB).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Largest body after gunzip.
+MAX_DECODED_BYTES = 32 * 1024 * 1024
+
+
+class _TooLarge(ValueError):
+    """An export over ``MAX_BODY_BYTES`` or ``MAX_DECODED_BYTES``."""
+
+
+_log = logging.getLogger("telescope.observe")
+
+#: span attribute -> rollout timing name (seconds; max_tokens is a count).
+VLLM_TIMING_ATTRIBUTES = {
+    "gen_ai.latency.time_in_queue": "queue_time",
+    "gen_ai.latency.time_to_first_token": "ttft",
+    "gen_ai.latency.time_in_model_prefill": "prefill_time",
+    "gen_ai.latency.time_in_model_decode": "decode_time",
+    "gen_ai.latency.time_in_model_inference": "inference_time",
+    "gen_ai.latency.e2e": "e2e_latency",
+    "gen_ai.request.max_tokens": "max_tokens",
+}
+
+
+class OtlpReceiver:
+    """Threaded HTTP server on ``host:port`` accepting ``POST /v1/traces``.
+
+    Keeps at most ``max_spans`` spans with a ``gen_ai.request.id``, each for ``ttl_s``.
+    ``port=0`` picks a free port (read ``.port``).
+    """
+
+    def __init__(
+        self, port: int, host: str = "127.0.0.1", ttl_s: float = 120.0, max_spans: int = 10_000
+    ) -> None:
+        self._spans: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._cond = threading.Condition()
+        self._ttl, self._max = ttl_s, max_spans
+        self.bad_requests = 0
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="telescope-otlp", daemon=True)
+
+    @classmethod
+    def from_config(cls, cfg: TelescopeConfig) -> OtlpReceiver:
+        """Loopback, or every interface when the inference servers do (servers on other nodes send here)."""
+        wildcard = str(cfg.inference_host) in ("0.0.0.0", "::", "")
+        return cls(port=int(cfg.otlp_receiver_port), host="0.0.0.0" if wildcard else "127.0.0.1")
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                try:
+                    length = int(self.headers.get("Content-Length", 0))
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    receiver.bad_requests += 1
+                    self.send_response(413 if length > MAX_BODY_BYTES else 400)
+                    self.send_header("Content-Length", "0")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    return
+                body = self.rfile.read(length)
+                ok = self.path.rstrip("/") == "/v1/traces" and receiver.ingest(
+                    body, self.headers.get("Content-Type", ""), self.headers.get("Content-Encoding", "")
+                )
+                self.send_response(200 if ok else 400)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:  # keep stderr quiet
+                pass
+
+        return Handler
+
+    def ingest(self, body: bytes, content_type: str = "application/x-protobuf", encoding: str = "") -> bool:
+        """Store the spans of one export; False (counted) when the body cannot be decoded."""
+        try:
+            if len(body) > MAX_BODY_BYTES:
+                raise _TooLarge(f"{len(body)} bytes")
+            if encoding == "gzip":
+                body = _gunzip_capped(body)
+            if "json" in content_type:
+                spans = spans_from_json(json.loads(body))
+            else:
+                spans = spans_from_protobuf(body)
+        except (OtlpDecodeError, ValueError, OSError) as exc:
+            self.bad_requests += 1
+            _log.debug("bad OTLP export: %s", exc)
+            return False
+        now = time.monotonic()
+        with self._cond:
+            for span in spans:
+                rid = span["attributes"].get("gen_ai.request.id")
+                if rid is not None:
+                    self._spans[str(rid)] = (now, span)
+                    self._spans.move_to_end(str(rid))
+            self._evict(now)
+            self._cond.notify_all()
+        return True
+
+    def _evict(self, now: float) -> None:
+        while self._spans and (
+            len(self._spans) > self._max or now - next(iter(self._spans.values()))[0] > self._ttl
+        ):
+            self._spans.popitem(last=False)
+
+    def lookup(self, request_id: str, wait_s: float = 0.3) -> dict[str, Any] | None:
+        """The span of ``request_id`` (tried as ``"{id}-0"``, then bare), waiting up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                for key in (f"{request_id}-0", str(request_id)):
+                    if key in self._spans:
+                        return self._spans[key][1]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def timings(self, request_id: str, wait_s: float = 0.3) -> dict[str, float]:
+        """``VLLM_TIMING_ATTRIBUTES`` of the request's span, renamed; ``{}`` when not seen."""
+        span = self.lookup(request_id, wait_s)
+        if span is None:
+            return {}
+        attrs = span["attributes"]
+        return {name: float(attrs[key]) for key, name in VLLM_TIMING_ATTRIBUTES.items() if key in attrs}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():  # shutdown() waits for serve_forever: only when it runs
+            self._server.shutdown()
+        self._server.server_close()
+
+
+def _gunzip_capped(body: bytes) -> bytes:
+    """``gzip.decompress`` that stops at ``MAX_DECODED_BYTES`` instead of inflating a bomb."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = inflater.decompress(body, MAX_DECODED_BYTES + 1)
+    if len(out) > MAX_DECODED_BYTES or inflater.unconsumed_tail:
+        raise _TooLarge(f"more than {MAX_DECODED_BYTES} bytes once decompressed")
+    if not inflater.eof:
+        raise ValueError("truncated gzip body")
+    return out

@@ -1,0 +1,125 @@
+"""Scrape vLLM's Prometheus ``/metrics`` endpoint into system samples (``source: "vllm"``).
+
+Reduction (as the reference dashboard does): the ``vllm:`` prefix is stripped; every
+series is summed across its label sets (gauges, counters); a histogram or summary
+becomes ``<name>_mean = _sum / _count`` (buckets and ``_created`` are dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["PrometheusScraper", "parse_prometheus", "reduce_vllm_metrics"]
+
+_log = logging.getLogger("telescope.observe")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``{metric name: value summed over label sets}`` from Prometheus text exposition."""
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            rest = rest.rsplit("}", 1)[-1]
+        else:
+            name, _, rest = line.partition(" ")
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out[name.strip()] += value
+    return dict(out)
+
+
+def reduce_vllm_metrics(raw: dict[str, float], prefix: str = "vllm:") -> dict[str, float]:
+    """Keep ``prefix`` series, strip it, and turn ``_sum``/``_count`` pairs into ``_mean``."""
+    series = {k[len(prefix) :]: v for k, v in raw.items() if k.startswith(prefix)}
+    out: dict[str, float] = {}
+    for name, value in series.items():
+        if name.endswith(("_bucket", "_created")):
+            continue
+        if name.endswith("_sum") and name[:-4] + "_count" in series:
+            count = series[name[:-4] + "_count"]
+            out[name[:-4] + "_mean"] = value / count if count else 0.0
+            continue
+        if name.endswith("_count") and name[:-6] + "_sum" in series:
+            continue
+        out[name] = value
+    return out
+
+
+class PrometheusScraper:
+    """Thread that GETs ``{url}/metrics`` of each server every ``interval_s`` and calls back.
+
+    ``callback({"time", "node", "source": "vllm", "server": index, "metrics": {...}})``. A
+    server that cannot be reached is counted in ``errors`` and logged once.
+    """
+
+    def __init__(
+        self,
+        urls: dict[int, str],
+        callback: Callable[[dict[str, Any]], None],
+        interval_s: float = 1.0,
+        timeout_s: float = 1.0,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"scrape interval {interval_s} must be > 0 seconds")
+        self.urls = {int(k): v.rstrip("/") for k, v in urls.items()}
+        self._callback = callback
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self.errors: dict[int, int] = defaultdict(int)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="telescope-vllm-metrics", daemon=True)
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds between two scrapes of every server."""
+        return self._interval
+
+    def scrape(self, server: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.urls[server]}/metrics", timeout=self._timeout) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+        metrics = reduce_vllm_metrics(parse_prometheus(text))
+        return {
+            "time": time.time(),
+            "node": socket.gethostname(),
+            "source": "vllm",
+            "server": server,
+            "metrics": metrics,
+        }
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            for server in self.urls:
+                try:
+                    self._callback(self.scrape(server))
+                except Exception as exc:  # noqa: BLE001 - a busy or restarting server must not stop scraping
+                    self.errors[server] += 1
+                    if self.errors[server] == 1:
+                        _log.warning(
+                            "vLLM metrics of server %d (%s) unreadable: %s", server, self.urls[server], exc
+                        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

@@ -1,0 +1,75 @@
+"""From scored groups to a packed training batch: advantages, stage-2 normalisation, packing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from telescope.core.packing import Packer
+from telescope.core.rollouts.groups import RolloutGroup
+from telescope.core.trainer import RankBatch, TrainSample
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
+__all__ = ["BatchBuilder", "TrainBatch"]
+
+
+@dataclass
+class TrainBatch:
+    """One step's data: a ``RankBatch`` per data-parallel rank, and the groups it came from."""
+
+    step: int
+    per_rank: list[RankBatch]
+    groups: list[RolloutGroup]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class BatchBuilder:
+    """Computes advantages with the run's algorithm and packs batches for the trainer."""
+
+    def __init__(self, cfg: TelescopeConfig, algorithm: Any, pad_token_id: int) -> None:
+        self.cfg = cfg
+        self.algorithm = algorithm
+        self.pad_token_id = pad_token_id
+        self._packer: Packer | None = None
+
+    def assign_advantages(self, group: RolloutGroup) -> None:
+        """Stage-1 advantages of one finished group (written onto its samples)."""
+        import torch
+
+        rewards = torch.tensor([group.rewards], dtype=torch.float64)
+        advantages = self.algorithm.compute_advantages(rewards, self.cfg)[0].tolist()
+        for sample, advantage in zip(group.samples, advantages, strict=True):
+            sample.advantage = float(advantage)
+
+    def build(self, groups: list[RolloutGroup], dp_world_size: int, step: int) -> TrainBatch:
+        """Stage-2 normalisation over the batch (when the algorithm uses it), then packing."""
+        import torch
+
+        samples = [s for g in groups for s in g.samples]
+        stage1 = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
+        final = self.algorithm.normalize_batch_advantages(stage1, self.cfg).tolist()
+        for sample, advantage in zip(samples, final, strict=True):
+            sample.advantage = float(advantage)
+        train = [
+            TrainSample(s.prompt_ids, s.completion_ids, s.inference_logprobs, s.advantage, s.loss_mask)
+            for s in samples
+        ]
+        packed = self._packer_for(dp_world_size).pack(train)
+        per_rank = [RankBatch.from_packed(packed, rank, step) for rank in range(dp_world_size)]
+        metrics = dict(packed.metrics())
+        metrics["batch/num_samples"] = float(len(samples))
+        metrics["batch/num_tokens"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
+        return TrainBatch(step, per_rank, groups, metrics)
+
+    def _packer_for(self, dp_world_size: int) -> Packer:
+        if self._packer is None or self._packer.dp_world_size != dp_world_size:
+            self._packer = Packer(
+                self.cfg.seq_len,
+                self.cfg.pad_to_multiple_of,
+                dp_world_size,
+                num_minibatches=self.cfg.number_of_minibatches,
+                pad_token_id=self.pad_token_id,
+            )
+        return self._packer

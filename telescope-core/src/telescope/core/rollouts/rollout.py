@@ -1,0 +1,312 @@
+"""One sample's rollout: generate through an inference server, then score.
+
+Single-turn: one request with the prompt's token ids. Multi-turn: the environment answers
+each model turn; the next prompt reuses the exact token ids so far (``Interleaver``), and
+environment tokens are masked out of the loss. Reaching the context limit ends a rollout
+gracefully (it is scored as it stands), never with an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from telescope.core import faults
+from telescope.core.env.base import MultiTurnEnvironment, SingleTurnEnvironment
+from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
+from telescope.core.rollouts.groups import RolloutSample, normalize_reward
+from telescope.core.rollouts.tokens import Interleaver
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
+__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "request_seed"]
+
+
+def request_seed(run_seed: int, *parts: object) -> int:
+    """A stable 31-bit sampling seed for one request (``hash()`` differs between processes)."""
+    import zlib
+
+    return zlib.crc32(":".join(str(p) for p in (run_seed, *parts)).encode()) & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Sampling settings shared by every request of a run."""
+
+    temperature: float
+    top_p: float | None
+    max_tokens: int
+    max_model_len: int
+    stop_token_ids: list[int]
+    priority_by_turn: bool
+    token_view_max_tokens: int = 0
+    """Not a sampling setting: completions of at most this many tokens are also decoded token
+    by token for the rollout records' token view (``rollout_token_view_max_tokens``)."""
+
+    @classmethod
+    def from_config(cls, cfg: TelescopeConfig, stop_ids: list[int]) -> GenerationSettings:
+        return cls(
+            cfg.temperature,
+            cfg.top_p,
+            cfg.max_tokens,
+            cfg.max_model_len,
+            stop_ids,
+            cfg.vllm_scheduling_policy == "priority",
+            cfg.rollout_token_view_max_tokens,
+        )
+
+
+@dataclass
+class SampleTask:
+    """What a lane needs to run one sample."""
+
+    request_id: str
+    env: Any
+    sample: Sample
+    prompt_ids: list[int]
+    prompt_text: str
+    reward_min: float | None
+    reward_max: float | None
+    server: int = -1
+    lane: int = -1
+    model_version: Callable[[], int] = lambda: -1
+    seed: int | None = None
+    """Sampling seed of the first request (turn t uses ``seed + t``): a rerun, or a resumed run,
+    samples the same tokens from the same weights."""
+
+
+class RolloutRunner:
+    """Runs samples against a client; calls ``on_generated`` once the model's work is done."""
+
+    def __init__(self, tokenizer: Any, settings: GenerationSettings, interleaver: Interleaver | None) -> None:
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.interleaver = interleaver
+        self.eos_text = tokenizer.eos_token or ""
+        self._pieces: dict[int, str] = {}
+        """Token id -> its text decoded alone (the token view decodes each id once per run)."""
+
+    def _params(self, prompt_len: int, turn: int, request_id: str, seed: int | None) -> dict[str, Any] | None:
+        room = self.settings.max_model_len - prompt_len
+        if room < 1:
+            return None
+        return {
+            "temperature": self.settings.temperature,
+            "top_p": self.settings.top_p,
+            "max_tokens": min(self.settings.max_tokens, room),
+            "stop_token_ids": self.settings.stop_token_ids,
+            "priority": -turn if self.settings.priority_by_turn else 0,
+            "request_id": request_id,
+            "seed": None if seed is None else (seed + turn) & 0x7FFFFFFF,
+        }
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def token_texts(self, ids: list[int]) -> list[str] | None:
+        """Each token of ``ids`` decoded alone, or None past ``token_view_max_tokens``."""
+        if not ids or len(ids) > self.settings.token_view_max_tokens:
+            return None
+        new = sorted({i for i in ids if i not in self._pieces})
+        if new:
+            texts = self.tokenizer.batch_decode([[i] for i in new], skip_special_tokens=False)
+            self._pieces.update(zip(new, map(str, texts), strict=True))
+        return [self._pieces[i] for i in ids]
+
+    def stop_text(self, ids: list[int]) -> str:
+        """The text of the stop token that ended ``ids`` (any of the run's stop ids), else the EOS text."""
+        if ids and ids[-1] in self.settings.stop_token_ids:
+            return self.decode(ids[-1:])
+        return self.eos_text
+
+    async def run(self, client: Any, task: SampleTask, on_generated: Callable[[], None]) -> RolloutSample:
+        """Generate and score one sample (never raises for model-output problems)."""
+        if isinstance(task.env, MultiTurnEnvironment):
+            return await self._multi_turn(client, task, on_generated)
+        return await self._single_turn(client, task, on_generated)
+
+    async def _single_turn(
+        self, client: Any, task: SampleTask, on_generated: Callable[[], None]
+    ) -> RolloutSample:
+        start_version, t0 = task.model_version(), time.time()
+        params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
+        if params is None:  # nothing generated, nothing to score (the caller frees the lane)
+            raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
+        await faults.on_request(task.request_id)
+        (choice,) = await client.complete(task.prompt_ids, **params)
+        t1 = time.time()
+        on_generated()
+        text = self.decode(choice.token_ids)
+        env: SingleTurnEnvironment = task.env
+        result = await env.score(text, task.sample, self.stop_text(choice.token_ids))
+        sample = self._finish(
+            task,
+            choice.token_ids,
+            choice.logprobs,
+            None,
+            choice.finish_reason or "stop",
+            result,
+            text,
+            start_version,
+            (t0, t1, time.time()),
+            num_turns=1,
+        )
+        sample.response_ids = [choice.response_id] if choice.response_id else []
+        return sample
+
+    async def _multi_turn(
+        self, client: Any, task: SampleTask, on_generated: Callable[[], None]
+    ) -> RolloutSample:
+        env: MultiTurnEnvironment = task.env
+        state = env.create_initial_state(task.sample)
+        messages = env.get_initial_prompt(task.sample)
+        prompt_ids, start_version, t0 = list(task.prompt_ids), task.model_version(), time.time()
+        completion: list[int] = []
+        logprobs: list[float] = []
+        mask: list[int] = []
+        finish = "stop"
+        response_ids: list[str] = []
+        for turn in range(env.max_turns):
+            params = self._params(len(prompt_ids), turn, f"{task.request_id}-t{turn}", task.seed)
+            if params is None:
+                state.stop_reason, finish = "context_exhausted", "length"
+                break
+            await faults.on_request(params["request_id"])
+            (choice,) = await client.complete(prompt_ids, **params)
+            response_ids += [choice.response_id] if choice.response_id else []
+            ids = list(choice.token_ids)
+            completion += ids
+            logprobs += list(choice.logprobs)
+            mask += [1] * len(ids)
+            finish = choice.finish_reason or "stop"
+            text = self.decode(ids)
+            assistant = {"role": "assistant", "content": _strip_eos(text, self.stop_text(ids))}
+            state.trajectory.append(
+                TrajectoryStep(
+                    prompt=[dict(m) for m in messages],
+                    completion=[assistant],
+                    prompt_token_ids=list(prompt_ids),
+                    completion_token_ids=ids,
+                    completion_logprobs=list(choice.logprobs),
+                    is_truncated=finish == "length",
+                )
+            )
+            env_messages = await env.env_response([*messages, assistant], state)
+            done, reason = env.is_done(state)
+            if done:
+                state.is_completed, state.stop_reason = True, reason
+                break
+            messages = env.get_next_prompt_messages(state, env_messages)
+            env_ids = self._env_tokens(ids, messages, env_messages, prompt_ids)
+            if env_ids is None:
+                state.stop_reason = "retokenization_mismatch"
+                break
+            completion += env_ids
+            logprobs += [0.0] * len(env_ids)
+            mask += [0] * len(env_ids)
+            prompt_ids = prompt_ids + ids + env_ids
+        t1 = time.time()
+        on_generated()
+        result = await env.score(state, task.sample, self.eos_text)
+        texts = "".join(str(m.get("content", "")) for s in state.trajectory for m in s.completion)  # type: ignore[union-attr]
+        sample = self._finish(
+            task,
+            completion,
+            logprobs,
+            mask,
+            finish,
+            result,
+            texts,
+            start_version,
+            (t0, t1, time.time()),
+            num_turns=state.num_turns,
+        )
+        sample.info["stop_reason"] = state.stop_reason
+        sample.response_ids = response_ids
+        return sample
+
+    def _env_tokens(
+        self,
+        ids: list[int],
+        messages: list[dict[str, Any]],
+        env_messages: list[dict[str, Any]],
+        prompt_ids: list[int],
+    ) -> list[int] | None:
+        """Token ids between this completion and the next generation (bridge + environment turn)."""
+        if self.interleaver is not None:
+            return self.interleaver.bridge(ids) + self.interleaver.env_ids(env_messages)
+        # Non-interleaved: re-render the whole conversation; keep it only if it extends the
+        # exact tokens so far (otherwise the trained sequence would not be what the model saw).
+        from telescope.core.env.chat import render_messages
+
+        full = self.tokenizer.encode(render_messages(self.tokenizer, messages), add_special_tokens=False)
+        seen = prompt_ids + ids
+        return list(full[len(seen) :]) if list(full[: len(seen)]) == seen else None
+
+    def _finish(
+        self,
+        task: SampleTask,
+        completion: list[int],
+        logprobs: list[float],
+        mask: list[int] | None,
+        finish: str,
+        result: RewardResult,
+        text: str,
+        start_version: int,
+        times: tuple[float, float, float],
+        *,
+        num_turns: int,
+    ) -> RolloutSample:
+        t0, t1, t2 = times
+        raw = float(result.total_reward)
+        return RolloutSample(
+            prompt_ids=list(task.prompt_ids),
+            completion_ids=list(completion),
+            inference_logprobs=list(logprobs),
+            loss_mask=mask,
+            finish_reason=finish,
+            reward=normalize_reward(raw, task.reward_min, task.reward_max),
+            raw_reward=raw,
+            sample_metrics=dict(result.sample_metrics),
+            prompt_text=task.prompt_text,
+            completion_text=text,
+            server=task.server,
+            lane=task.lane,
+            model_version_start=start_version,
+            model_version_end=task.model_version(),
+            num_turns=num_turns,
+            completion_token_texts=self.token_texts(completion),
+            timings={
+                "generation_start": t0,
+                "generation_end": t1,
+                "reward_end": t2,
+                "generation_s": t1 - t0,
+                "reward_s": t2 - t1,
+            },
+            info={
+                "golden_answers": result.golden_answers,
+                "sample_tags": result.sample_tags,
+                "info_turns": result.info_turns,
+                "reward_errors": [
+                    t["info_value"]
+                    for t in result.info_turns
+                    if str(t.get("info_key", "")).startswith(("reward_error", "reward_timeout"))
+                ],
+            },
+        )
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room for a completion within max_model_len."""
+
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"prompt has {prompt_tokens} tokens, leaving no room to generate within max_model_len={max_model_len}"
+        )
+
+
+def _strip_eos(text: str, eos: str) -> str:
+    return text[: -len(eos)] if eos and text.endswith(eos) else text

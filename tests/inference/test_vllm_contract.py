@@ -1,0 +1,370 @@
+"""Contract tests: the vllm engine against vLLM's own source (the release ``make test-vllm-contract`` pins).
+
+vLLM's wheel is CUDA-only (it pins a CUDA torch, and its modules import torch and CUDA kernels), so it
+cannot be imported on CPU CI. ``make test-vllm-contract`` installs the package alone (``pip install
+--no-deps``) into ``.venv-vllm``, and these tests **read its source with ``ast``** instead of importing
+it: our launch argv against ``EngineArgs`` / ``FrontendArgs`` (the dataclasses vLLM's argument parser
+is generated from), our request bodies against its ``CompletionRequest`` model, the routes and
+parameters we call, the attributes and modules our worker extension uses, the OpenTelemetry modules its
+tracing imports, and that ``cache_salt`` is part of its prefix-cache block hash.
+
+Where that venv is absent (``make test``) every test skips, saying how to run them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from telescope.core.inference import auto
+from telescope.core.inference.protocol import CompletionChoice, CompletionRequest
+from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.inference.vllm_engine import worker as worker_module
+from telescope.core.inference.vllm_engine.args import build_vllm_args, build_vllm_env
+
+from .conftest import make_cfg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _vllm_package() -> Path | None:
+    venv = Path(os.environ.get("TELESCOPE_VLLM_VENV", ROOT / ".venv-vllm"))
+    found = sorted(venv.glob("lib/python*/site-packages/vllm/__init__.py"))
+    return found[0].parent if found else None
+
+
+VLLM = _vllm_package()
+pytestmark = pytest.mark.skipif(
+    VLLM is None,
+    reason="vLLM's source is not installed in .venv-vllm: run `make test-vllm-contract` (installs the pinned "
+    "release without its dependencies and runs these tests)",
+)
+
+
+@functools.cache
+def _tree(rel: str) -> ast.Module:
+    assert VLLM is not None
+    with warnings.catch_warnings():  # vLLM's own invalid escapes in docstrings
+        warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+        return ast.parse((VLLM / rel).read_text())
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Names a vLLM module defines or imports at top level, following its ``from .x import *``."""
+    assert VLLM is not None
+    tree = _tree(str(path.relative_to(VLLM)))
+    names: set[str] = set()
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
+            names.add(n.name)
+        elif isinstance(n, ast.Assign):
+            names.update(ast.unparse(t) for t in n.targets)
+        elif isinstance(n, ast.Import):
+            names.update(a.asname or a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            if [a.name for a in n.names] == ["*"] and n.level == 1 and n.module:
+                package = path.parent
+                target = package / f"{n.module}.py"
+                names |= _defined_names(target if target.is_file() else package / n.module / "__init__.py")
+            else:
+                names.update(a.asname or a.name for a in n.names)
+    return names
+
+
+def _module_file(module: str) -> Path:
+    """vllm.a.b -> its file (a module or a package's __init__)."""
+    assert VLLM is not None
+    rel = Path(*module.split(".")[1:])
+    for candidate in (VLLM / rel.with_suffix(".py"), VLLM / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    raise AssertionError(f"{module} does not exist in vLLM's source")
+
+
+def _class(rel: str, name: str) -> ast.ClassDef:
+    for node in _tree(rel).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise AssertionError(f"no class {name} in vllm/{rel}")
+
+
+def _fields(rel: str, name: str) -> dict[str, str]:
+    """Annotated fields of class ``name`` and of its bases found in the same file or imported into it
+    from vllm (``field name -> annotation source``)."""
+    cls = _class(rel, name)
+    fields: dict[str, str] = {}
+    for base in cls.bases:
+        base_name = ast.unparse(base)
+        where = _defining_file(rel, base_name)
+        if where is not None:
+            fields.update(_fields(where, base_name))
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            fields[node.target.id] = ast.unparse(node.annotation)
+    return fields
+
+
+def _defining_file(rel: str, name: str) -> str | None:
+    """Where class ``name`` used in vllm/``rel`` is defined (the same file or a ``from vllm... import``)."""
+    assert VLLM is not None
+    tree = _tree(rel)
+    if any(isinstance(n, ast.ClassDef) and n.name == name for n in tree.body):
+        return rel
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm."):
+            if any(alias.name == name for alias in node.names):
+                return str(_module_file(node.module).relative_to(VLLM))
+    return None
+
+
+def _literal(name: str) -> list[str]:
+    """The values of ``name = Literal[...]`` wherever vLLM's config or engine modules define it."""
+    assert VLLM is not None
+    for path in sorted([*(VLLM / "config").glob("*.py"), VLLM / "v1" / "engine" / "__init__.py"]):
+        for node in _tree(str(path.relative_to(VLLM))).body:
+            if isinstance(node, ast.Assign) and any(ast.unparse(t) == name for t in node.targets):
+                value = node.value
+                if isinstance(value, ast.Subscript) and ast.unparse(value.value) == "Literal":
+                    elts = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+                    return [ast.literal_eval(e) for e in elts]
+    raise AssertionError(f"no Literal {name} in vLLM's config")
+
+
+def _routes() -> dict[str, ast.AsyncFunctionDef]:
+    """HTTP path -> handler, from every ``@router.<method>("/path")`` in vLLM's entrypoints."""
+    assert VLLM is not None
+    routes: dict[str, ast.AsyncFunctionDef] = {}
+    for path in sorted((VLLM / "entrypoints").rglob("*.py")):
+        for node in ast.walk(_tree(str(path.relative_to(VLLM)))):
+            if not isinstance(node, ast.AsyncFunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and ast.unparse(deco.func).startswith("router.") and deco.args:
+                    route = deco.args[0]
+                    if isinstance(route, ast.Constant) and isinstance(route.value, str):
+                        routes.setdefault(route.value, node)
+    return routes
+
+
+# -- the installed release -------------------------------------------------------------------------
+
+
+def test_the_release_read_is_the_pinned_one_and_meets_the_floor() -> None:
+    assert VLLM is not None
+    dist_info = sorted(VLLM.parent.glob("vllm-*.dist-info"))
+    version = dist_info[0].name.removeprefix("vllm-").removesuffix(".dist-info")
+    pinned = os.environ.get("TELESCOPE_VLLM_CONTRACT_VERSION")
+    assert pinned is None or version == pinned
+    assert auto.vllm_version_problem(version) is None
+
+
+# -- launch arguments -------------------------------------------------------------------------------
+
+
+def _cli_fields() -> dict[str, str]:
+    """``vllm serve`` options: EngineArgs (+ AsyncEngineArgs) and the OpenAI frontend's dataclasses."""
+    fields = _fields("engine/arg_utils.py", "AsyncEngineArgs")
+    fields.update(_fields("entrypoints/openai/cli_args.py", "FrontendArgs"))
+    return fields
+
+
+def test_every_launch_flag_is_a_vllm_serve_option_with_a_value_it_accepts() -> None:
+    cfg = make_cfg(enable_vllm_tracing=True, inference_access_log=False, vllm_scheduling_policy="priority")
+    kwargs = VllmEngineKwargs(max_num_seqs=8, max_num_batched_tokens=4096)
+    argv = build_vllm_args(cfg, kwargs, model_path="/m", index=0, host="127.0.0.1", port=8000,
+                           otlp_endpoint="http://127.0.0.1:4317/v1/traces")  # fmt: skip
+    off = build_vllm_args(cfg, VllmEngineKwargs(enable_prefix_caching=False), model_path="/m", index=0,
+                          host="127.0.0.1", port=8000)  # fmt: skip
+    fields = _cli_fields()
+    flags = {f"--{name.replace('_', '-')}": (name, ann) for name, ann in fields.items()}
+    flags.update(
+        {f"--no-{name.replace('_', '-')}": (name, ann) for name, ann in fields.items() if "bool" in ann}
+    )
+    assert not argv[0].startswith("--")  # the model: `vllm serve [model_tag]`
+    checked = set()
+    for args in (argv, off):
+        for i, flag in enumerate(args):
+            if not flag.startswith("--"):
+                continue
+            assert flag in flags, f"{flag} is not an option of vllm serve"
+            name, ann = flags[flag]
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+            if "bool" in ann:
+                assert value is None, f"{flag} is a switch; it takes no value"
+            elif ann.split(" | ")[0][:1].isupper():  # a Literal alias: its values are the choices
+                assert value in _literal(ann.split(" | ")[0]), f"{flag} {value}: not one of vLLM's choices"
+            checked.add(name)
+    assert {"logprobs_mode", "scheduling_policy", "dtype", "enable_prefix_caching", "worker_extension_cls",
+            "otlp_traces_endpoint", "disable_uvicorn_access_log", "generation_config"} <= checked  # fmt: skip
+
+
+# -- request and response bodies --------------------------------------------------------------------
+
+
+def test_every_completion_field_we_send_is_a_field_of_vllms_request_model() -> None:
+    """vLLM's request models allow extra fields (logged, then ignored): a misspelt field would be
+    silently dropped, so every field of ours must be one of its."""
+    theirs = _fields("entrypoints/openai/completion/protocol.py", "CompletionRequest")
+    ours = set(CompletionRequest.model_fields)
+    assert ours - set(theirs) == set(), "fields vLLM would ignore"
+    for name in ("prompt", "logprobs", "seed", "cache_salt", "request_id", "priority", "return_token_ids"):
+        assert name in theirs
+    choice = _fields("entrypoints/openai/completion/protocol.py", "CompletionResponseChoice")
+    assert {"index", "text", "token_ids", "prompt_token_ids", "logprobs", "finish_reason"} <= set(choice)
+    assert set(CompletionChoice.model_fields) - {"weight_versions"} <= set(choice)
+
+
+def test_cache_salt_is_part_of_vllms_prefix_cache_block_hash() -> None:
+    source = (VLLM / "v1" / "core" / "kv_cache_utils.py").read_text()  # type: ignore[operator]
+    tree = ast.parse(source)
+    salted = [
+        f.name
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef)
+        and "request.cache_salt" in ast.unparse(f)
+        and "extra_keys" in ast.unparse(f)
+    ]
+    assert salted, "vLLM no longer hashes cache_salt into its blocks: prefix caching could serve stale KV"
+
+
+# -- routes -----------------------------------------------------------------------------------------
+
+
+def _query_params(handler: ast.AsyncFunctionDef) -> dict[str, str]:
+    return {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in handler.args.args}
+
+
+def test_pause_takes_mode_keep_and_clear_cache() -> None:
+    from telescope.core.inference.vllm_engine.client import VllmClient
+
+    params = _query_params(_routes()["/pause"])
+    assert "PauseMode" in params["mode"] and "keep" in _literal("PauseMode")
+    assert "bool" in params["clear_cache"]
+    assert VllmClient.pause.__doc__ and "clear_cache" in VllmClient.pause.__doc__
+    for route in ("/resume", "/is_paused", "/collective_rpc", "/v1/completions", "/metrics", "/health"):
+        assert route in _routes() or route == "/metrics", route  # /metrics: prometheus' mounted app
+
+
+def test_collective_rpc_reads_the_keys_we_send_as_strings() -> None:
+    handler = _routes()["/collective_rpc"]
+    read = {
+        n.args[0].value
+        for n in ast.walk(handler)
+        if isinstance(n, ast.Call)
+        and ast.unparse(n.func) == "body.get"
+        and isinstance(n.args[0], ast.Constant)
+    }
+    assert {"method", "args", "kwargs", "timeout"} <= read
+    assert "list[str]" in ast.unparse(handler) and "dict[str, str]" in ast.unparse(handler)
+
+
+def test_dev_mode_routes_need_the_variable_we_set() -> None:
+    for rel in ("entrypoints/serve/rpc/api_router.py", "entrypoints/serve/rlhf/api_router.py"):
+        attach = next(
+            n for n in _tree(rel).body if isinstance(n, ast.FunctionDef) and n.name == "attach_router"
+        )
+        assert "VLLM_SERVER_DEV_MODE" in ast.unparse(attach), rel
+    assert build_vllm_env(make_cfg())["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_abort_relies_on_disconnect_which_vllm_honours() -> None:
+    """``/abort_requests`` exists only with ``--tokens-only``; a completion is aborted when its client
+    disconnects (``with_cancellation``), which is what ``VllmClient.abort`` does."""
+    handler = _routes()["/v1/completions"]
+    assert "with_cancellation" in [ast.unparse(d) for d in handler.decorator_list]
+    tree = _tree("entrypoints/serve/disagg/api_router.py")
+    attach = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attach_router")
+    assert "tokens_only" in ast.unparse(attach) and "/abort_requests" in ast.unparse(attach)
+    client_source = Path(__import__("telescope.core.inference.vllm_engine.client", fromlist=["x"]).__file__)
+    assert "/abort_requests" not in ast.unparse(ast.parse(client_source.read_text()).body[-1])
+
+
+# -- worker extension -------------------------------------------------------------------------------
+
+
+def _assigned_self_attributes(cls: ast.ClassDef) -> set[str]:
+    return {
+        t.attr
+        for node in ast.walk(cls)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"
+    }
+
+
+def test_the_worker_extension_finds_what_it_uses_on_vllms_gpu_worker() -> None:
+    worker = _class("v1/worker/gpu_worker.py", "Worker")
+    base = _class("v1/worker/worker_base.py", "WorkerBase")
+    attributes = _assigned_self_attributes(worker) | _assigned_self_attributes(base)
+    extension = worker_module.TelescopeWeightSyncExtension
+    assert set(extension.__annotations__) <= attributes  # model_runner, vllm_config, model_config, device
+    theirs = {n.name for c in (worker, base) for n in c.body if isinstance(n, ast.FunctionDef)}
+    ours = {n for n in vars(extension) if not n.startswith("__")}
+    assert ours & theirs == set(), "an extension method would shadow vLLM's"
+    assert "worker_extension_cls" in ast.unparse(_tree("v1/worker/worker_base.py"))
+
+
+def test_every_vllm_name_the_worker_extension_imports_exists() -> None:
+    tree = ast.parse(Path(worker_module.__file__).read_text())
+    imports = [
+        n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vllm")
+    ]
+    assert imports, "the worker extension imports nothing from vLLM?"
+    for node in imports:
+        assert node.module is not None
+        defined = _defined_names(_module_file(node.module))
+        for alias in node.names:
+            assert alias.name in defined, f"from {node.module} import {alias.name}: not in vLLM"
+
+
+def test_the_layerwise_reload_takes_the_arguments_we_pass() -> None:
+    tree = _tree("model_executor/model_loader/reload/layerwise.py")
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert [a.arg for a in functions["initialize_layerwise_reload"].args.args] == ["model"]
+    assert [a.arg for a in functions["finalize_layerwise_reload"].args.args] == ["model", "model_config"]
+
+
+# -- tracing ----------------------------------------------------------------------------------------
+
+
+def test_we_check_every_opentelemetry_module_vllms_tracing_imports() -> None:
+    tree = _tree("tracing/otel.py")
+    imported = {
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("opentelemetry.exporter")
+    }
+    assert imported and imported <= set(auto.TRACING_MODULES), imported - set(auto.TRACING_MODULES)
+
+
+def test_seeded_requests_take_vllms_per_request_sampling_loop() -> None:
+    """Why ``per_request_seed`` is off by default on vLLM: its sampler draws seeded requests one by one."""
+    tree = _tree("v1/sample/ops/topk_topp_sampler.py")
+    loops = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.For) and ast.unparse(n.iter).endswith("generators.items()")
+    ]
+    assert loops, "vLLM no longer samples seeded requests one by one: per_request_seed could default on"
+
+
+def test_pause_keep_with_clear_cache_resets_running_requests_kv() -> None:
+    """Why the client sends ``clear_cache`` explicitly: vLLM's default (true) resets its caches, running
+    requests included (``_reset_caches`` -> ``reset_prefix_cache(reset_running_requests=True)``), also
+    in ``keep`` mode."""
+    tree = _tree("v1/engine/core.py")
+    pauses = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "pause_scheduler"]
+    assert pauses and all(
+        "clear_cache" in ast.unparse(p) and "_reset_caches" in ast.unparse(p) for p in pauses
+    )
+    resets = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_reset_caches"]
+    assert resets and "reset_running_requests" in ast.unparse(resets[0])
+    handler = _routes()["/pause"]
+    names = [a.arg for a in handler.args.args][-len(handler.args.defaults) :]
+    defaults = dict(zip(names, handler.args.defaults, strict=True))
+    assert "True" in ast.unparse(defaults["clear_cache"])  # vLLM's default: the client must say false
