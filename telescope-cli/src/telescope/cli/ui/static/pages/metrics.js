@@ -88,13 +88,15 @@ function drawChart(el, key) {
   const flat = range ? null : constantRange(data);
   const zoom = ctx.zoom.get(key) || {};
   el._afterPlot = () => listen(el, key);
+  const yaxis = zoom.y ? { range: zoom.y, autorange: false } : range ? { range: [range[0] - pad, range[1] + pad], autorange: false }
+    : flat ? { range: flat, autorange: false } : { autorange: true };
+  el._setY = yaxis.range;  // what the page chose: a different y range on the chart is the user's zoom
   return plot(el, data, {
     uirevision: key,  // a live run's new steps keep the user's zoom
     title: { text: titled(key) + (range ? `  [${range[0]}, ${range[1]}]` : ''), font: { size: 12 }, x: 0.02 },
     xaxis: { title: { text: ctx.options.x === 'time' ? 'seconds since the run started' : 'step' },
              ...(zoom.x ? { range: zoom.x, autorange: false } : {}) },
-    yaxis: zoom.y ? { range: zoom.y, autorange: false } : range ? { range: [range[0] - pad, range[1] + pad], autorange: false }
-      : flat ? { range: flat, autorange: false } : { autorange: true },
+    yaxis,
   });
 }
 
@@ -115,6 +117,20 @@ function listen(el, key) {
   });
   el.on('plotly_hover', ev => syncHover(el, ev.xvals ? ev.xvals[0] : ev.points[0].x));
   el.on('plotly_unhover', () => syncHover(el, null));
+}
+
+// Before a redraw, the zoom each drawn chart shows (also one whose relayout event came before the
+// page listened): kept per key, so the new charts open zoomed the same.
+function rememberZoom() {
+  for (const { el, key } of ctx.charts) {
+    const layout = el._fullLayout && el.layout;
+    if (!layout) continue;
+    const zoom = { ...(ctx.zoom.get(key) || {}) };
+    const { xaxis = {}, yaxis = {} } = layout;
+    if (xaxis.autorange === false && Array.isArray(xaxis.range)) zoom.x = [...xaxis.range];
+    if (yaxis.autorange === false && Array.isArray(yaxis.range) && JSON.stringify(yaxis.range) !== JSON.stringify(el._setY)) zoom.y = [...yaxis.range];
+    ctx.zoom.set(key, zoom);
+  }
 }
 
 let syncing = false;
@@ -293,7 +309,11 @@ function exportControls(sections) {
 
 function controls() {
   const o = ctx.options;
-  const update = patch => { Object.assign(o, patch); setParams({ view: o.view, smooth: o.smoothing || '', x: o.x, q: o.filter }); draw(); };
+  const update = patch => {
+    // a zoom in steps means nothing in seconds: a new x axis starts unzoomed
+    if (patch.x && patch.x !== o.x) { ctx.charts = []; ctx.zoom.clear(); }
+    Object.assign(o, patch); setParams({ view: o.view, smooth: o.smoothing || '', x: o.x, q: o.filter }); draw();
+  };
   return h('div', { class: 'controls' },
     h('label', {}, 'view', h('select', { id: 'view', onchange: e => update({ view: e.target.value }) },
       ['sections', 'custom'].map(v => h('option', { value: v, selected: v === o.view }, v)))),
@@ -309,6 +329,7 @@ function controls() {
 }
 
 function draw() {
+  rememberZoom();
   ctx.charts = [];
   const scroll = window.scrollY;
   ctx.root.replaceChildren(controls(), ...[ctx.options.view === "custom" ? customView() : sectionsView(ctx.options.filter)].flat(Infinity));
