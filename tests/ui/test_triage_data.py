@@ -23,8 +23,8 @@ from telescope.cli.ui.metric_docs import describe, without_duplicates
 from telescope.cli.ui.rollouts import list_row, sort_rows
 from telescope.cli.ui.server import Refused, check_state_change
 from telescope.core.observe import perf_metrics, rollout_metrics
-from telescope.core.observe.local import RECENT_STEPS, next_progress
-from telescope.core.observe.reader import read_run_meta
+from telescope.core.observe.loggers.local import RECENT_STEPS, next_progress
+from telescope.core.observe.rundir.reader import read_run_meta
 
 
 class Clock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from telescope.core.observe.progress import format_duration
+from telescope.core.observe.loggers.progress import format_duration
 
 __all__ = ["OVERDUE_FACTOR", "SLOW_FACTOR", "run_health"]
 

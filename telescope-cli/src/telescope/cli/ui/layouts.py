@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from telescope.core.observe.layout import write_json_atomic
+from telescope.core.observe.rundir.layout import write_json_atomic
 
 __all__ = ["LayoutError", "LayoutStore", "validate_layout"]
 
