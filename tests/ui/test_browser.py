@@ -6,59 +6,26 @@ Screenshots of every page go to the test's tmp dir (``<tmp>/shots/<page>.png``).
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ui_browser import Page, launch, require_browser
 from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
-from telescope.cli.ui.server import ServerThread, plotly_js_path
+from telescope.cli.ui.server import ServerThread
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]  # fmt: skip
 PAGES = ("runs", "metrics", "rollouts", "timeline", "infra", "evals", "logs")
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
-)
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (scripts/install-chromium.sh)", allow_module_level=True)
-if plotly_js_path() is None:
-    pytest.skip("plotly is not installed (pip install 'telescope-cli[ui]')", allow_module_level=True)
+sync_api = require_browser()
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-class Page:
-    """A browser tab that records console errors and uncaught exceptions."""
-
-    def __init__(self, browser: Any, base: str) -> None:
-        self.page = browser.new_page(viewport={"width": 1400, "height": 900}, timezone_id="UTC")
-        self.base = base
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def open(self, route: str) -> Any:
-        self.page.goto(f"{self.base}/#/{route}")
-        self.page.wait_for_load_state("networkidle")
-        return self.page
-
-    def points(self, key: str, trace: int = 0) -> int:
-        return int(
-            self.page.evaluate(f"document.querySelector('.chart[data-key=\"{key}\"]').data[{trace}].x.length")
-        )
+    yield from launch(sync_api)
 
 
 @pytest.fixture
@@ -179,7 +146,8 @@ def test_charts_show_a_preview_before_plotly_then_the_plotly_chart(
     )
     # the page loads plotly only once its charts are drawn as previews (app.js)
     assert marks["metrics-data"] <= marks["first-preview"] < marks["plotly-ready"] <= marks["first-chart"]
-    assert not p.query_selector(".chart .preview-svg")  # every preview was replaced by plotly's chart
+    # every preview is replaced by plotly's chart (the Overview's and the sections' in view)
+    p.wait_for_function("!document.querySelector('.chart .preview-svg')", timeout=10_000)
     # the preview's geometry, against coordinates computed here: margins l=48 r=12 t=28 b=32
     path = p.evaluate("""async () => {
         const { drawPreview } = await import('/static/preview.js');
@@ -263,30 +231,13 @@ def test_live_metrics_line_and_first_rollouts_appear_within_3s(
     assert not tab.errors and not first_errors
 
 
-def test_custom_view_persists(browser: Any, live: tuple[ServerThread, Any]) -> None:
-    srv, _ = live
-    tab = Page(browser, srv.url)
-    p = tab.open("metrics?runs=done&view=custom")
-    p.fill("#new-section", "mine")
-    p.click("#add-section")
-    p.fill(".custom-section input[list]", "entropy")
-    p.dispatch_event(".custom-section input[list]", "change")
-    p.wait_for_selector('.custom-section .chart[data-key="entropy"]')
-    p.reload()
-    p.wait_for_selector('.custom-section .chart[data-key="entropy"] .main-svg')
-    assert p.evaluate("JSON.parse(localStorage.getItem('telescope.metrics.custom'))") == [
-        {"name": "mine", "keys": ["entropy"]}
-    ]
-    assert not tab.errors
-
-
 def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -> None:
     srv, _ = live
     tab = Page(browser, srv.url)
     p = tab.open("timeline?runs=done&from=2&to=3")
     p.wait_for_selector("#timeline-chart .main-svg")
     names = p.evaluate("document.querySelector('#timeline-chart').data.map(t => t.name)")
-    assert {"generation", "reward", "trainer", "trainer_phase"} <= set(names)
+    assert {"generation", "reward", "trainer", "phase: forward", "phase: backward"} <= set(names)
     p = tab.open("logs?runs=done&level=WARNING")
     p.wait_for_selector("#log-lines div")
     assert [line.inner_text() for line in p.query_selector_all("#log-lines div")][-1].endswith("slow")

@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ui_runs import step_rows, write_run
@@ -171,3 +172,31 @@ def test_telescope_ui_command_serves_and_warns_on_public_host(tmp_path: Path) ->
         [str(exe), "ui", str(tmp_path / "nope"), "--no-browser"], capture_output=True, text=True, timeout=60
     )
     assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def _send(srv: ServerThread, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    req = urllib.request.Request(srv.url + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_layout_routes_over_http(server: ServerThread, tmp_path: Path) -> None:
+    body = json.dumps({"sections": [{"name": "s", "keys": ["entropy"]}]}).encode()
+    # a form post (what a foreign web page can send without asking) is refused
+    status, answer = _send(
+        server, "PUT", "/api/layout", body, {"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    assert status == 415 and not (tmp_path / "runs" / ".telescope-ui").exists()
+    status, answer = _send(server, "PUT", "/api/layout", body, {"Content-Type": "application/json"})
+    assert status == 200 and answer["sections"] == [{"name": "s", "keys": ["entropy"]}]
+    with urllib.request.urlopen(server.url + "/api/layout", timeout=10) as resp:
+        assert json.loads(resp.read())["sections"] == [{"name": "s", "keys": ["entropy"]}]
+    status, answer = _send(
+        server, "POST", "/api/layout/export", b'{"name": "../../x"}', {"Content-Type": "application/json"}
+    )
+    assert status == 400 and "'../../x' is not a plain name" in answer["error"]
+    status, answer = _send(server, "PUT", "/api/layout", b"not json", {"Content-Type": "application/json"})
+    assert status == 400 and "not JSON" in answer["error"]

@@ -4,6 +4,8 @@ or, for damaged and old layouts, by hand."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +41,10 @@ def step_rows(step: int) -> list[RolloutRecord]:
     return rows
 
 
-def start_hub(run_dir: Path, **cfg_fields: Any) -> LoggerHub:
-    cfg = make_config(number_of_steps=4, wandb_run_name="uitest", use_wandb=False, **cfg_fields)
-    hub = LoggerHub([LocalLogger()])
+def start_hub(run_dir: Path, clock: Callable[[], float] = time.time, **cfg_fields: Any) -> LoggerHub:
+    cfg_fields = {"number_of_steps": 4, **cfg_fields}
+    cfg = make_config(wandb_run_name="uitest", use_wandb=False, **cfg_fields)
+    hub = LoggerHub([LocalLogger(clock=clock)])
     hub.start(cfg, run_dir, system_metrics=False, ticker=False)
     hub.log_info({"environments": [{"name": "reverse_text", "reward_min": 0.0, "reward_max": 1.0,
                                      "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}}}]})  # fmt: skip

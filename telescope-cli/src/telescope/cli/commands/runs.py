@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from telescope.cli.errors import say
+from telescope.cli.health import run_health
 from telescope.cli.style import new_app
 from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
@@ -108,6 +110,12 @@ def _header(console: Console, run: RunDirReader, steps: list[dict[str, Any]]) ->
         f"  dir {escape(str(run.path))}  schema v{meta.get('schema_version')}  starts {meta.get('starts', 1)}"
     )
     console.print(f"  steps logged {len(steps)}  last step {last}")
+    health = run_health(meta, time.time())
+    if health["text"]:
+        style = {"slow": "yellow", "overdue": "red"}.get(health["state"], "")
+        word = {"slow": "slow: ", "overdue": "overdue: "}.get(health["state"], "")
+        line = f"  {word}{health['text']}"
+        console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
 
 
 def _config(console: Console, cfg: dict[str, Any], model: str) -> None:
@@ -228,6 +236,7 @@ def summary_json(
     return {
         "run_dir": str(run.path),
         "run": run.meta,
+        "health": run_health(run.meta, time.time()),
         "model": display_model(run, cfg),
         "config": cfg,
         "steps": steps,

@@ -20,7 +20,9 @@ from typing import Any
 import yaml
 
 from telescope.cli.commands.runs import HIGHLIGHT_KEYS
+from telescope.cli.health import run_health
 from telescope.cli.ui.logs import LogStore
+from telescope.cli.ui.metric_docs import describe, without_duplicates
 from telescope.cli.ui.records import MetricsStore, RecordLog
 from telescope.cli.ui.rollouts import RolloutFilter, RolloutStore
 from telescope.cli.ui.timeline import EventStore, build_spans, trainer_phases
@@ -37,8 +39,11 @@ from telescope.core.observe.rundir.reader import RunDirError, read_run_meta
 
 __all__ = ["RunData", "Workspace", "declared_ranges"]
 
-#: A ``running`` run with no write for this long is shown as stale (it may have been killed).
+#: A ``running`` run that recorded no ``progress`` (older than it) and wrote nothing for this
+#: long is shown as stale (it may have been killed). A run with ``progress`` is judged by that.
 STALE_AFTER_S = 300.0
+#: The Runs page's reward sparkline: at most this many latest steps.
+SPARK_STEPS = 60
 #: At most this many steps per timeline query (each step may hold thousands of events).
 MAX_TIMELINE_STEPS = 50
 #: A timeline query reads the event blocks written from this many steps before its first step ...
@@ -176,7 +181,11 @@ class RunData:
         last = self.metrics.last()
         last_write = self.last_write()
         status = str(meta.get("status"))
-        stale = status == "running" and time.time() - last_write > STALE_AFTER_S
+        health = run_health(meta, time.time())
+        stale = status == "running" and (
+            health["state"] == "overdue"
+            or (health["state"] == "unknown" and time.time() - last_write > STALE_AFTER_S)
+        )
         highlights = {k: cfg[k] for k in HIGHLIGHT_KEYS if k in cfg}
         if "model" in highlights:  # as the user named it, not the built-in model's cache folder
             named = (meta.get("info") or {}).get("model")
@@ -193,10 +202,16 @@ class RunData:
             "finished_at": meta.get("finished_at"), "starts": meta.get("starts", 1), "last_write": last_write,
             "step": last[0] if last else None, "steps_logged": len(self.metrics.steps()),
             "number_of_steps": cfg.get("number_of_steps"),
-            "reward": metrics.get("reward/mean"), "highlights": highlights,
+            "reward": metrics.get("reward/mean"), "highlights": highlights, "health": health,
+            "reward_trend": self._reward_trend(), "eta_s": _eta(health, last[0] if last else None,
+                                                                 cfg.get("number_of_steps")),
             "failure": ((meta.get("info") or {}).get("failure") or {}).get("reason"),
             "read": self.read_health(),
         }  # fmt: skip
+
+    def _reward_trend(self) -> list[float | None]:
+        values = self.metrics.series(["reward/mean"])["values"].get("reward/mean") or []
+        return list(values[-SPARK_STEPS:])
 
     def read_health(self) -> dict[str, Any]:
         """What the readers skipped: torn last lines and malformed lines, per file."""
@@ -215,12 +230,13 @@ class RunData:
     def catalog(self) -> dict[str, Any]:
         """Every step-metric key with its section, group and declared range."""
         self.refresh()
-        keys = sorted(self.metrics.keys)
+        keys = without_duplicates(sorted(self.metrics.keys))
         ranges = declared_ranges(self.meta.get("info") or {}, keys)
         items = [
-            {"key": k, "section": m.section, "group": m.group, "metric": m.metric, "range": ranges.get(k)}
+            {"key": k, "section": m.section, "group": m.group, "metric": m.metric, "range": ranges.get(k),
+             "description": describe(k)}
             for k, m in ((k, self.metrics.keys[k]) for k in keys)
-        ]
+        ]  # fmt: skip
         return {"keys": items, "revision": self.metrics.revision}
 
     def metric_series(self, keys: list[str]) -> dict[str, Any]:
@@ -329,7 +345,21 @@ class RunData:
         return {
             "metrics": self.metrics.revision, "system": self.system.revision, "evals": self.evals.revision,
             "step": last[0] if last else None, "status": self.meta.get("status"), "last_write": self.last_write(),
+            "health": run_health(self.meta, time.time()),
         }  # fmt: skip
+
+
+def _eta(health: dict[str, Any], step: int | None, total: Any) -> float | None:
+    """Seconds to the last step at the median step time (None when unknown or not running)."""
+    median = health.get("median_step")
+    if (
+        health.get("state") in ("ended", "unknown")
+        or median is None
+        or step is None
+        or not isinstance(total, int)
+    ):
+        return None
+    return max(0, total - step) * float(median)
 
 
 def _system_groups(records: Iterable[dict[str, Any]], max_points: int) -> dict[str, dict[str, Any]]:

@@ -5,8 +5,10 @@ where the line came from: ``driver`` (telescope.log), ``driver (detailed)``
 (telescope.detailed.log), ``server i`` (inference/server_i.log), and for the driver's captured
 output (telescope.stdout.log) the Ray actor process that printed it (``TrainerWorker pid 12``,
 one per trainer rank, from Ray's ``(TrainerWorker pid=12)`` prefix) or ``stdout``. The level is the first logging level word
-near the start of a timestamped line; continuation lines (tracebacks) keep the level of the
-line they continue. Each file keeps its newest ``MAX_LINES_PER_FILE`` entries in memory.
+near the start of a timestamped line; continuation lines keep the level of the line they
+continue, but a traceback is an error whatever level it was logged at (the runtime logs a
+failure's traceback at INFO so the console does not repeat it): a line followed by
+``Traceback (most recent call last):`` and its continuation lines are ERROR. Each file keeps its newest ``MAX_LINES_PER_FILE`` entries in memory.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_LINES_PER_FILE = 20_000
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?)\s+")
 _RAY_PREFIX = re.compile(r"^\((\w+)(?: pid=(\d+))?[^)]*\)\s?")
+TRACEBACK_START = "Traceback (most recent call last):"
 _LEVEL_WORD = {"WARN": "WARNING", "FATAL": "CRITICAL", **{lv: lv for lv in LEVELS}}
 
 
@@ -80,6 +83,8 @@ class _LogFile:
         self.entries: deque[dict[str, Any]] = deque(maxlen=MAX_LINES_PER_FILE)
         self.level = "INFO"
         self.time = ""
+        self.head: dict[str, Any] | None = None
+        """The entry of the latest timestamped line (a traceback after it raises it to ERROR)."""
 
 
 class LogStore:
@@ -111,10 +116,17 @@ class LogStore:
             return
         if parsed.level is not None:
             log.level, log.time = parsed.level, parsed.time
+        elif parsed.text.startswith(TRACEBACK_START) and LEVELS.index(log.level) < LEVELS.index("ERROR"):
+            log.level = "ERROR"
+            if log.head is not None:
+                log.head["level"] = "ERROR"
         component = parsed.actor if parsed.actor and log.component == "stdout" else log.component
         self.seq += 1
-        log.entries.append({"seq": self.seq, "file": log.rel, "component": component, "level": log.level,
-                            "time": log.time, "text": parsed.text})  # fmt: skip
+        entry = {"seq": self.seq, "file": log.rel, "component": component, "level": log.level,
+                 "time": log.time, "text": parsed.text}  # fmt: skip
+        log.entries.append(entry)
+        if parsed.level is not None:
+            log.head = entry
 
     def components(self) -> list[str]:
         return sorted(

@@ -128,6 +128,38 @@ def list_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Columns of the list a ``sort=`` may name (``-`` in front: descending).
+SORT_KEYS = (
+    "group_id",
+    "sample_id",
+    "env",
+    "reward",
+    "advantage",
+    "outcome",
+    "stop_reason",
+    "completion_tokens",
+)
+
+
+def sort_rows(rows: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
+    """List rows sorted by one column: numbers by value, text alphabetically, missing values last."""
+    key, descending = sort.lstrip("-"), sort.startswith("-")
+    if key not in SORT_KEYS:
+        raise ValueError(
+            f"sort={sort!r} is not a rollout column: use one of {', '.join(SORT_KEYS)} ('-' for descending)"
+        )
+    present = [
+        r
+        for r in rows
+        if r.get(key) is not None and not (isinstance(r.get(key), float) and math.isnan(r[key]))
+    ]
+    kept_ids = {id(r) for r in present}
+    missing = [r for r in rows if id(r) not in kept_ids]
+    numeric = all(isinstance(r[key], int | float) for r in present)
+    present.sort(key=lambda r: r[key] if numeric else str(r[key]), reverse=descending)
+    return present + missing
+
+
 def _groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     by_group: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -227,16 +259,22 @@ class RolloutStore:
     ) -> dict[str, Any]:
         """The Rollouts page's data for one step: matching list rows, their count, the step's summary."""
         rows = self.rows(step, step)
-        matched = [r for r in rows if flt.matches(r)]
+        matched = [list_row(r) for r in rows if flt.matches(r)]
         if sort:
-            key, reverse = sort.lstrip("-"), sort.startswith("-")
-            matched.sort(key=lambda r: (_num(r.get(key)) is None, _num(r.get(key)) or 0.0), reverse=reverse)
+            matched = sort_rows(matched, sort)
+        everything = step_summary(rows)
         return {
             "step": step,
             "total": len(rows),
             "matched": len(matched),
-            "rows": [list_row(r) for r in matched[offset : offset + limit]],
-            "summary": step_summary(rows),
+            "rows": matched[offset : offset + limit],
+            # the summary is over the rows the filters let through; the filters' choices over all
+            "summary": step_summary([r for r in rows if flt.matches(r)]),
+            "options": {
+                "envs": everything["envs"],
+                "tags": everything["tags"],
+                "outcomes": everything["outcomes"],
+            },
         }
 
     def sample(self, step: int, group_id: int, sample_id: int) -> dict[str, Any] | None:

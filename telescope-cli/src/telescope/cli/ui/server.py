@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import ipaddress
 import json
 import math
 import threading
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from telescope.cli.ui.conversation import conversation
 from telescope.cli.ui.data import RunData, Workspace
+from telescope.cli.ui.layouts import LayoutError, LayoutStore
 from telescope.cli.ui.rollouts import RolloutFilter
 
 __all__ = ["ServerThread", "build_app", "plotly_js_path"]
@@ -107,7 +109,7 @@ async def _call(request: web.Request, fn: Callable[[], Any]) -> web.Response:
 
     try:
         result = await asyncio.get_running_loop().run_in_executor(None, locked)
-    except BadRequest as exc:
+    except (BadRequest, LayoutError) as exc:
         return web.json_response({"error": str(exc)}, status=400)
     except KeyError as exc:
         return web.json_response({"error": str(exc.args[0] if exc.args else exc)}, status=404)
@@ -260,6 +262,85 @@ async def logs(request: web.Request) -> web.Response:
     )
 
 
+class Refused(Exception):
+    """A state-changing request refused before it is read (status and the reason)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+#: Host names that name this server when it listens on a loopback or wildcard address.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def check_state_change(request: web.Request) -> None:
+    """A state-changing route answers only a loopback client sending JSON with a Host header that
+    names this server: another machine, a form post from a web page (no JSON content type without
+    a CORS preflight, which is not answered) and DNS rebinding (a foreign host name) are refused."""
+    remote = request.remote or ""
+    try:
+        loopback = ipaddress.ip_address(remote.split("%")[0]).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise Refused(
+            403, f"client {remote or '?'} is not on this machine: layouts are changed from loopback only"
+        )
+    if request.content_type != "application/json":
+        raise Refused(415, f"content type {request.content_type!r} refused: send application/json")
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    port = str(sock[1]) if sock else ""
+    bound = str(sock[0]) if sock else ""
+    names = {f"{n}:{port}" for n in (*LOOPBACK_NAMES, bound if ":" not in bound else f"[{bound}]")}
+    if request.host not in names:
+        raise Refused(
+            403,
+            f"Host {request.host!r} does not name this server (expected one of {', '.join(sorted(names))})",
+        )
+
+
+async def _state_change(request: web.Request, fn: Callable[[Any], Any]) -> web.Response:
+    try:
+        check_state_change(request)
+        body = await request.json()
+    except Refused as exc:
+        return web.json_response({"error": str(exc)}, status=exc.status)
+    except ValueError:
+        return web.json_response({"error": "the body is not JSON: send a JSON object"}, status=400)
+    if not isinstance(body, dict):
+        return web.json_response({"error": "the body must be a JSON object"}, status=400)
+    return await _call(request, lambda: fn(body))
+
+
+def _layouts(request: web.Request) -> LayoutStore:
+    return LayoutStore(request.app[WORKSPACE].paths[0])
+
+
+async def layout_get(request: web.Request) -> web.Response:
+    store = _layouts(request)
+    return await _call(
+        request, lambda: {"sections": store.load(), "exported": store.exported(), "path": str(store.dir)}
+    )
+
+
+async def layout_put(request: web.Request) -> web.Response:
+    store = _layouts(request)
+    return await _state_change(request, lambda body: {"sections": store.save(body.get("sections"))})
+
+
+async def layout_export(request: web.Request) -> web.Response:
+    store = _layouts(request)
+    return await _state_change(
+        request, lambda body: {"path": str(store.export(body.get("name"))), "exported": store.exported()}
+    )
+
+
+async def layout_import(request: web.Request) -> web.Response:
+    store = _layouts(request)
+    return await _state_change(request, lambda body: {"sections": store.import_(body.get("name"))})
+
+
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
@@ -341,6 +422,10 @@ def build_app(workspace: Workspace, *, warm: bool = True) -> web.Application:
     app.router.add_static("/static/", STATIC_DIR)
     app.router.add_get("/api/runs", runs)
     app.router.add_get("/api/poll", poll)
+    app.router.add_get("/api/layout", layout_get)
+    app.router.add_put("/api/layout", layout_put)
+    app.router.add_post("/api/layout/export", layout_export)
+    app.router.add_post("/api/layout/import", layout_import)
     for name, handler in (
         ("config", config), ("catalog", catalog), ("metrics", metrics), ("rollouts", rollouts),
         ("sample", sample), ("group", group), ("timeline", timeline), ("system", system),

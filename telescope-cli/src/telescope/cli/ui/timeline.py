@@ -109,20 +109,29 @@ def _span(start: dict[str, Any], end: dict[str, Any] | None, newest: float) -> d
 
 
 def trainer_phases(spans: list[dict[str, Any]], metrics_of: Any) -> list[dict[str, Any]]:
-    """Derived phase spans inside each ``train_step`` span, from ``metrics_of(step)``."""
+    """Derived phase spans inside each ``train_step`` span, from ``metrics_of(step)``.
+
+    The phases are laid end to end from the span's start; when their seconds add up to more
+    than the span (summed micro-batch timings, a wait timed before the span started), they are
+    scaled down together to fit inside it (``attrs.scale`` < 1), so no phase overruns its step.
+    """
     out = []
     for span in spans:
         if span["type"] != "trainer" or span["name"] != "train_step" or span["step"] is None:
             continue
         metrics = metrics_of(int(span["step"])) or {}
+        phases = [(name, key, float(v)) for name, key in TRAINER_PHASES
+                  if isinstance(v := metrics.get(key), int | float) and v > 0]  # fmt: skip
+        total = sum(seconds for _, _, seconds in phases)
+        length = span["end"] - span["start"]
+        scale = min(1.0, length / total) if total > 0 else 1.0
         t = span["start"]
-        for name, key in TRAINER_PHASES:
-            seconds = metrics.get(key)
-            if isinstance(seconds, int | float) and seconds > 0:
-                out.append({"type": "trainer_phase", "name": name, "step": span["step"], "row": "trainer phases",
-                            "start": t, "end": t + float(seconds), "open": False, "derived": True,
-                            "attrs": {"metric": key, "seconds": float(seconds)}})  # fmt: skip
-                t += float(seconds)
+        for name, key, seconds in phases:
+            drawn = seconds * scale
+            out.append({"type": "trainer_phase", "name": name, "step": span["step"], "row": "trainer phases",
+                        "start": t, "end": min(t + drawn, span["end"]), "open": False, "derived": True,
+                        "attrs": {"metric": key, "seconds": seconds, "scale": scale}})  # fmt: skip
+            t += drawn
     return out
 
 

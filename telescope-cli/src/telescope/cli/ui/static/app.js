@@ -20,6 +20,21 @@ export function selectedRuns() {
   return chosen.length ? chosen : keys.slice(0, 1);
 }
 
+// Run health of the selected run on every page, from run.json progress (server: health.py):
+// "step N running for T (median step S) · last step T ago", yellow when slow, red when overdue.
+function renderHealth() {
+  const el = document.getElementById('health');
+  const key = selectedRuns()[0];
+  const health = (state.revisions[key] || {}).health || {};
+  el.className = `health ${health.state || ''}`;
+  el.dataset.state = health.state || '';
+  const word = { slow: 'slow: ', overdue: 'overdue: ' }[health.state] || '';
+  el.textContent = health.text ? `${key}: ${word}${health.text}` : '';
+  const dot = document.getElementById('live');
+  for (const s of ['slow', 'overdue']) dot.classList.toggle(s, health.state === s);
+  el.title = el.textContent + (health.state === 'overdue' ? ': the current step has run far longer than the median step, ranks may be stuck (see Logs, Infra)' : '');
+}
+
 function renderPicker(page) {
   const box = document.getElementById('run-picker');
   box.replaceChildren();
@@ -49,6 +64,7 @@ async function render() {
   for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.page === page);
   state.page = module;
   renderPicker(page);
+  renderHealth();
   const main = document.getElementById('page');
   main.replaceChildren();
   state.rendering = true;
@@ -75,6 +91,7 @@ async function poll() {
     const newRuns = Object.keys(revs).length !== Object.keys(previous).length;
     state.revisions = revs;
     document.getElementById('live').classList.add('on');
+    renderHealth();
     if (newRuns) state.runs = (await api('/api/runs')).runs;
     if (!state.rendering && state.page && state.page.refresh) await state.page.refresh({ changed, revisions: revs });
   } catch (err) {

@@ -155,6 +155,7 @@ const previewable = t => (!t.type || t.type === 'scatter') && (t.mode || 'lines'
 
 async function react(el, traces, layout) {
   const drawn = await Plotly.react(el, traces, layout, CONFIG);
+  if (el._afterPlot) el._afterPlot();  // a page's listeners (zoom memory, synced hover) on the plotly chart
   // bench/ui.py reads these marks: where the page's first seconds went
   if (!performance.getEntriesByName('first-chart').length) performance.mark('first-chart');
   return drawn;

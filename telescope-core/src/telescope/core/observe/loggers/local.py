@@ -44,6 +44,22 @@ PROGRESS_LOGGER = "telescope.progress"
 
 _DETAILED_FORMAT = "%(asctime)s %(levelname)s %(name)s %(filename)s:%(lineno)d %(message)s"
 
+#: run.json ``progress.recent_step_seconds`` keeps the durations of this many latest steps.
+RECENT_STEPS = 20
+
+
+def next_progress(progress: dict[str, Any], step: int, now: float) -> dict[str, Any]:
+    """run.json ``progress`` once ``step`` is logged at ``now``: the next step starts then.
+
+    A step's duration is the time since the previous step was logged in this process (the first
+    step after a start also holds the set-up, so it is not a duration).
+    """
+    recent = list(progress.get("recent_step_seconds") or [])
+    if progress.get("last_step_at") is not None and progress.get("step_started_at") is not None:
+        recent = [*recent, round(now - float(progress["step_started_at"]), 3)][-RECENT_STEPS:]
+    return {"step": step + 1, "step_started_at": now, "last_step": step, "last_step_at": now,
+            "recent_step_seconds": recent}  # fmt: skip
+
 
 def model_info(cfg: Any) -> dict[str, str]:
     """``{"model": name}`` as the user wrote it (the driver hands loggers the resolved folder)."""
@@ -123,7 +139,11 @@ class LocalLogger(Logger):
             "starts": int(previous.get("starts", 0)) + 1,
             "layout": block_layout(cfg, previous),
             "info": {**previous.get("info", {}), "reward_ranges": reward_ranges(cfg), **model_info(cfg)},
-        }
+            # run health is recorded, not inferred from file writes: the step in progress and
+            # since when (the dashboard and `runs show` read it); durations survive a resume
+            "progress": {"step": None, "step_started_at": now, "last_step": None, "last_step_at": None,
+                         "recent_step_seconds": (previous.get("progress") or {}).get("recent_step_seconds", [])},
+        }  # fmt: skip
         write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         self._open_writers(cfg)
         self._attach_log_files(self.run_dir / LOGS_DIR)
@@ -187,14 +207,23 @@ class LocalLogger(Logger):
             handler.handle(record)
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        self._writer(METRICS_FILE).write({"step": step, "time": time.time(), "metrics": metrics})
+        now = time.time()
+        self._writer(METRICS_FILE).write({"step": step, "time": now, "metrics": metrics})
         self._log_line(self._progress.update(step, metrics).text())  # progress reaches the run directory
+        self._meta["progress"] = next_progress(self._meta.get("progress") or {}, step, self._clock())
+        self._write_meta()
 
     def log_rollouts(self, step: int, rows: list[RolloutRecord]) -> None:
         self._started(self._rollouts).write(step, [r.to_dict() for r in rows])
 
     def log_events(self, events: list[TimelineEvent]) -> None:
         self._started(self._events).write([e.to_dict() for e in events])
+        progress = self._meta.get("progress")
+        if progress is not None and progress.get("step") is None:  # the first step after a start
+            first = next((e.step for e in events if e.type == "trainer" and e.phase == "start"), None)
+            if first is not None:
+                progress["step"] = first
+                self._write_meta()
 
     def log_system(self, sample: dict[str, Any]) -> None:
         self._started(self._samples).add(sample)

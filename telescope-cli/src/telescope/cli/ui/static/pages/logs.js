@@ -9,6 +9,18 @@ function line(e) {
   return h('div', { class: e.level }, h('span', { class: 'comp' }, `[${e.component}] `), e.text);
 }
 
+// Scrolls the log box to its first ERROR (or CRITICAL) line and marks it; says so when none.
+function jumpToFirstError() {
+  const first = ctx.box.querySelector('div.ERROR, div.CRITICAL');
+  for (const el of ctx.box.querySelectorAll('.jumped')) el.classList.remove('jumped');
+  if (!first) { ctx.count.textContent = 'no ERROR line among the lines shown'; return; }
+  ctx.filters.follow = false;  // following would scroll away from it at the next line
+  const follow = document.getElementById('log-follow');
+  if (follow) follow.checked = false;
+  first.classList.add('jumped');
+  ctx.box.scrollTop = first.offsetTop - ctx.box.offsetTop;
+}
+
 function query(extra = {}) {
   const f = ctx.filters;
   return runApi(ctx.run, 'logs', { components: (f.components || []).join(','), level: f.level, q: f.q, limit: 2000, ...extra });
@@ -42,6 +54,7 @@ function drawControls(components) {
     h('label', {}, 'level', h('select', { id: 'log-level', onchange: e => { f.level = e.target.value; load(); } },
       ['DEBUG', 'INFO', 'WARNING', 'ERROR'].map(l => h('option', { value: l, selected: l === (f.level || 'DEBUG') }, l)))),
     h('label', {}, 'text', h('input', { type: 'search', id: 'log-search', value: f.q, onchange: e => { f.q = e.target.value; load(); } })),
+    h('button', { id: 'jump-error', onclick: jumpToFirstError, title: 'scroll to the first ERROR line shown' }, 'jump to first error'),
     h('label', {}, h('input', { type: 'checkbox', id: 'log-follow', checked: f.follow, onchange: e => { f.follow = e.target.checked; load(); } }), 'follow'),
     ctx.count);
 }

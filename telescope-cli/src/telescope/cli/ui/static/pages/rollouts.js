@@ -18,38 +18,59 @@ function filterControls(data) {
         steps.map(s => h('option', { value: s, selected: s === data.step }, s))),
       h('button', { onclick: () => stepAt(1), id: 'next-step' }, '›')),
     h('label', {}, 'env', h('select', { id: 'f-env', onchange: e => { f.env = e.target.value; load(); } },
-      h('option', { value: '' }, 'any'), data.summary.envs.map(e => h('option', { value: e, selected: e === f.env }, e)))),
+      h('option', { value: '' }, 'any'), data.options.envs.map(e => h('option', { value: e, selected: e === f.env }, e)))),
     h('label', {}, 'outcome', h('select', { id: 'f-outcome', onchange: e => { f.outcome = e.target.value; load(); } },
       // the reasons this step has (a newer runtime or a plugin may add its own) after the groups
-      [...new Set(['', 'kept', 'discarded', 'cancelled', ...Object.keys(data.summary.outcomes), f.outcome || ''])]
+      [...new Set(['', 'kept', 'discarded', 'cancelled', ...Object.keys(data.options.outcomes), f.outcome || ''])]
         .map(o => h('option', { value: o, selected: o === (f.outcome || '') }, o || 'any')))),
-    data.summary.tags.length || f.tag ? h('label', {}, 'tag', h('select', { id: 'f-tag', onchange: e => { f.tag = e.target.value; load(); } },
-      [...new Set(['', ...data.summary.tags, f.tag || ''])].map(t => h('option', { value: t, selected: t === (f.tag || '') }, t || 'any')))) : null,
+    data.options.tags.length || f.tag ? h('label', {}, 'tag', h('select', { id: 'f-tag', onchange: e => { f.tag = e.target.value; load(); } },
+      [...new Set(['', ...data.options.tags, f.tag || ''])].map(t => h('option', { value: t, selected: t === (f.tag || '') }, t || 'any')))) : null,
     h('label', {}, 'reward', input('reward_min'), '…', input('reward_max')),
     h('label', {}, 'advantage', input('adv_min'), '…', input('adv_max')),
     h('label', {}, 'completion tokens', input('len_min'), '…', input('len_max')),
     h('label', {}, 'text', input('q', 'search', { placeholder: 'in prompt or completion' })));
 }
 
-function summaryPanel(s) {
+function summaryPanel(s, filtered) {
   const row = (name, st) => h('tr', {}, h('td', {}, name), ['mean', 'std', 'min', 'max', 'gini_mean'].map(k => h('td', { class: 'num' }, fmt(st[k]))));
   return h('div', { class: 'panel', id: 'step-summary' },
+    h('div', { class: 'muted' }, filtered ? 'summary of the rollouts the filters show' : 'summary of the step'),
     h('div', {}, Object.entries(s.outcomes).map(([k, v]) => h('span', { class: 'chip' }, `${k}: ${v}`))),
     h('table', {}, h('tr', {}, ['kept samples', 'mean', 'std', 'min', 'max', 'gini (group mean)'].map(t => h('th', {}, t))),
       row('reward', s.reward), row('advantage', s.advantage), row('completion tokens', s.completion_tokens),
       Object.entries(s.sample_metrics).map(([k, st]) => row(k, st))));
 }
 
+// column -> [sort key, width]; the completion gets the rest: it is cut to fit rather than pushed out of view
+const COLUMNS = { group: ['group_id', 50], sample: ['sample_id', 58], env: ['env', 90], reward: ['reward', 64],
+  advantage: ['advantage', 84], outcome: ['outcome', 132], stop: ['stop_reason', 52], tokens: ['completion_tokens', 58], completion: [null, null] };
+
+function header() {
+  const [key, desc] = [ctx.sort.replace(/^-/, ''), ctx.sort.startsWith('-')];
+  return h('tr', {}, Object.entries(COLUMNS).map(([name, [sortKey, w]]) => h('th', {
+    style: w ? `width:${w}px` : null, class: sortKey ? 'sortable' : null, 'data-sort': sortKey,
+    title: sortKey ? 'click to sort (again: reverse)' : null,
+    onclick: sortKey ? () => { ctx.sort = key === sortKey && !desc ? `-${sortKey}` : sortKey; load(); } : null,
+  }, name, key === sortKey ? (desc ? ' ▼' : ' ▲') : '')));
+}
+
 function table(data) {
   if (!data.rows.length) return empty('No rollouts match.');
-  // fixed widths, the completion gets the rest: it is cut to fit rather than pushed out of view
-  const cols = { group: 44, sample: 52, env: 90, reward: 58, advantage: 78, outcome: 70, stop: 40, tokens: 48, completion: null };
-  return h('table', { id: 'rollout-table' }, h('tr', {}, Object.entries(cols).map(([c, w]) => h('th', { style: w ? `width:${w}px` : null }, c))),
-    data.rows.map(r => h('tr', { class: 'clickable', 'data-reward': r.reward, onclick: e => { select(r); markSelected(e.currentTarget); } },
-      h('td', { class: 'num' }, r.group_id), h('td', { class: 'num' }, r.sample_id), h('td', {}, r.env),
+  return h('table', { id: 'rollout-table' }, header(),
+    data.rows.map(r => h('tr', { class: 'clickable', 'data-reward': r.reward, 'data-group': r.group_id, 'data-sample': r.sample_id,
+      onclick: e => { select(r); markSelected(e.currentTarget); } },
+      h('td', { class: 'num' }, r.group_id), h('td', { class: 'num' }, r.sample_id), h('td', { title: r.env }, r.env),
       h('td', { class: 'num' }, fmt(r.reward)), h('td', { class: 'num' }, fmt(r.advantage)),
-      h('td', {}, r.outcome), h('td', {}, r.stop_reason), h('td', { class: 'num' }, r.completion_tokens),
+      h('td', { title: r.outcome }, r.outcome), h('td', { title: r.stop_reason }, r.stop_reason), h('td', { class: 'num' }, r.completion_tokens),
       h('td', {}, h('div', { class: 'preview' }, r.completion_preview)))));
+}
+
+// A deep-linked sample (?group=&sample=): its row scrolled into view and marked.
+function revealRow(groupId, sampleId) {
+  const tr = document.querySelector(`#rollout-table tr[data-group="${groupId}"][data-sample="${sampleId}"]`);
+  if (!tr) return;
+  markSelected(tr);
+  tr.scrollIntoView({ block: 'center' });
 }
 
 function markSelected(tr) {
@@ -141,8 +162,8 @@ async function showGroup(row) {
 async function load() {
   const params = { step: ctx.step };
   for (const k of FILTERS) params[k] = ctx.filters[k];
-  setParams({ ...params, group: '', sample: '' });
-  const data = await runApi(ctx.run, 'rollouts', params);
+  setParams({ ...params, sort: ctx.sort, group: '', sample: '' });
+  const data = await runApi(ctx.run, 'rollouts', { ...params, sort: ctx.sort });
   ctx.lastCount = data.total;
   // ctx.step stays as it was (null: the latest step), or a live run opened before its first step
   // would stay on the empty step 0
@@ -151,18 +172,22 @@ async function load() {
   ctx.steps = data.steps;
   ctx.detail = h('div', { class: 'panel scroll', id: 'rollout-detail' }, h('p', { class: 'muted' }, 'Click a rollout to see it in full.'));
   ctx.groupBox = h('div');
-  ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary),
+  const filtered = FILTERS.some(k => ctx.filters[k]);
+  ctx.root.replaceChildren(filterControls(data), summaryPanel(data.summary, filtered),
     h('p', { class: 'muted', id: 'rollout-count' }, `${data.matched} of ${data.total} rollouts of step ${data.step}`),
     h('div', { class: 'split wide-left' }, h('div', { class: 'scroll', id: 'rollout-list' }, table(data)), ctx.detail), ctx.groupBox);
 }
 
 export async function render(main, { params, selected }) {
   if (!selected.length) { main.append(empty('No runs found.')); return; }
-  ctx = { run: selected[0], step: params.step ? Number(params.step) : null, filters: {}, root: h('div', { id: 'rollouts' }) };
+  ctx = { run: selected[0], step: params.step ? Number(params.step) : null, filters: {}, sort: params.sort || '', root: h('div', { id: 'rollouts' }) };
   for (const k of FILTERS) ctx.filters[k] = params[k] || '';
   main.append(ctx.root);
   await load();
-  if (params.group && params.sample) await select({ step: ctx.step, group_id: Number(params.group), sample_id: Number(params.sample) });
+  if (params.group && params.sample) {
+    revealRow(Number(params.group), Number(params.sample));
+    await select({ step: ctx.step, group_id: Number(params.group), sample_id: Number(params.sample) });
+  }
 }
 
 export async function refresh({ changed, revisions }) {
