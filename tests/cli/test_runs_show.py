@@ -115,3 +115,18 @@ def test_only_built_in_folders_map_back_to_a_name() -> None:
     assert builtin_model_name(RESOLVED) == "telescope/tiny-reverse"
     for other in ("Qwen/Qwen2.5-0.5B", "/models/telescope--no-such-model", "/models/my--tiny-reverse"):
         assert builtin_model_name(other) == other
+
+
+def test_show_never_prints_escape_sequences_from_the_run_directory(tmp_path: Path) -> None:
+    """A run directory is data from anywhere: a title-setting or screen-clearing sequence planted in
+    run.json, a metric name or a sample must not reach the terminal."""
+    run_dir = write_run(tmp_path / "run")
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta["info"]["model"] = "evil\x1b]0;pwned\x07model"
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        metrics = {"reward/mean": 0.5, "x\x1b[2Jcleared": 1.0, "bell\x07": 2.0}
+        f.write(json.dumps({"step": 4, "time": 1.0, "metrics": metrics}) + "\n")
+    out = show(str(run_dir), "--metrics", "100")
+    assert "\x1b" not in out and "\x07" not in out
+    assert "evilmodel" in out and "xcleared" in out  # the text is kept, the sequences dropped

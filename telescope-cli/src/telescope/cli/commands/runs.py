@@ -18,6 +18,7 @@ from telescope.cli.health import run_health
 from telescope.cli.style import new_app
 from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
+from telescope.core.observe.stdio import printable_data
 
 app = new_app(help="Inspect run directories.", no_args_is_help=True)
 
@@ -161,8 +162,9 @@ def _latest(console: Console, steps: list[dict[str, Any]], limit: int) -> None:
 
 
 def _evals(console: Console, run: RunDirReader, limit: int) -> None:
+    """The latest value of each eval metric (names made printable: they come from the run directory)."""
     """The latest record of each eval: its step and up to ``limit`` metrics."""
-    latest = run.latest_evals()
+    latest = printable_data(run.latest_evals())
     if not latest:
         return
     if limit <= 0:
@@ -266,9 +268,16 @@ def show(
     steps = run.steps()
     rows = run.rollouts()
     cfg = run.config()
-    if as_json:
+    if as_json:  # JSON escapes control characters itself
         typer.echo(json.dumps(summary_json(run, cfg, steps, rows, rollouts), default=str))
         return
+    # Everything printed comes from the run directory: no escape sequence of it reaches the terminal.
+    run.meta, steps, rows, cfg = (
+        printable_data(run.meta),
+        printable_data(steps),
+        printable_data(rows),
+        printable_data(cfg),
+    )
     _header(console, run, steps)
     _config(console, cfg, display_model(run, cfg))
     _reward_curve(console, run, reward_key)

@@ -146,6 +146,28 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
+#: C0 controls but tab and newline, DEL, and C1 controls (a lone ESC or CSI starts a sequence).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: no escape sequences and no control characters but tab and newline
+    (a run directory is data from wherever it came from: a title or clear-screen sequence in a
+    sample must not reach the user's terminal)."""
+    return _CONTROL.sub("", _ANSI.sub("", text))
+
+
+def printable_data(value: Any) -> Any:
+    """``value`` (JSON-like data) with every string, key included, made ``printable``."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_data(k): printable_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_data(v) for v in value]
+    return value
+
+
 #: The prefix Ray puts before a worker's line: ``(TrainerWorker pid=123, ip=10.0.0.2) ``.
 _RAY_PREFIX = re.compile(r"^\([^()]*pid=[^()]*\) ")
 
