@@ -1,9 +1,10 @@
 #!/bin/sh
-# Install bubblewrap (the `local` sandbox provider's isolation) when it is missing. Idempotent.
+# Install bubblewrap (the `local` sandbox provider's isolation) and slirp4netns (the outbound-only
+# network of a sandbox with network_access: true) when missing. Idempotent.
 # Debian/Ubuntu via apt-get; prints what to do elsewhere. Needs root (or sudo) to install.
 set -eu
-if command -v bwrap >/dev/null 2>&1; then
-    echo "bubblewrap present: $(bwrap --version)"
+if command -v bwrap >/dev/null 2>&1 && command -v slirp4netns >/dev/null 2>&1; then
+    echo "bubblewrap present: $(bwrap --version); slirp4netns present"
     exit 0
 fi
 SUDO=""
@@ -15,11 +16,11 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 if command -v apt-get >/dev/null 2>&1; then
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bubblewrap
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bubblewrap slirp4netns
 elif command -v dnf >/dev/null 2>&1; then
-    $SUDO dnf install -y bubblewrap
+    $SUDO dnf install -y bubblewrap slirp4netns
 elif command -v apk >/dev/null 2>&1; then
-    $SUDO apk add --no-cache bubblewrap
+    $SUDO apk add --no-cache bubblewrap slirp4netns
 else
     echo "install-bubblewrap: unknown package manager; install 'bubblewrap' yourself" >&2
     exit 1

@@ -185,3 +185,13 @@ def test_workspace_root_owned_by_someone_else_is_refused(tmp_path: Path) -> None
     provider = LocalSandboxProvider(LocalSandboxKwargs(workspace_root=str(foreign)))
     with pytest.raises(SandboxUnavailableError, match="owned by uid 0"):
         run(provider.create(SandboxConfig()))
+
+
+def test_network_access_without_slirp4netns_is_refused_never_the_hosts_network(
+    local_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telescope.sandboxes.local import provider as local_module
+
+    monkeypatch.setattr(local_module, "slirp4netns_path", lambda: None)
+    with pytest.raises(SandboxConfigError, match="needs slirp4netns: install slirp4netns"):
+        local_provider.check_config(SandboxConfig(network_access=True))

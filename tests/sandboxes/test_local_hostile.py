@@ -8,6 +8,7 @@ the case's marker survives ``destroy``. Network probes target only 127.0.0.1.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,6 +69,37 @@ def test_cannot_connect_to_host_loopback(
     thread.join()
     server.close()
     assert "CONNECTED" not in result.stdout and "refused" in result.stdout
+    assert accepted == [None]
+
+
+def test_network_access_is_outbound_only_never_the_hosts_loopback(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    """network_access: true used to share the host's namespace: code reached 127.0.0.1 services
+    (and through Ray's job API, root). Now it gets its own namespace behind slirp4netns."""
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[Any] = []
+    server.settimeout(4)
+    thread = threading.Thread(target=lambda: accepted.append(_accept_or_none(server)), daemon=True)
+    thread.start()
+    source = (
+        "import socket\n"
+        "print('interfaces', sorted(name for _, name in socket.if_nameindex()))\n"
+        f"for host in ('127.0.0.1', '10.0.2.2'):  # this namespace's loopback; slirp4netns's gateway\n"
+        "    s = socket.socket(); s.settimeout(1)\n"
+        f"    try:\n        s.connect((host, {port})); print('CONNECTED', host)\n"
+        "    except OSError as e:\n        print('refused', host, e)\n"
+    )
+    config = marked_config.model_copy(update={"network_access": True})
+    result = contained(local_provider, config, marker, source)
+    thread.join()
+    server.close()
+    assert "interfaces ['lo', 'tap0']" in result.stdout, result.stdout + result.stderr
+    assert "CONNECTED" not in result.stdout
+    assert "refused 127.0.0.1" in result.stdout and "refused 10.0.2.2" in result.stdout
     assert accepted == [None]
 
 

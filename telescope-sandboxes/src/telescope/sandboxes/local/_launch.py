@@ -77,17 +77,22 @@ def bwrap_argv(
     command: str,
     shm_bytes: int,
     etc_dir: str | None = None,
+    network_args: tuple[str, ...] = (),
 ) -> list[str]:
     """The bubblewrap command line for one command.
 
     ``shm_bytes`` sizes /dev/shm; ``etc_dir`` (from `snapshot_etc`) replaces the individual
-    ``/etc/...`` entries of ``ro_paths`` with one mount.
+    ``/etc/...`` entries of ``ro_paths`` with one mount. The command always gets its own network
+    namespace; with ``network`` it gets outbound access through ``network_args``
+    (``_usernet.UserNet.bwrap_args``), never the host's namespace and its loopback services.
     """
+    if network and not network_args:
+        raise ValueError("network=True needs the user-mode network's bubblewrap options (UserNet.bwrap_args)")
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
     argv += ["--new-session", "--cap-drop", "ALL", "--uid", str(ws.uid), "--gid", str(ws.gid)]
     argv += ["--hostname", "sandbox"]
     if network:
-        argv.append("--share-net")
+        argv += network_args
     if etc_dir is not None:
         argv += ["--ro-bind", etc_dir, "/etc"]
         ro_paths = tuple(p for p in ro_paths if not p.startswith("/etc/"))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from telescope.core.sandbox.types import ExecResult
+from telescope.sandboxes.local._usernet import UserNet
 from telescope.sandboxes.local._workspace import Workspace
 
 __all__ = ["RunSpec", "kill_group", "run_command"]
@@ -34,6 +35,8 @@ class RunSpec:
     disk_limit_bytes: int
     disk_check_interval: float
     running: set[asyncio.subprocess.Process] = field(default_factory=set)
+    usernet: UserNet | None = None
+    """The command's outbound-only network (``network_access``), attached once it started."""
 
 
 class _CappedReader:
@@ -77,17 +80,32 @@ async def _watch_disk(spec: RunSpec) -> str:
 async def run_command(spec: RunSpec) -> ExecResult:
     """Run ``spec.argv``; never raises for what the command does (only for failing to start)."""
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *spec.argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=spec.env,
-        cwd=spec.cwd,
-        preexec_fn=spec.preexec,
-        start_new_session=True,
-    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=spec.env,
+            cwd=spec.cwd,
+            preexec_fn=spec.preexec,
+            start_new_session=True,
+            pass_fds=spec.usernet.child_fds if spec.usernet else (),
+        )
+    except BaseException:
+        if spec.usernet is not None:
+            await spec.usernet.close()
+        raise
     spec.running.add(proc)
+    if spec.usernet is not None:
+        try:
+            await spec.usernet.attach()
+        except BaseException:
+            kill_group(proc)
+            await proc.wait()
+            spec.running.discard(proc)
+            await spec.usernet.close()
+            raise
     out, err = (
         _CappedReader(proc.stdout, spec.max_output_bytes),
         _CappedReader(proc.stderr, spec.max_output_bytes),
@@ -116,6 +134,8 @@ async def run_command(spec: RunSpec) -> ExecResult:
         if proc.returncode is None:
             kill_group(proc)
         spec.running.discard(proc)
+        if spec.usernet is not None:
+            await spec.usernet.close()
     finished = not timed_out and limit is None
     return ExecResult(
         exit_code=proc.returncode if finished else None,

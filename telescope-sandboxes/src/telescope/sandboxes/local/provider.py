@@ -1,8 +1,10 @@
 """The ``local`` sandbox provider: bubblewrap + rlimits + an unprivileged uid on this machine.
 
 Each sandbox is a private workspace directory; each ``execute`` starts a fresh bubblewrap
-container over it (no network, read-only system paths, new user/pid/ipc/uts namespaces, all
-capabilities dropped, uid 65534, a new session, killed with its parent). When the command's
+container over it (its own network namespace: no network, or with ``network_access`` an
+outbound-only one through slirp4netns that cannot reach the host's loopback; read-only system
+paths, new user/pid/ipc/uts namespaces, all capabilities dropped, uid 65534, a new session,
+killed with its parent). When the command's
 main process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
 """
 
@@ -35,6 +37,7 @@ from telescope.sandboxes.local._launch import (
     wrapper_argv,
 )
 from telescope.sandboxes.local._process import RunSpec, kill_group, run_command
+from telescope.sandboxes.local._usernet import SLIRP_INSTALL, UserNet, slirp4netns_path
 from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, default_root
 
 __all__ = ["LocalSandboxKwargs", "LocalSandboxProvider", "create_local_provider"]
@@ -136,6 +139,11 @@ class LocalSandboxProvider(SandboxProvider):
             raise SandboxConfigError(
                 f"local sandbox: cpu={config.cpu:g} exceeds this machine's {cores} cores"
             )
+        if self.bwrap is not None and config.network_access and slirp4netns_path() is None:
+            raise SandboxConfigError(
+                "local sandbox: network_access=true gives the sandbox its own outbound-only network "
+                f"(never the host's, whose loopback services it could reach), which needs slirp4netns: {SLIRP_INSTALL}"
+            )
         if self.bwrap is None and config.network_access is False:
             raise SandboxConfigError(
                 "local sandbox: network_access=false cannot be enforced without bubblewrap; install bubblewrap"
@@ -160,7 +168,10 @@ class LocalSandboxProvider(SandboxProvider):
         )
         uid = self.kwargs.uid if self._as_root else None
         env = self._environment(config)
+        usernet = None
         if self.bwrap is not None:
+            if config.network_access:
+                usernet = UserNet(_require_slirp4netns(), run_as=uid)
             argv = bwrap_argv(
                 self.bwrap,
                 box.workspace,
@@ -171,6 +182,7 @@ class LocalSandboxProvider(SandboxProvider):
                 command=command,
                 shm_bytes=min(int(config.disk_size_gb * 1e9), _MAX_SHM_BYTES),
                 etc_dir=self._etc_dir(),
+                network_args=tuple(usernet.bwrap_args()) if usernet else (),
             )
             run_env, cwd = {}, None
         else:
@@ -191,6 +203,7 @@ class LocalSandboxProvider(SandboxProvider):
             int(config.disk_size_gb * 1e9),
             self.kwargs.disk_check_interval_s,
             box.running,
+            usernet,
         )
         try:
             return await run_command(spec)
@@ -260,6 +273,13 @@ def _kill_strays(sandbox_id: str) -> int:
         except OSError:
             continue
     return killed
+
+
+def _require_slirp4netns() -> str:
+    path = slirp4netns_path()
+    if path is None:
+        raise SandboxConfigError(f"local sandbox: network_access=true needs slirp4netns: {SLIRP_INSTALL}")
+    return path
 
 
 def create_local_provider(kwargs: LocalSandboxKwargs | None = None) -> LocalSandboxProvider:
