@@ -53,12 +53,8 @@ def contained(
 def test_cannot_connect_to_host_loopback(
     local_provider: Any, marked_config: SandboxConfig, marker: str
 ) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
+    server, thread, accepted = _host_listener()
     port = server.getsockname()[1]
-    accepted: list[Any] = []
-    server.settimeout(4)
-    thread = threading.Thread(target=lambda: accepted.append(_accept_or_none(server)), daemon=True)
-    thread.start()
     source = (
         "import socket\n"
         "s = socket.socket(); s.settimeout(1)\n"
@@ -79,12 +75,8 @@ def test_network_access_is_outbound_only_never_the_hosts_loopback(
     (and through Ray's job API, root). Now it gets its own namespace behind slirp4netns."""
     if shutil.which("slirp4netns") is None:
         pytest.skip("slirp4netns is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
-    server = socket.create_server(("127.0.0.1", 0))
+    server, thread, accepted = _host_listener()
     port = server.getsockname()[1]
-    accepted: list[Any] = []
-    server.settimeout(4)
-    thread = threading.Thread(target=lambda: accepted.append(_accept_or_none(server)), daemon=True)
-    thread.start()
     source = (
         "import socket\n"
         "print('interfaces', sorted(name for _, name in socket.if_nameindex()))\n"
@@ -101,6 +93,16 @@ def test_network_access_is_outbound_only_never_the_hosts_loopback(
     assert "CONNECTED" not in result.stdout
     assert "refused 127.0.0.1" in result.stdout and "refused 10.0.2.2" in result.stdout
     assert accepted == [None]
+
+
+def _host_listener() -> tuple[socket.socket, threading.Thread, list[Any]]:
+    """A server on the host's 127.0.0.1 and the thread recording what it accepts (within 4 s)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[Any] = []
+    server.settimeout(4)
+    thread = threading.Thread(target=lambda: accepted.append(_accept_or_none(server)), daemon=True)
+    thread.start()
+    return server, thread, accepted
 
 
 def _accept_or_none(server: socket.socket) -> Any:
