@@ -71,3 +71,18 @@ def test_an_older_release_rng_file_with_numpy_arrays_still_loads(tmp_path: Path)
     np.random.seed(99)
     assert load_rng_states(tmp_path, 0) == {}
     assert np.random.rand(3).tolist() == expected
+
+
+def test_a_crafted_trainer_state_cannot_run_code(tmp_path: Path) -> None:
+    from telescope.core.checkpoint.layout import read_trainer_state
+
+    marker = tmp_path / "pwned"
+    torch.save({"step": 3, "counters": {}, "scheduler": _RunsCode(marker)}, tmp_path / "trainer_state.pt")
+    with pytest.raises(ValueError, match="trainer_state.pt holds more than tensors and plain data"):
+        read_trainer_state(tmp_path)
+    assert not marker.exists()
+    torch.save(
+        {"step": 3, "counters": {"samples": 12}, "scheduler": {"last_epoch": 3, "base_lrs": [1e-3]}},
+        tmp_path / "trainer_state.pt",
+    )
+    assert read_trainer_state(tmp_path)["counters"] == {"samples": 12}

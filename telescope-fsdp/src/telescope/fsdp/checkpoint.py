@@ -30,7 +30,13 @@ import torch
 import torch.distributed as dist
 
 from telescope.core.checkpoint.hf_meta import write_hf_meta
-from telescope.core.checkpoint.layout import HF_META_DIR, TRAINER_META, TRAINER_STATE, read_trainer_meta
+from telescope.core.checkpoint.layout import (
+    HF_META_DIR,
+    TRAINER_META,
+    TRAINER_STATE,
+    read_trainer_meta,
+    read_trainer_state,
+)
 from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
 
 if TYPE_CHECKING:
@@ -77,7 +83,7 @@ def load(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
     saved_training_state = bool(read_trainer_meta(path).get("training_state", True))
     restore_optimizer = training_state and saved_training_state
     _load_weights(st, path, with_optimizer=restore_optimizer)
-    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
+    trainer_state = read_trainer_state(path)
     step = int(trainer_state["step"])
     if training_state:
         if not saved_training_state:

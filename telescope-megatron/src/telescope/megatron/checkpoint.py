@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 
 from telescope.core.checkpoint.hf_meta import write_hf_meta
-from telescope.core.checkpoint.layout import HF_META_DIR, TRAINER_META, TRAINER_STATE, read_trainer_meta
+from telescope.core.checkpoint.layout import (
+    HF_META_DIR,
+    TRAINER_META,
+    TRAINER_STATE,
+    read_trainer_meta,
+    read_trainer_state,
+)
 from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
 from telescope.megatron.mapping.rules import ExpertLayout
 
@@ -154,7 +160,7 @@ def load(backend: CheckpointedBackend, directory: str, *, training_state: bool =
     st.built.gpt.load_state_dict(loaded["model"])
     if restore_optimizer:
         st.optimizer.load_state_dict(loaded["optimizer"])
-    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
+    trainer_state = read_trainer_state(path)
     step = int(trainer_state["step"])
     if training_state:
         if not restore_optimizer:

@@ -28,6 +28,7 @@ __all__ = [
     "is_hf_checkpoint",
     "is_native_checkpoint",
     "read_trainer_meta",
+    "read_trainer_state",
     "rng_file",
 ]
 
@@ -55,6 +56,27 @@ def read_trainer_meta(directory: str | Path) -> dict[str, Any]:
         return {}
     data: dict[str, Any] = json.loads(file.read_text())
     return data
+
+
+def read_trainer_state(directory: str | Path) -> dict[str, Any]:
+    """``trainer_state.pt`` of a checkpoint folder (step, counters, LR scheduler state), read as data.
+
+    ``torch.load(weights_only=True)``: tensors and plain Python containers only, so a crafted file
+    cannot run code when a checkpoint someone sent is resumed or converted.
+    """
+    import pickle
+
+    import torch
+
+    file = Path(directory) / TRAINER_STATE
+    try:
+        state: dict[str, Any] = torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{file} holds more than tensors and plain data, so it is not loaded (it could run code): it was "
+            f"not written by Telescope's trainers, or was altered; {str(exc).splitlines()[0]}"
+        ) from None
+    return state
 
 
 def is_native_checkpoint(path: str | Path) -> bool:
