@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
 import torch.distributed as dist
 
 from telescope.core.weights.group import free_port
+from telescope.core.weights.store import bound_tcp_store
 
 __all__ = ["init_process_group", "pick_device"]
 
@@ -35,6 +37,11 @@ def init_process_group(device: torch.device) -> None:
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     if "WORLD_SIZE" not in os.environ:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-        return
-    dist.init_process_group(backend)
+        host, port, rank, world_size = "127.0.0.1", free_port(), 0, 1
+    else:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Our own store: PyTorch's env:// rendezvous would listen on every interface (weights/store.py).
+    timeout = datetime.timedelta(minutes=30)
+    store = bound_tcp_store(host, port, world_size, rank == 0, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)

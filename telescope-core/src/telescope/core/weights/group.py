@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from telescope.core.weights.errors import WeightSyncError
 from telescope.core.weights.settings import GroupSpec
+from telescope.core.weights.store import bound_tcp_store
 
 __all__ = ["WeightSyncGroup", "device_synchronize", "free_port"]
 
@@ -52,7 +53,7 @@ class WeightSyncGroup:
         self.rank = rank
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         try:
-            base = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=rank == 0, timeout=timeout)
+            base = bound_tcp_store(spec.host, spec.port, spec.world_size, rank == 0, timeout)
         except Exception as exc:  # rendezvous failures name the address and the timeout
             raise WeightSyncError(
                 f"weight-sync rank {rank} could not reach the store at {spec.host}:{spec.port} "
