@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 import uuid
 from dataclasses import dataclass
@@ -60,7 +61,6 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
 
     if cfg.ray_disable_runtime_env_hook:
         os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     options: dict[str, Any] = {
         "namespace": cfg.ray_namespace,
         "log_to_driver": cfg.ray_log_to_driver,
@@ -76,7 +76,7 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
             "`ray start --head`, give its address, or set ray_auto_start_local: true"
         )
     if address == "local":
-        ray.init(address="local", **options)
+        _start_private(options)
     else:
         try:
             ray.init(address=address, **options)
@@ -88,10 +88,10 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
                     "`ray start --head`, or set ray_auto_start_local: true"
                 ) from None
             log.info("no Ray cluster at %s: starting a local one", address)
-            ray.init(address="local", **options)
+            _start_private(options)
         if not started_here and _joined_another_runs_cluster(address):
             ray.shutdown()
-            ray.init(address="local", **options)
+            _start_private(options)
             started_here = True
     claim = _claim_private(run_dir) if started_here else None
     return {
@@ -100,6 +100,31 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
         "started_here": started_here,
         "private_claim": claim,
     }
+
+
+def _start_private(options: dict[str, Any]) -> None:
+    """Start this run's own Ray cluster, with Ray's token authentication and a token of this run.
+
+    Ray's processes listen on every interface (Ray resolves 127.0.0.1 to the node's address), and
+    without authentication anyone who reaches the dashboard agent's job API runs commands as this
+    user. The token lives only in this process's environment, which Ray's processes inherit: it
+    is never written to a file or logged. ``RAY_AUTH_MODE`` set by the user is respected.
+
+    Only the token is set here: Ray reads ``RAY_AUTH_MODE`` when it is imported, and turns token
+    mode on itself (refreshing that setting) for a new local cluster when the mode is unset.
+    """
+    import ray
+
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    setup_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = setup_log.level
+    setup_log.setLevel(logging.ERROR)  # its "token authentication is enabled" notice is ours to give
+    try:
+        ray.init(address="local", **options)
+    finally:
+        setup_log.setLevel(level)
+    log.info("private Ray cluster with token authentication (RAY_AUTH_MODE=%s)", os.environ.get("RAY_AUTH_MODE"))
 
 
 def _resolve_auto(address: str) -> str:
