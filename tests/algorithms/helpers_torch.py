@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -11,21 +10,23 @@ from algorithms_reference import Case
 from pydantic import ValidationError
 
 from telescope.core.algorithms.base import LossInputs
+from telescope.core.config import TelescopeConfig
 from telescope.core.testing import make_config
 
 
-def config_for(case: Case, **extra: Any) -> Any:
-    """A real ``TelescopeConfig`` carrying the case's loss fields.
+def config_for(case: Case, **extra: Any) -> TelescopeConfig:
+    """A ``TelescopeConfig`` carrying the case's loss fields.
 
-    Combinations the config model rejects (TIS + PPO clip against rollout logprobs) come back
-    as a namespace holding the same fields, so the loss's own refusal can be tested.
+    Combinations the config model rejects (TIS + PPO clip against rollout logprobs) are set
+    on a valid config without validation (``model_copy(update=...)``), as a config that got
+    past the checks would arrive, so the loss's own refusal can be tested.
     """
     fields = {k: getattr(case, k) for k in Case.__dataclass_fields__}
     fields.update(extra)
     try:
         return make_config(**fields)
     except ValidationError:
-        return SimpleNamespace(**{**make_config().model_dump(), **fields})
+        return make_config().model_copy(update=fields)
 
 
 def loss_inputs(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_helpers import make_samples, tiny_config
+from fsdp_helpers import make_samples, spawned_rank, tiny_config
 
 __all__ = ["make_backend", "resume_config", "run_steps", "weights"]
 
@@ -61,19 +61,8 @@ def two_rank_resume_worker(rank: int, world_size: int, port: int, cfg_json: str,
     import torch.distributed as dist
 
     from telescope.core.checkpoint import CheckpointManager
-    from telescope.core.config import TelescopeConfig
 
-    os.environ.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-        }
-    )
-    torch.set_num_threads(1)
-    cfg = TelescopeConfig.model_validate_json(cfg_json)
+    cfg = spawned_rank(rank, world_size, port, cfg_json)
     backend = make_backend(cfg)
     first = run_steps(backend, cfg, range(0, 2))
     torch.manual_seed(1000 + rank)  # distinct per-rank RNG streams

@@ -26,7 +26,9 @@ from telescope.core.checkpoint.convert import (  # noqa: E402
     match_config_dtype,
     parse_size,
     plan_shards,
+    shard_file_names,
     stored_float_dtype,
+    write_safetensors_shards,
 )
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
@@ -253,3 +255,36 @@ def test_parse_size_errors_and_shard_plan() -> None:
     sizes = [("a", 4), ("b", 4), ("c", 9), ("d", 1), ("e", 3)]
     assert plan_shards(sizes, 8) == [["a", "b"], ["c"], ["d", "e"]]  # an oversize tensor stands alone
     assert plan_shards(sizes, 100) == [["a", "b", "c", "d", "e"]]
+
+
+def test_safetensors_shards_are_written_one_file_at_a_time_with_an_index(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = {
+        name: torch.full((n,), float(i), dtype=torch.float32)
+        for i, (name, n) in enumerate([("a", 1), ("b", 1), ("c", 3), ("d", 1)])
+    }
+    sizes = [(name, t.numel() * 4) for name, t in tensors.items()]
+    reads: list[list[str]] = []
+
+    def read(names: list[str]) -> dict[str, Any]:
+        reads.append(names)
+        return {n: tensors[n] for n in names}
+
+    write_safetensors_shards(tmp_path, sizes, 8, read)
+    files = shard_file_names(3)
+    assert files == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert reads == [["a", "b"], ["c"], ["d"]]  # one shard in memory at a time
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert index == {
+        "metadata": {"total_size": 24},
+        "weight_map": {"a": files[0], "b": files[0], "c": files[1], "d": files[2]},
+    }
+    for name, file in index["weight_map"].items():
+        assert torch.equal(load_file(str(tmp_path / file))[name], tensors[name])
+
+    single = tmp_path / "single"
+    single.mkdir()
+    write_safetensors_shards(single, sizes, 100, read)
+    assert shard_file_names(1) == ["model.safetensors"]
+    assert sorted(p.name for p in single.iterdir()) == ["model.safetensors"]  # one file: no index

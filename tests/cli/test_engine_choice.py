@@ -136,3 +136,17 @@ def test_tracing_is_dropped_with_a_warning_without_its_packages(
     assert "tracing disabled" in caplog.text and INSTALL in caplog.text
     assert any("enable_vllm_tracing: tracing disabled" in n for n in auto.startup_notes(cfg, "vllm"))
     assert not any("tracing" in n for n in auto.startup_notes(cfg, "transformers"))
+
+
+def test_a_runtime_that_fails_to_import_is_reported_with_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    _no_vllm(monkeypatch, gpu=False)
+    monkeypatch.setitem(sys.modules, "telescope.core.runtime", None)  # its import raises ModuleNotFoundError
+    result = runner.invoke(app, ["train", _run_yaml(tmp_path)])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "training failed: ModuleNotFoundError" in text and "telescope.core.runtime" in text, text
+    assert "not part of this release" not in text

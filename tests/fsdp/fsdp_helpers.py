@@ -100,6 +100,25 @@ def distributed_worker(
     import torch
     import torch.distributed as dist
 
+    cfg = spawned_rank(rank, world_size, port, cfg_json)
+    result = train_and_record(cfg, batches)
+    # same run again, reducing gradients only after each minibatch's last row
+    result["deferred_sync"] = train_and_record(cfg, batches, sync_gradients_every_micro_batch=False)
+    torch.save(result, f"{out_dir}/rank{rank}.pt")
+    dist.barrier()  # every rank is past its last collective and has written its results
+    # End without interpreter teardown: a spawned rank's exit intermittently aborts in torch's C++
+    # threads ("terminate called without an active exception", SIGABRT) after all work is done.
+    os._exit(0)
+
+
+def spawned_rank(rank: int, world_size: int, port: int, cfg_json: str) -> Any:
+    """In a ``torch.multiprocessing.spawn`` worker: set the env of rank ``rank`` of a local
+    ``world_size`` group on ``port`` (what ``init_process_group`` reads) and one torch thread;
+    returns the run config the parent sent as JSON."""
+    import os
+
+    import torch
+
     from telescope.core.config import TelescopeConfig
 
     os.environ.update(
@@ -112,12 +131,4 @@ def distributed_worker(
         }
     )
     torch.set_num_threads(1)
-    cfg = TelescopeConfig.model_validate_json(cfg_json)
-    result = train_and_record(cfg, batches)
-    # same run again, reducing gradients only after each minibatch's last row
-    result["deferred_sync"] = train_and_record(cfg, batches, sync_gradients_every_micro_batch=False)
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
-    dist.barrier()  # every rank is past its last collective and has written its results
-    # End without interpreter teardown: a spawned rank's exit intermittently aborts in torch's C++
-    # threads ("terminate called without an active exception", SIGABRT) after all work is done.
-    os._exit(0)
+    return TelescopeConfig.model_validate_json(cfg_json)

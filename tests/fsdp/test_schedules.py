@@ -40,10 +40,10 @@ def test_cosine_values() -> None:
 
 
 def test_from_config_and_bad_values() -> None:
-    from types import SimpleNamespace
+    from telescope.core.testing import make_config
 
     sched = LRSchedule.from_config(
-        SimpleNamespace(lr_scheduler="linear", warmup_steps=0, number_of_steps=3, min_lr_ratio=0.0)
+        make_config(lr_scheduler="linear", warmup_steps=0, number_of_steps=3, min_lr_ratio=0.0)
     )
     assert [sched(s) for s in range(3)] == [1.0, 0.5, 0.0]
     with pytest.raises(ValueError, match="lr_scheduler must be one of"):

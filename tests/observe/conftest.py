@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,15 @@ def synthetic_run(tmp_path: Path, cfg: Any) -> Path:
 @pytest.fixture
 def make_rows():
     return synthetic_rows
+
+
+@pytest.fixture
+def otlp_json() -> Callable[..., dict[str, Any]]:
+    """``otlp_json((key, value_type, value), ...)``: an OTLP/JSON export of one ``llm_request`` span
+    with those attributes (value_type: ``stringValue``, ``doubleValue``, ``intValue``)."""
+
+    def build(*attributes: tuple[str, str, Any]) -> dict[str, Any]:
+        span = {"name": "llm_request", "attributes": [{"key": k, "value": {t: v}} for k, t, v in attributes]}
+        return {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
+
+    return build

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from telescope.core.config import ConfigError, load_config
+from telescope.core.config import ConfigError, TelescopeConfig, load_config
 from telescope.core.observe import SCHEMA_VERSION, TimelineEvent
 from telescope.core.observe.loggers.tables import ROLLOUT_TABLE_COLUMNS
 from telescope.core.testing import make_config, registry_with
@@ -45,15 +45,19 @@ def _artifact(client: MlflowClient, run_id: str, path: str) -> str:
     return Path(client.download_artifacts(run_id, path)).read_text()
 
 
-def _run(run_dir: Path, status: str, make_rows, clock) -> MlflowLogger:
-    cfg = make_config(
+def _cfg(**overrides: Any) -> TelescopeConfig:
+    """The MLflow tests' run config: MLflow on, W&B off, run "ml", a nested backend kwarg."""
+    return make_config(
         use_mlflow=True,
         use_wandb=False,
         wandb_run_name="ml",
-        learning_rate=5e-7,
         train_backend_kwargs={"opt": {"eps": 1e-8}},
-        metrics_logger_interval_seconds=2.0,
+        **overrides,
     )
+
+
+def _run(run_dir: Path, status: str, make_rows, clock) -> MlflowLogger:
+    cfg = _cfg(learning_rate=5e-7, metrics_logger_interval_seconds=2.0)
     component = registry_with()[1].get("logger", "mlflow")  # the built-in registration
     assert component.meta["enabled_by"] == "use_mlflow" and component.available
     lg = component.create(clock=clock)
@@ -195,13 +199,7 @@ def test_a_failed_send_is_raised_to_the_tick_thread_and_the_run_still_ends(tmp_p
 
 def test_resume_continues_the_same_run(tmp_path: Path, make_rows, clock) -> None:
     first = _run(tmp_path, "interrupted", make_rows, clock)
-    cfg = make_config(
-        use_mlflow=True,
-        use_wandb=False,
-        wandb_run_name="ml",
-        learning_rate=1e-6,
-        train_backend_kwargs={"opt": {"eps": 1e-8}},
-    )
+    cfg = _cfg(learning_rate=1e-6)
     second = MlflowLogger(clock=clock)
     second.start(cfg, tmp_path, first.run_ids())
     assert second.run_id == first.run_id

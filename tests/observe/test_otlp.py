@@ -9,6 +9,8 @@ import struct
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -92,7 +94,7 @@ def _post(port: int, body: bytes, ctype: str, encoding: str = "") -> int:
         return int(exc.code)
 
 
-def test_receiver_over_http_protobuf_gzip_json_and_lookup() -> None:
+def test_receiver_over_http_protobuf_gzip_json_and_lookup(otlp_json: Callable[..., dict[str, Any]]) -> None:
     rx = OtlpReceiver(port=0)
     rx.start()
     try:
@@ -103,29 +105,11 @@ def test_receiver_over_http_protobuf_gzip_json_and_lookup() -> None:
             "e2e_latency": 1.5,
             "max_tokens": 512.0,
         }
-        doc = {
-            "resourceSpans": [
-                {
-                    "scopeSpans": [
-                        {
-                            "spans": [
-                                {
-                                    "name": "llm_request",
-                                    "attributes": [
-                                        {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-7"}},
-                                        {
-                                            "key": "gen_ai.latency.time_in_model_decode",
-                                            "value": {"doubleValue": 0.5},
-                                        },
-                                        {"key": "gen_ai.request.max_tokens", "value": {"intValue": "64"}},
-                                    ],
-                                }
-                            ]
-                        }
-                    ]
-                }
-            ]
-        }
+        doc = otlp_json(
+            ("gen_ai.request.id", "stringValue", "cmpl-7"),
+            ("gen_ai.latency.time_in_model_decode", "doubleValue", 0.5),
+            ("gen_ai.request.max_tokens", "intValue", "64"),
+        )
         assert _post(rx.port, json.dumps(doc).encode(), "application/json") == 200
         assert rx.timings("cmpl-7") == {"decode_time": 0.5, "max_tokens": 64.0}
         assert _post(rx.port, b"\xff\xff", "application/x-protobuf") == 400 and rx.bad_requests == 1

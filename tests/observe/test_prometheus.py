@@ -79,3 +79,34 @@ def test_scrape_into_the_run_directory(tmp_path: Path) -> None:
     assert hub._scrapers[0].errors[1] >= 1  # the unreachable server is counted, not fatal
     with pytest.raises(ValueError, match="must be > 0"):
         PrometheusScraper({}, print, interval_s=0)
+
+
+def test_one_parser_for_both_engines_metrics() -> None:
+    from telescope.core.inference import client
+
+    assert client.parse_prometheus is parse_prometheus  # InferenceClient.metrics parses with it too
+
+
+def test_the_value_is_the_field_after_the_labels_not_a_timestamp() -> None:
+    text = (
+        'vllm:num_requests_running{model_name="my model"} 2.0 1700000000000\n'  # a space in a label value
+        "vllm:num_requests_waiting 1 1700000000000\n"
+        'vllm:request_latency{quantile="0.5"} NaN\n'  # an empty summary: skipped, not summed
+        "  vllm:kv_cache_usage_perc 0.5  \n"
+    )
+    assert parse_prometheus(text) == {
+        "vllm:num_requests_running": 2.0,
+        "vllm:num_requests_waiting": 1.0,
+        "vllm:kv_cache_usage_perc": 0.5,
+    }
+
+
+def test_the_clients_metrics_strip_either_engines_prefix() -> None:
+    from telescope.core.inference.client import engine_metrics
+
+    # What the transformers engine's /metrics writes (inference/transformers_engine/app.py) ...
+    transformers = 'telescope:num_requests_running{model_name="m"} 1.0\ntelescope:generation_tokens_total{model_name="m"} 42.0\n'
+    assert engine_metrics(transformers) == {"num_requests_running": 1.0, "generation_tokens_total": 42.0}
+    # ... and vLLM's: series summed over label sets, the vllm: prefix gone.
+    assert engine_metrics(EXPOSITION)["num_requests_running"] == 5.0
+    assert engine_metrics(EXPOSITION)["process_start_time_seconds"] == 1.7e9

@@ -9,6 +9,7 @@ import time
 import types
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,9 @@ def _post_json(port: int, doc: dict[str, Any]) -> int:
         return int(resp.status)
 
 
-def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(tmp_path: Path) -> None:
+def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(
+    tmp_path: Path, otlp_json: Callable[..., dict[str, Any]]
+) -> None:
     off = LoggerHub([LocalLogger()])
     off.start(
         make_config(use_wandb=False, enable_vllm_tracing=False),
@@ -172,28 +175,10 @@ def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(tmp_pa
     hub.start(cfg, tmp_path / "on", system_metrics=False, ticker=False)
     receiver = hub.add_otlp_receiver()
     assert receiver.port == port
-    doc = {
-        "resourceSpans": [
-            {
-                "scopeSpans": [
-                    {
-                        "spans": [
-                            {
-                                "name": "llm_request",
-                                "attributes": [
-                                    {"key": "gen_ai.request.id", "value": {"stringValue": "cmpl-9-0"}},
-                                    {
-                                        "key": "gen_ai.latency.time_to_first_token",
-                                        "value": {"doubleValue": 0.125},
-                                    },
-                                ],
-                            }
-                        ]
-                    }
-                ]
-            }
-        ]
-    }
+    doc = otlp_json(
+        ("gen_ai.request.id", "stringValue", "cmpl-9-0"),
+        ("gen_ai.latency.time_to_first_token", "doubleValue", 0.125),
+    )
     assert _post_json(port, doc) == 200
     assert receiver.timings("cmpl-9") == {"ttft": 0.125}
     hub.finish("finished")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from telescope.core.cluster.addresses import DRIVER_ADDRESS_ENV, driver_host_from, reach_host, reachable_url
+from telescope.core.cluster.addresses import (
+    DRIVER_ADDRESS_ENV,
+    driver_host_from,
+    is_loopback,
+    reach_host,
+    reachable_url,
+)
 from telescope.core.runtime.ray_group import rendezvous_host
 
 
@@ -28,6 +34,34 @@ def test_a_loopback_server_on_another_node_is_an_error_naming_inference_host() -
         ValueError, match=r"listens on loopback only \(inference_host: 127.0.0.1\).*inference_host: 0.0.0.0"
     ):
         reachable_url("http://127.0.0.1:8100", "10.0.0.7", "10.0.0.5", bound_host="127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        # What reachable_url is given: URL host names and inference_host.
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),  # Debian's hostname entry
+        ("::1", True),
+        ("0:0:0:0:0:0:0:1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.0.0.7", False),
+        ("", False),
+        # What `telescope ui --host` is given: the same question (is this bind private to the machine).
+        ("::", False),
+        ("192.168.1.4", False),
+        ("example.org", False),
+        ("127.example.org", False),  # a host name, not an address: it may resolve anywhere
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_a_server_named_by_a_127_host_name_on_another_node_keeps_its_url() -> None:
+    url = "http://127.example.org:8100"
+    assert reachable_url(url, "10.0.0.7", "10.0.0.5", bound_host="0.0.0.0") == url
 
 
 def test_driver_host_for_traces(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 from fakes import FakeClient, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
 
+from telescope.core.evals.aggregate import EvalResult
 from telescope.core.runtime.eval_control import EvalController
-
-
-@dataclass
-class Result:
-    name: str
-    step: int
-    metrics: dict[str, float]
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class FakeEvalRunner:
@@ -33,10 +25,10 @@ class FakeEvalRunner:
     def due(self, step: int) -> list[Any]:
         return [e for e in self.cfg.evals if step % e.eval_every == 0]
 
-    async def run(self, entries: list[Any], clients: list[Any], step: int) -> list[Result]:
+    async def run(self, entries: list[Any], clients: list[Any], step: int) -> list[EvalResult]:
         self.calls.append((step, [e.name for e in entries], [c.index for c in clients]))
         await asyncio.sleep(self.seconds)
-        return [Result(e.name, step, {"score": float(step)}) for e in entries]
+        return [EvalResult(e.name, step, {"score": float(step)}) for e in entries]
 
 
 def make(

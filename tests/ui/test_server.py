@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from ui_runs import step_rows, write_run
 
-from telescope.cli.commands.ui import is_loopback
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread, plotly_js_path
+from telescope.core.cluster.addresses import is_loopback
 
 
 @pytest.fixture

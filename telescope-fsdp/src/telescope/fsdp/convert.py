@@ -4,7 +4,8 @@ Only the ``model.*`` tensors of the DCP files are read, one output shard at a ti
 stays near one shard), without a process group (``no_dist``). Names are already HF names;
 dtypes are kept. When the config ties the input and output embeddings ``lm_head.weight`` is
 dropped (safetensors refuses shared storage and ``from_pretrained`` re-ties it). The generic
-steps (atomic output, hf_meta, config dtype) are ``telescope.core.checkpoint.convert``'s.
+steps (shard files and index, atomic output, hf_meta, config dtype) are
+``telescope.core.checkpoint.convert``'s.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from telescope.core.checkpoint.convert import ConversionError, plan_shards
+from telescope.core.checkpoint.convert import ConversionError, write_safetensors_shards
 from telescope.core.checkpoint.layout import HF_META_DIR
 
 __all__ = ["model_tensor_specs", "write_hf_weights"]
@@ -52,33 +53,28 @@ def model_tensor_specs(src: Path) -> list[tuple[str, str, Any]]:
 
 def write_hf_weights(src: Path, out: Path, limit: int) -> None:
     """Write ``src``'s model tensors as safetensors shards of at most ``limit`` bytes into ``out``."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint import FileSystemReader
-
     specs = model_tensor_specs(src)
     if _ties_embeddings(src / HF_META_DIR) and any(name != "lm_head.weight" for name, _, _ in specs):
         specs = [s for s in specs if s[0] != "lm_head.weight"]
     by_name = {name: (key, md) for name, key, md in specs}
-    nbytes = {name: md.size.numel() * _itemsize(md.properties.dtype) for name, (_, md) in by_name.items()}
-    shards = plan_shards(list(nbytes.items()), limit)
-    files = ["model.safetensors"] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
-    ]  # fmt: skip
-    weight_map = {}
-    for names, file in zip(shards, files, strict=True):
-        flat = {by_name[n][0]: torch.empty(tuple(by_name[n][1].size), dtype=by_name[n][1].properties.dtype)
-                for n in names}  # fmt: skip
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            dcp.load(flat, storage_reader=FileSystemReader(str(src)), no_dist=True)
-        save_file({n: flat[by_name[n][0]] for n in names}, str(out / file), metadata={"format": "pt"})
-        weight_map.update({n: file for n in names})
-        del flat
-    if len(files) > 1:
-        index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    nbytes = [(name, md.size.numel() * _itemsize(md.properties.dtype)) for name, (_, md) in by_name.items()]
+    write_safetensors_shards(out, nbytes, limit, lambda names: _read_tensors(src, by_name, names))
+
+
+def _read_tensors(src: Path, by_name: dict[str, tuple[str, Any]], names: list[str]) -> dict[str, Any]:
+    """``{hf name: tensor}`` of ``names``, read from the DCP files without a process group."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    flat = {
+        by_name[n][0]: torch.empty(tuple(by_name[n][1].size), dtype=by_name[n][1].properties.dtype)
+        for n in names
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.load(flat, storage_reader=FileSystemReader(str(src)), no_dist=True)
+    return {n: flat[by_name[n][0]] for n in names}
 
 
 def _itemsize(dtype: Any) -> int:

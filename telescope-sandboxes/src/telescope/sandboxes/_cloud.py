@@ -1,14 +1,82 @@
-"""What the cloud providers share: explicit-setting checks, output capping, error mapping."""
+"""What the cloud providers share: the kwargs base models, the provider base class (SDK import,
+credential, SDK errors mapped to ours), explicit-setting checks and output capping."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
 
-from telescope.core.sandbox import ExecResult, SandboxConfig, SandboxConfigError, SandboxError
+from pydantic import BaseModel, ConfigDict
+
+from telescope.core.sandbox import (
+    ExecResult,
+    SandboxConfig,
+    SandboxConfigError,
+    SandboxError,
+    SandboxProvider,
+    import_sdk,
+    require_credential,
+)
 from telescope.core.sandbox.errors import classify_provider_error
 
-__all__ = ["capped_result", "explicit", "map_sdk_error", "reject_explicit", "whole"]
+__all__ = [
+    "CloudKwargs",
+    "CloudSandboxProvider",
+    "KeyedCloudKwargs",
+    "capped_result",
+    "explicit",
+    "map_sdk_error",
+    "reject_explicit",
+    "whole",
+]
+
+
+class CloudKwargs(BaseModel):
+    """Base of a cloud provider's kwargs model: unknown keys are errors, fields documented below them."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class KeyedCloudKwargs(CloudKwargs):
+    """Kwargs of a provider that authenticates with an API key."""
+
+    api_key: str | None = None
+    """API key; None: the provider's environment variable (named in its kwargs' description)."""
+
+
+class CloudSandboxProvider(SandboxProvider):
+    """Base of the cloud providers: imports the SDK, resolves the API key, maps SDK errors to ours.
+
+    A subclass sets ``name`` and, when it authenticates with a key, ``credential_env`` (the
+    environment variables read when ``kwargs.api_key`` is None); ``sdk_errors`` names the SDK's
+    exception classes that mean one of our errors; ``mapped_errors`` wraps each SDK call.
+    """
+
+    #: Environment variables holding the API key, first found wins; () = no key (e.g. Modal's tokens).
+    credential_env: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, kwargs: Any, *, sdk: str, pip_name: str, extra: str) -> None:
+        self.kwargs = kwargs
+        self.sdk = import_sdk(sdk, provider=self.name, pip_name=pip_name, extra=extra)
+        self.api_key: str | None = None
+        if self.credential_env:
+            self.api_key = require_credential(kwargs.api_key, self.credential_env, provider=self.name)
+
+    def sdk_errors(self) -> dict[type[BaseException], type[SandboxError]]:
+        """SDK exception class -> our error (first match wins); others are classified by message."""
+        return {}
+
+    @contextlib.contextmanager
+    def mapped_errors(self, sandbox_id: str | None, action: str) -> Iterator[None]:
+        """Re-raise an exception of the SDK call inside as our ``SandboxError`` (chained)."""
+        try:
+            yield
+        except Exception as exc:
+            raise map_sdk_error(
+                exc, self.sdk_errors(), provider=self.name, sandbox_id=sandbox_id, action=action
+            ) from exc
 
 
 def explicit(config: SandboxConfig, field: str) -> bool:

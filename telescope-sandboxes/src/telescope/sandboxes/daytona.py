@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from telescope.core.sandbox import (
     ExecResult,
     SandboxAuthError,
@@ -19,24 +17,23 @@ from telescope.core.sandbox import (
     SandboxError,
     SandboxHandle,
     SandboxNotRunningError,
-    SandboxProvider,
-    import_sdk,
-    require_credential,
 )
-from telescope.sandboxes._cloud import capped_result, map_sdk_error, reject_explicit, whole
+from telescope.sandboxes._cloud import (
+    CloudSandboxProvider,
+    KeyedCloudKwargs,
+    capped_result,
+    reject_explicit,
+    whole,
+)
 
 __all__ = ["DaytonaSandboxKwargs", "DaytonaSandboxProvider", "create_daytona_provider"]
 
 _PROVIDER = "daytona"
 
 
-class DaytonaSandboxKwargs(BaseModel):
-    """Settings of the ``daytona`` provider."""
+class DaytonaSandboxKwargs(KeyedCloudKwargs):
+    """Settings of the ``daytona`` provider (``api_key`` None: ``DAYTONA_API_KEY``, or ``DAYTONA_JWT_TOKEN``)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    api_key: str | None = None
-    """Daytona API key; None: ``DAYTONA_API_KEY`` (or ``DAYTONA_JWT_TOKEN``)."""
     api_url: str | None = None
     """API URL; None: the SDK default (or ``DAYTONA_API_URL``)."""
     target: str | None = None
@@ -47,17 +44,15 @@ class DaytonaSandboxKwargs(BaseModel):
     """How long sandbox creation may take."""
 
 
-class DaytonaSandboxProvider(SandboxProvider):
+class DaytonaSandboxProvider(CloudSandboxProvider):
     """Sandboxes on Daytona."""
 
     name = _PROVIDER
+    credential_env = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN")
+    kwargs: DaytonaSandboxKwargs
 
     def __init__(self, kwargs: DaytonaSandboxKwargs | None = None) -> None:
-        self.kwargs = kwargs or DaytonaSandboxKwargs()
-        self.sdk = import_sdk("daytona", provider=_PROVIDER, pip_name="daytona", extra="daytona")
-        self.api_key = require_credential(
-            self.kwargs.api_key, ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN"), provider=_PROVIDER
-        )
+        super().__init__(kwargs or DaytonaSandboxKwargs(), sdk="daytona", pip_name="daytona", extra="daytona")
         self._client: Any = None
 
     def _config(self) -> Any:
@@ -77,12 +72,11 @@ class DaytonaSandboxProvider(SandboxProvider):
         whole(config.memory_mb, provider=_PROVIDER, field="memory_mb", unit="GiB", per=1024)
         whole(config.disk_size_gb, provider=_PROVIDER, field="disk_size_gb", unit="GiB")
 
-    def _map(self, exc: BaseException, handle_id: str | None, action: str) -> SandboxError:
-        mapping: dict[type[BaseException], type[SandboxError]] = {
+    def sdk_errors(self) -> dict[type[BaseException], type[SandboxError]]:
+        return {
             self.sdk.DaytonaAuthenticationError: SandboxAuthError,
             self.sdk.DaytonaNotFoundError: SandboxNotRunningError,
         }
-        return map_sdk_error(exc, mapping, provider=_PROVIDER, sandbox_id=handle_id, action=action)
 
     def _params(self, config: SandboxConfig) -> Any:
         resources = self.sdk.Resources(
@@ -102,37 +96,30 @@ class DaytonaSandboxProvider(SandboxProvider):
         )
 
     async def _create(self, config: SandboxConfig) -> SandboxHandle:
-        try:
+        with self.mapped_errors(None, "creating a sandbox"):
             sandbox = await self.client().create(self._params(config), timeout=self.kwargs.create_timeout_s)
-        except Exception as exc:
-            raise self._map(exc, None, "creating a sandbox") from exc
         return SandboxHandle(sandbox.id, self.name, config, native=sandbox)
 
     async def _execute(
         self, handle: SandboxHandle, command: str, timeout: float, working_dir: str | None
     ) -> ExecResult:
         cap = handle.config.max_output_bytes
-        try:
-            response = await handle.native.process.exec(
-                command, cwd=working_dir, timeout=max(1, math.ceil(timeout))
-            )
-        except self.sdk.DaytonaTimeoutError:
-            return capped_result(None, "", "", cap, timed_out=True)
-        except Exception as exc:
-            raise self._map(exc, handle.id, "running a command") from exc
+        with self.mapped_errors(handle.id, "running a command"):
+            try:
+                response = await handle.native.process.exec(
+                    command, cwd=working_dir, timeout=max(1, math.ceil(timeout))
+                )
+            except self.sdk.DaytonaTimeoutError:
+                return capped_result(None, "", "", cap, timed_out=True)
         return capped_result(response.exit_code, response.result, "", cap)
 
     async def _upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
-        try:
+        with self.mapped_errors(handle.id, f"uploading {remote_path}"):
             await handle.native.fs.upload_file(content, remote_path)
-        except Exception as exc:
-            raise self._map(exc, handle.id, f"uploading {remote_path}") from exc
 
     async def _destroy(self, handle: SandboxHandle) -> None:
-        try:
+        with self.mapped_errors(handle.id, "destroying the sandbox"):
             await self.client().delete(handle.native)
-        except Exception as exc:
-            raise self._map(exc, handle.id, "destroying the sandbox") from exc
 
     def _destroy_sync(self, handle: SandboxHandle) -> None:
         client = self.sdk.Daytona(self._config())

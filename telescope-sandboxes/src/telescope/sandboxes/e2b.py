@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from telescope.core.sandbox import (
     ExecResult,
     SandboxAuthError,
@@ -18,24 +16,17 @@ from telescope.core.sandbox import (
     SandboxHandle,
     SandboxImagePullError,
     SandboxNotRunningError,
-    SandboxProvider,
-    import_sdk,
-    require_credential,
 )
-from telescope.sandboxes._cloud import capped_result, map_sdk_error, reject_explicit
+from telescope.sandboxes._cloud import CloudSandboxProvider, KeyedCloudKwargs, capped_result, reject_explicit
 
 __all__ = ["E2BSandboxKwargs", "E2BSandboxProvider", "create_e2b_provider"]
 
 _PROVIDER = "e2b"
 
 
-class E2BSandboxKwargs(BaseModel):
-    """Settings of the ``e2b`` provider."""
+class E2BSandboxKwargs(KeyedCloudKwargs):
+    """Settings of the ``e2b`` provider (``api_key`` None: the ``E2B_API_KEY`` environment variable)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    api_key: str | None = None
-    """E2B API key; None: the ``E2B_API_KEY`` environment variable."""
     template: str | None = None
     """Template name or ID; None: ``SandboxConfig.image`` if set, else E2B's base template."""
     domain: str | None = None
@@ -44,15 +35,15 @@ class E2BSandboxKwargs(BaseModel):
     """Timeout of each API request (not of commands)."""
 
 
-class E2BSandboxProvider(SandboxProvider):
+class E2BSandboxProvider(CloudSandboxProvider):
     """Sandboxes on E2B."""
 
     name = _PROVIDER
+    credential_env = ("E2B_API_KEY",)
+    kwargs: E2BSandboxKwargs
 
     def __init__(self, kwargs: E2BSandboxKwargs | None = None) -> None:
-        self.kwargs = kwargs or E2BSandboxKwargs()
-        self.sdk = import_sdk("e2b", provider=_PROVIDER, pip_name="e2b", extra="e2b")
-        self.api_key = require_credential(self.kwargs.api_key, ("E2B_API_KEY",), provider=_PROVIDER)
+        super().__init__(kwargs or E2BSandboxKwargs(), sdk="e2b", pip_name="e2b", extra="e2b")
 
     def check_config(self, config: SandboxConfig) -> None:
         reject_explicit(
@@ -63,7 +54,7 @@ class E2BSandboxProvider(SandboxProvider):
         )
         reject_explicit(config, _PROVIDER, ("gpu_count",), "E2B offers no GPUs")
 
-    def _errors(self) -> dict[type[BaseException], type[SandboxError]]:
+    def sdk_errors(self) -> dict[type[BaseException], type[SandboxError]]:
         sdk = self.sdk
         return {
             sdk.AuthenticationException: SandboxAuthError,
@@ -71,9 +62,6 @@ class E2BSandboxProvider(SandboxProvider):
             sdk.NotFoundException: SandboxNotRunningError,
             sdk.TemplateException: SandboxImagePullError,
         }
-
-    def _map(self, exc: BaseException, handle_id: str | None, action: str) -> SandboxError:
-        return map_sdk_error(exc, self._errors(), provider=_PROVIDER, sandbox_id=handle_id, action=action)
 
     def _opts(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"api_key": self.api_key, "request_timeout": self.kwargs.request_timeout_s}
@@ -85,7 +73,7 @@ class E2BSandboxProvider(SandboxProvider):
         metadata = dict(config.labels)
         if config.name:
             metadata["name"] = config.name
-        try:
+        with self.mapped_errors(None, "creating a sandbox"):
             sandbox = await self.sdk.AsyncSandbox.create(
                 template=self.kwargs.template or config.image or None,
                 timeout=config.timeout_seconds,
@@ -94,35 +82,28 @@ class E2BSandboxProvider(SandboxProvider):
                 allow_internet_access=config.network_access,
                 **self._opts(),
             )
-        except Exception as exc:
-            raise self._map(exc, None, "creating a sandbox") from exc
         return SandboxHandle(sandbox.sandbox_id, self.name, config, native=sandbox)
 
     async def _execute(
         self, handle: SandboxHandle, command: str, timeout: float, working_dir: str | None
     ) -> ExecResult:
         cap = handle.config.max_output_bytes
-        try:
-            result = await handle.native.commands.run(command, cwd=working_dir, timeout=timeout)
-        except self.sdk.CommandExitException as exc:  # non-zero exit: a result, not an error
-            return capped_result(exc.exit_code, exc.stdout, exc.stderr, cap)
-        except self.sdk.TimeoutException:
-            return capped_result(None, "", "", cap, timed_out=True)
-        except Exception as exc:
-            raise self._map(exc, handle.id, "running a command") from exc
+        with self.mapped_errors(handle.id, "running a command"):
+            try:
+                result = await handle.native.commands.run(command, cwd=working_dir, timeout=timeout)
+            except self.sdk.CommandExitException as exc:  # non-zero exit: a result, not an error
+                return capped_result(exc.exit_code, exc.stdout, exc.stderr, cap)
+            except self.sdk.TimeoutException:
+                return capped_result(None, "", "", cap, timed_out=True)
         return capped_result(result.exit_code, result.stdout, result.stderr, cap)
 
     async def _upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
-        try:
+        with self.mapped_errors(handle.id, f"uploading {remote_path}"):
             await handle.native.files.write(remote_path, content)
-        except Exception as exc:
-            raise self._map(exc, handle.id, f"uploading {remote_path}") from exc
 
     async def _destroy(self, handle: SandboxHandle) -> None:
-        try:
+        with self.mapped_errors(handle.id, "destroying the sandbox"):
             await handle.native.kill()
-        except Exception as exc:
-            raise self._map(exc, handle.id, "destroying the sandbox") from exc
 
     def _destroy_sync(self, handle: SandboxHandle) -> None:
         self.sdk.Sandbox.kill(handle.id, **self._opts())

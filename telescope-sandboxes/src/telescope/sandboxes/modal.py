@@ -12,8 +12,6 @@ import posixpath
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from telescope.core.sandbox import (
     ExecResult,
     SandboxAuthError,
@@ -23,20 +21,16 @@ from telescope.core.sandbox import (
     SandboxHandle,
     SandboxImagePullError,
     SandboxNotRunningError,
-    SandboxProvider,
-    import_sdk,
 )
-from telescope.sandboxes._cloud import capped_result, map_sdk_error, reject_explicit
+from telescope.sandboxes._cloud import CloudKwargs, CloudSandboxProvider, capped_result, reject_explicit
 
 __all__ = ["ModalSandboxKwargs", "ModalSandboxProvider", "create_modal_provider"]
 
 _PROVIDER = "modal"
 
 
-class ModalSandboxKwargs(BaseModel):
+class ModalSandboxKwargs(CloudKwargs):
     """Settings of the ``modal`` provider (credentials: ``modal token set`` or MODAL_TOKEN_ID/SECRET)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     app_name: str = "telescope-sandboxes"
     """Modal app the sandboxes belong to (created if missing)."""
@@ -48,14 +42,14 @@ class ModalSandboxKwargs(BaseModel):
     """Region to run in; None: Modal's choice."""
 
 
-class ModalSandboxProvider(SandboxProvider):
+class ModalSandboxProvider(CloudSandboxProvider):
     """Sandboxes on Modal."""
 
     name = _PROVIDER
+    kwargs: ModalSandboxKwargs
 
     def __init__(self, kwargs: ModalSandboxKwargs | None = None) -> None:
-        self.kwargs = kwargs or ModalSandboxKwargs()
-        self.sdk = import_sdk("modal", provider=_PROVIDER, pip_name="modal", extra="modal")
+        super().__init__(kwargs or ModalSandboxKwargs(), sdk="modal", pip_name="modal", extra="modal")
         self._app: Any = None
         has_env = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")
         if not has_env and not os.path.exists(os.path.expanduser("~/.modal.toml")):
@@ -73,15 +67,14 @@ class ModalSandboxProvider(SandboxProvider):
                 f"modal sandbox: gpu_count={config.gpu_count} needs gpu_type in the provider kwargs (e.g. 'A10G')"
             )
 
-    def _map(self, exc: BaseException, handle_id: str | None, action: str) -> SandboxError:
+    def sdk_errors(self) -> dict[type[BaseException], type[SandboxError]]:
         exc_mod = self.sdk.exception
-        mapping: dict[type[BaseException], type[SandboxError]] = {
+        return {
             exc_mod.AuthError: SandboxAuthError,
             exc_mod.NotFoundError: SandboxNotRunningError,
             exc_mod.SandboxTerminatedError: SandboxNotRunningError,
             exc_mod.ImageBuildError: SandboxImagePullError,
         }
-        return map_sdk_error(exc, mapping, provider=_PROVIDER, sandbox_id=handle_id, action=action)
 
     def _image(self, config: SandboxConfig) -> Any:
         if config.image:
@@ -90,7 +83,7 @@ class ModalSandboxProvider(SandboxProvider):
 
     async def _create(self, config: SandboxConfig) -> SandboxHandle:
         gpu = f"{self.kwargs.gpu_type}:{config.gpu_count}" if config.gpu_count else None
-        try:
+        with self.mapped_errors(None, "creating a sandbox"):
             if self._app is None:
                 self._app = await self.sdk.App.lookup.aio(self.kwargs.app_name, create_if_missing=True)
             sandbox = await self.sdk.Sandbox.create.aio(
@@ -106,48 +99,41 @@ class ModalSandboxProvider(SandboxProvider):
                 region=self.kwargs.region,
                 block_network=config.network_access is False,
             )
-        except Exception as exc:
-            raise self._map(exc, None, "creating a sandbox") from exc
         return SandboxHandle(sandbox.object_id, self.name, config, native=sandbox)
 
     async def _execute(
         self, handle: SandboxHandle, command: str, timeout: float, working_dir: str | None
     ) -> ExecResult:
         cap = handle.config.max_output_bytes
-        try:
-            proc = await handle.native.exec.aio(
-                "sh", "-c", command, timeout=max(1, round(timeout)), workdir=working_dir
-            )
-            exit_code = await proc.wait.aio()
-            stdout = await proc.stdout.read.aio()
-            stderr = await proc.stderr.read.aio()
-        except self.sdk.exception.ExecTimeoutError:
-            return capped_result(None, "", "", cap, timed_out=True)
-        except Exception as exc:
-            raise self._map(exc, handle.id, "running a command") from exc
+        with self.mapped_errors(handle.id, "running a command"):
+            try:
+                proc = await handle.native.exec.aio(
+                    "sh", "-c", command, timeout=max(1, round(timeout)), workdir=working_dir
+                )
+                exit_code = await proc.wait.aio()
+                stdout = await proc.stdout.read.aio()
+                stderr = await proc.stderr.read.aio()
+            except self.sdk.exception.ExecTimeoutError:
+                return capped_result(None, "", "", cap, timed_out=True)
         return capped_result(exit_code, stdout, stderr, cap)
 
     async def _upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
         parent = posixpath.dirname(remote_path) or "."
         script = f"mkdir -p {shlex.quote(parent)} && cat > {shlex.quote(remote_path)}"
-        try:
+        with self.mapped_errors(handle.id, f"uploading {remote_path}"):
             proc = await handle.native.exec.aio("sh", "-c", script, text=False)
             proc.stdin.write(content)
             proc.stdin.write_eof()
             await proc.stdin.drain.aio()
             exit_code = await proc.wait.aio()
-        except Exception as exc:
-            raise self._map(exc, handle.id, f"uploading {remote_path}") from exc
         if exit_code != 0:
             raise SandboxError(
                 f"modal: writing {remote_path} failed with exit code {exit_code}", sandbox_id=handle.id
             )
 
     async def _destroy(self, handle: SandboxHandle) -> None:
-        try:
+        with self.mapped_errors(handle.id, "destroying the sandbox"):
             await handle.native.terminate.aio()
-        except Exception as exc:
-            raise self._map(exc, handle.id, "destroying the sandbox") from exc
 
     def _destroy_sync(self, handle: SandboxHandle) -> None:
         self.sdk.Sandbox.from_id(handle.id).terminate()

@@ -13,7 +13,7 @@ import math
 import posixpath
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from telescope.core.sandbox import (
     ExecResult,
@@ -24,24 +24,23 @@ from telescope.core.sandbox import (
     SandboxImagePullError,
     SandboxNotRunningError,
     SandboxOOMError,
-    SandboxProvider,
-    import_sdk,
-    require_credential,
 )
-from telescope.sandboxes._cloud import capped_result, map_sdk_error, reject_explicit, whole
+from telescope.sandboxes._cloud import (
+    CloudSandboxProvider,
+    KeyedCloudKwargs,
+    capped_result,
+    reject_explicit,
+    whole,
+)
 
 __all__ = ["PrimeSandboxKwargs", "PrimeSandboxProvider", "create_prime_provider"]
 
 _PROVIDER = "prime"
 
 
-class PrimeSandboxKwargs(BaseModel):
-    """Settings of the ``prime`` provider."""
+class PrimeSandboxKwargs(KeyedCloudKwargs):
+    """Settings of the ``prime`` provider (``api_key`` None: the ``PRIME_API_KEY`` environment variable)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    api_key: str | None = None
-    """Prime Intellect API key; None: the ``PRIME_API_KEY`` environment variable."""
     default_image: str = "python:3.11-slim"
     """Docker image used when ``SandboxConfig.image`` is empty."""
     team_id: str | None = None
@@ -52,17 +51,17 @@ class PrimeSandboxKwargs(BaseModel):
     """Timeout of one file upload."""
 
 
-class PrimeSandboxProvider(SandboxProvider):
+class PrimeSandboxProvider(CloudSandboxProvider):
     """Sandboxes on Prime Intellect."""
 
     name = _PROVIDER
+    credential_env = ("PRIME_API_KEY",)
+    kwargs: PrimeSandboxKwargs
 
     def __init__(self, kwargs: PrimeSandboxKwargs | None = None) -> None:
-        self.kwargs = kwargs or PrimeSandboxKwargs()
-        self.sdk = import_sdk(
-            "prime_sandboxes", provider=_PROVIDER, pip_name="prime-sandboxes", extra="prime"
+        super().__init__(
+            kwargs or PrimeSandboxKwargs(), sdk="prime_sandboxes", pip_name="prime-sandboxes", extra="prime"
         )
-        self.api_key = require_credential(self.kwargs.api_key, ("PRIME_API_KEY",), provider=_PROVIDER)
         self._clients: dict[int, Any] = {}
 
     def client(self) -> Any:
@@ -81,15 +80,14 @@ class PrimeSandboxProvider(SandboxProvider):
         whole(config.disk_size_gb, provider=_PROVIDER, field="disk_size_gb", unit="GB")
         whole(config.timeout_seconds, provider=_PROVIDER, field="timeout_seconds", unit="minutes", per=60)
 
-    def _map(self, exc: BaseException, handle_id: str | None, action: str) -> SandboxError:
+    def sdk_errors(self) -> dict[type[BaseException], type[SandboxError]]:
         sdk = self.sdk
-        mapping: dict[type[BaseException], type[SandboxError]] = {
+        return {
             sdk.UnauthorizedError: SandboxAuthError,
             sdk.SandboxNotRunningError: SandboxNotRunningError,
             sdk.SandboxOOMError: SandboxOOMError,
             sdk.SandboxImagePullError: SandboxImagePullError,
         }
-        return map_sdk_error(exc, mapping, provider=_PROVIDER, sandbox_id=handle_id, action=action)
 
     def _start_command(self) -> Any:
         from prime_sandboxes.models import StartCommand
@@ -114,29 +112,26 @@ class PrimeSandboxProvider(SandboxProvider):
 
     async def _create(self, config: SandboxConfig) -> SandboxHandle:
         client = self.client()
-        try:
+        with self.mapped_errors(None, "creating a sandbox"):
             sandbox = await client.create(self._request(config))
             await client.wait_for_creation(sandbox.id)
-        except Exception as exc:
-            raise self._map(exc, None, "creating a sandbox") from exc
         return SandboxHandle(sandbox.id, self.name, config, native=sandbox)
 
     async def _execute(
         self, handle: SandboxHandle, command: str, timeout: float, working_dir: str | None
     ) -> ExecResult:
         cap = handle.config.max_output_bytes
-        try:
-            response = await self.client().execute_command(
-                handle.id, command, working_dir=working_dir, timeout=max(1, math.ceil(timeout))
-            )
-        except self.sdk.CommandTimeoutError:
-            return capped_result(None, "", "", cap, timed_out=True)
-        except Exception as exc:
-            raise self._map(exc, handle.id, "running a command") from exc
+        with self.mapped_errors(handle.id, "running a command"):
+            try:
+                response = await self.client().execute_command(
+                    handle.id, command, working_dir=working_dir, timeout=max(1, math.ceil(timeout))
+                )
+            except self.sdk.CommandTimeoutError:
+                return capped_result(None, "", "", cap, timed_out=True)
         return capped_result(response.exit_code, response.stdout, response.stderr, cap)
 
     async def _upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
-        try:
+        with self.mapped_errors(handle.id, f"uploading {remote_path}"):
             await self.client().upload_bytes(
                 handle.id,
                 remote_path,
@@ -144,14 +139,10 @@ class PrimeSandboxProvider(SandboxProvider):
                 posixpath.basename(remote_path),
                 timeout=self.kwargs.upload_timeout_s,
             )
-        except Exception as exc:
-            raise self._map(exc, handle.id, f"uploading {remote_path}") from exc
 
     async def _destroy(self, handle: SandboxHandle) -> None:
-        try:
+        with self.mapped_errors(handle.id, "destroying the sandbox"):
             await self.client().delete(handle.id)
-        except Exception as exc:
-            raise self._map(exc, handle.id, "destroying the sandbox") from exc
 
     def _destroy_sync(self, handle: SandboxHandle) -> None:
         self.sdk.SandboxClient(self.sdk.APIClient(api_key=self.api_key)).delete(handle.id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
@@ -12,6 +12,9 @@ from rich.markup import escape
 
 from telescope.cli.context import load_run
 from telescope.cli.errors import err_console, user_errors
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["check", "print_check_lines"]
 
@@ -24,7 +27,7 @@ def print_check_lines(lines: list[Any], width: int) -> int:
     return sum(not line.ok for line in lines)
 
 
-def _kwargs(text: str | None, cfg: Any, name: str, as_eval: bool) -> dict[str, Any]:
+def _kwargs(text: str | None, cfg: TelescopeConfig | None, name: str, as_eval: bool) -> dict[str, Any]:
     """``--kwargs`` (a YAML/JSON mapping), else the run config's entry for ``name``, else {}."""
     if text is not None:
         value = yaml.safe_load(text)

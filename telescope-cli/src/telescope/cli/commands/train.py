@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +50,22 @@ def train(
         say("note:", line, style="bold yellow")
     if dry_run:
         _dry_run(run)
-    try:
-        runtime = importlib.import_module("telescope.core.runtime")
-    except ModuleNotFoundError:
-        say(
-            "error:",
-            "the training runtime (orchestrator on Ray) is not part of this release yet; "
-            "the config above is valid but no training was run.",
-        )
-        raise typer.Exit(code=1) from None
     code = run_reporting_failures(
-        lambda: int(runtime.run_training(run.cfg, run.pset, run.registry) or 0),
+        lambda: _train(run),
         what="training",
         interrupted="every server and trainer process was stopped",
         logs=f"{cfg.resolved_run_dir}/logs",
         debug=debug,
     )
     raise typer.Exit(code=code)
+
+
+def _train(run: Any) -> int:
+    """Import the runtime and train: a failed import (ray or torch missing or broken) is reported as
+    ``training failed: <error>`` like any other failure, with its cause."""
+    from telescope.core.runtime import run_training
+
+    return int(run_training(run.cfg, run.pset, run.registry) or 0)
 
 
 def _dry_run(run: Any) -> None:

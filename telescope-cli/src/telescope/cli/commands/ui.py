@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import webbrowser
 from pathlib import Path
@@ -10,18 +9,9 @@ from pathlib import Path
 import typer
 
 from telescope.cli.errors import err_console
+from telescope.core.cluster.addresses import is_loopback
 
-__all__ = ["is_loopback", "ui"]
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (the only safe binds: the UI has no auth)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+__all__ = ["ui"]
 
 
 def _default_paths() -> list[Path]:

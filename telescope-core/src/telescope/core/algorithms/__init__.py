@@ -3,7 +3,7 @@
 Importing this package does not import torch; the algorithm modules (which do) load when
 an algorithm is resolved or when one of the re-exported names below is first touched.
 
-Entry points (``cfg`` is a ``TelescopeConfig`` or anything with the same attributes):
+Entry points (``cfg`` is the run's ``TelescopeConfig``):
 
 - ``compute_advantages(rewards, cfg)``: stage-1 advantages of ``[num_groups, group_size]`` rewards;
 - ``normalize_batch_advantages(advantages, cfg)``: stage 2 over one training batch
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from telescope.core.algorithms.base import Algorithm, LossInputs, LossOutputs
+    from telescope.core.config import TelescopeConfig
     from telescope.core.registry import Registry
 
 __all__ = [
@@ -84,16 +85,18 @@ def get_algorithm(name: str, registry: Registry | None = None) -> Algorithm:
     return algorithm
 
 
-def compute_advantages(rewards: Any, cfg: Any, registry: Registry | None = None) -> torch.Tensor:
+def compute_advantages(rewards: Any, cfg: TelescopeConfig, registry: Registry | None = None) -> torch.Tensor:
     """Stage-1 advantages of ``rewards`` [num_groups, group_size] for ``cfg.algorithm``."""
     return get_algorithm(cfg.algorithm, registry).compute_advantages(rewards, cfg)
 
 
-def normalize_batch_advantages(advantages: Any, cfg: Any, registry: Registry | None = None) -> torch.Tensor:
+def normalize_batch_advantages(
+    advantages: Any, cfg: TelescopeConfig, registry: Registry | None = None
+) -> torch.Tensor:
     """Stage-2 (batch) normalisation of one training batch's advantages for ``cfg.algorithm``."""
     return get_algorithm(cfg.algorithm, registry).normalize_batch_advantages(advantages, cfg)
 
 
-def policy_loss(inputs: LossInputs, cfg: Any, registry: Registry | None = None) -> LossOutputs:
+def policy_loss(inputs: LossInputs, cfg: TelescopeConfig, registry: Registry | None = None) -> LossOutputs:
     """``cfg.algorithm``'s loss share and metrics for one packed micro-batch."""
     return get_algorithm(cfg.algorithm, registry).policy_loss(inputs, cfg)

@@ -9,7 +9,7 @@ a subclass only writes its own per-token loss ``token_losses``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -17,6 +17,9 @@ from telescope.core.algorithms import advantages as adv
 from telescope.core.algorithms import metrics as m
 from telescope.core.algorithms.inputs import LossInputs
 from telescope.core.algorithms.metrics import as_float
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["Algorithm", "LossInputs", "LossOutputs", "TokenLosses", "as_float", "log_ratio"]
 
@@ -68,9 +71,9 @@ class Algorithm:
     uses_ratio: ClassVar[bool] = False
 
     # --- advantages ----------------------------------------------------------------
-    def advantage_norm(self, cfg: Any) -> str:
+    def advantage_norm(self, cfg: TelescopeConfig) -> str:
         """The effective ``advantage_norm``, checked against what this algorithm allows."""
-        norm = getattr(cfg, "advantage_norm", None) or self.default_advantage_norm
+        norm = cfg.advantage_norm
         if norm not in self.advantage_norms:
             raise ValueError(
                 f"advantage_norm '{norm}' is not supported by algorithm '{self.name}'; "
@@ -78,7 +81,7 @@ class Algorithm:
             )
         return str(norm)
 
-    def compute_advantages(self, rewards: Any, cfg: Any) -> torch.Tensor:
+    def compute_advantages(self, rewards: Any, cfg: TelescopeConfig) -> torch.Tensor:
         """Stage-1 advantages of ``rewards`` [num_groups, group_size] (same shape)."""
         x = adv.as_rewards(rewards)
         if self.advantage_norm(cfg) == "batch":
@@ -89,7 +92,7 @@ class Algorithm:
         """Stage 1 with ``advantage_norm == "group"``: (x − mean) / (std + 1e-4)."""
         return adv.zscore(rewards)
 
-    def normalize_batch_advantages(self, advantages: Any, cfg: Any) -> torch.Tensor:
+    def normalize_batch_advantages(self, advantages: Any, cfg: TelescopeConfig) -> torch.Tensor:
         """Stage 2 over every sample of one training batch (identity for group norm)."""
         a = adv.as_rewards(advantages, what="advantages", ndim=None)
         if self.advantage_norm(cfg) == "batch":
@@ -97,22 +100,22 @@ class Algorithm:
         return a
 
     # --- loss ----------------------------------------------------------------------
-    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: Any) -> TokenLosses:
+    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: TelescopeConfig) -> TokenLosses:
         """Per-token loss L_t before TIS and aggregation. ``ref`` is None when not needed."""
         raise NotImplementedError(f"algorithm '{self.name}' does not implement token_losses")
 
-    def aggregation_mode(self, cfg: Any) -> str:
+    def aggregation_mode(self, cfg: TelescopeConfig) -> str:
         """How masked token losses are reduced; every algorithm supports ``token_mean``."""
         return "token_mean"
 
-    def needs_reference(self, cfg: Any) -> bool:
+    def needs_reference(self, cfg: TelescopeConfig) -> bool:
         """True when the loss reads ref logprobs (a ratio): PPO clip or a ratio-based loss."""
-        return self.uses_ratio or bool(getattr(cfg, "use_ppo_clip", False))
+        return self.uses_ratio or cfg.use_ppo_clip
 
-    def policy_loss(self, inputs: LossInputs, cfg: Any) -> LossOutputs:
+    def policy_loss(self, inputs: LossInputs, cfg: TelescopeConfig) -> LossOutputs:
         """The micro-batch's share of the minibatch loss, plus its metrics."""
         _check_inputs(inputs, self.name)
-        if getattr(cfg, "use_ppo_clip", False) and not self.supports_ppo_clip:
+        if cfg.use_ppo_clip and not self.supports_ppo_clip:
             raise ValueError(
                 f"use_ppo_clip is not supported by algorithm '{self.name}'; set use_ppo_clip: false"
             )
@@ -124,7 +127,7 @@ class Algorithm:
         out = self.token_losses(inputs, ref, cfg)
         losses = out.losses
         stats = m.base_metrics(inputs, mask)
-        if getattr(cfg, "use_tis", False):
+        if cfg.use_tis:
             weights, capped = tis_weights(inputs, cfg, ref if self.needs_reference(cfg) else None)
             losses = losses * weights
             stats.update(m.tis_metrics(weights, capped, mask))
@@ -133,25 +136,22 @@ class Algorithm:
         stats["loss"] = loss.detach()
         return LossOutputs(loss=loss, metrics=stats)
 
-    def loss_denominator(self, inputs: LossInputs, cfg: Any) -> torch.Tensor:
+    def loss_denominator(self, inputs: LossInputs, cfg: TelescopeConfig) -> torch.Tensor:
         """Minibatch-wide denominator of Σ m_t L_t for this algorithm's aggregation mode."""
         mode = self.aggregation_mode(cfg)
         if mode == "token_mean":
             return _at_least_one(inputs.num_loss_tokens)
         if mode == "token_sum_norm":
-            max_tokens = getattr(cfg, "max_tokens", None)
-            if not max_tokens or max_tokens <= 0:
-                raise ValueError(f"token_sum_norm needs a positive cfg.max_tokens, got {max_tokens!r}")
-            return _at_least_one(inputs.num_samples) * float(max_tokens)
+            return _at_least_one(inputs.num_samples) * float(cfg.max_tokens)  # the schema keeps it >= 1
         raise ValueError(f"unknown loss aggregation mode '{mode}' (algorithm '{self.name}')")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-def reference_logprobs(inputs: LossInputs, cfg: Any) -> torch.Tensor:
+def reference_logprobs(inputs: LossInputs, cfg: TelescopeConfig) -> torch.Tensor:
     """ref = μ for ``ppo_clip_ref_logprobs == "rollout"``, else the batch ``old_logprobs``."""
-    source = getattr(cfg, "ppo_clip_ref_logprobs", "rollout")
+    source = cfg.ppo_clip_ref_logprobs
     if source == "rollout":
         return inputs.inference_logprobs.detach()
     if source == "batch":
@@ -170,7 +170,7 @@ def log_ratio(logprobs: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def tis_weights(
-    inputs: LossInputs, cfg: Any, ratio_ref: torch.Tensor | None = None
+    inputs: LossInputs, cfg: TelescopeConfig, ratio_ref: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TIS weights sg(min(exp(clamp(p − μ, ±c)), cap)) and which tokens hit the cap.
 
@@ -186,17 +186,17 @@ def tis_weights(
     return torch.clamp(raw, max=cap), raw > cap
 
 
-def tis_reference_problem(cfg: Any, *, uses_ratio: bool, algorithm: str) -> str | None:
+def tis_reference_problem(cfg: TelescopeConfig, *, uses_ratio: bool, algorithm: str) -> str | None:
     """Why ``use_tis`` cannot run with this config, or None.
 
     A ratio-based loss (PPO clip, cispo, gspo, sapo) against the rollout logprobs already
     weights each token by π/μ; TIS would multiply in min(π/μ, cap) again.
     """
-    if not (getattr(cfg, "use_tis", False) and uses_ratio):
+    if not (cfg.use_tis and uses_ratio):
         return None
-    if getattr(cfg, "ppo_clip_ref_logprobs", "rollout") != "rollout":
+    if cfg.ppo_clip_ref_logprobs != "rollout":
         return None
-    what = "use_ppo_clip: true" if getattr(cfg, "use_ppo_clip", False) else f"algorithm '{algorithm}'"
+    what = "use_ppo_clip: true" if cfg.use_ppo_clip else f"algorithm '{algorithm}'"
     return (
         f"use_tis: true with {what} and ppo_clip_ref_logprobs: rollout double-counts the "
         "importance-sampling correction (the loss's ratio is already π/μ); set "

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from telescope.core.algorithms.base import Algorithm, LossInputs, TokenLosses, as_float
 from telescope.core.algorithms.reinforce import ppo_clip_losses
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["Gspo", "sample_ids"]
 
@@ -39,7 +42,7 @@ class Gspo(Algorithm):
     supports_ppo_clip = False
     uses_ratio = True
 
-    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: Any) -> TokenLosses:
+    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: TelescopeConfig) -> TokenLosses:
         assert ref is not None
         mask = inputs.loss_mask.to(torch.float32)
         ids = sample_ids(inputs.position_ids)

@@ -7,12 +7,15 @@ when ``use_ppo_clip`` is on.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from telescope.core.algorithms import advantages as adv
 from telescope.core.algorithms.base import Algorithm, LossInputs, TokenLosses, as_float, log_ratio
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["DrGrpo", "Grpo", "ReinforcePlusPlus", "Rloo", "ppo_clip_losses"]
 
@@ -40,9 +43,9 @@ def ppo_clip_losses(
 class _Reinforce(Algorithm):
     """−ℓ_t · A_t, or the PPO clipped surrogate with ``use_ppo_clip``."""
 
-    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: Any) -> TokenLosses:
+    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: TelescopeConfig) -> TokenLosses:
         advantages = as_float(inputs.advantages.detach())
-        if getattr(cfg, "use_ppo_clip", False):
+        if cfg.use_ppo_clip:
             assert ref is not None  # needs_reference() is True with PPO clip
             ratio = torch.exp(log_ratio(as_float(inputs.logprobs), as_float(ref)))
             return ppo_clip_losses(ratio, advantages, float(cfg.clip_low), float(cfg.clip_high))
@@ -82,5 +85,5 @@ class DrGrpo(_Reinforce):
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return adv.center(rewards) if rewards.shape[-1] > 1 else torch.zeros_like(rewards)
 
-    def aggregation_mode(self, cfg: Any) -> str:
-        return str(getattr(cfg, "dr_grpo_loss_agg_mode", "token_mean"))
+    def aggregation_mode(self, cfg: TelescopeConfig) -> str:
+        return cfg.dr_grpo_loss_agg_mode

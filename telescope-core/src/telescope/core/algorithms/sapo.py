@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from telescope.core.algorithms.base import Algorithm, LossInputs, TokenLosses, as_float, log_ratio
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["Sapo"]
 
@@ -22,7 +25,7 @@ class Sapo(Algorithm):
     supports_ppo_clip = False
     uses_ratio = True
 
-    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: Any) -> TokenLosses:
+    def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: TelescopeConfig) -> TokenLosses:
         assert ref is not None
         advantages = as_float(inputs.advantages.detach())
         ratio = torch.exp(log_ratio(as_float(inputs.logprobs), as_float(ref)))

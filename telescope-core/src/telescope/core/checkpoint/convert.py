@@ -50,7 +50,9 @@ __all__ = [
     "convert_checkpoint",
     "match_config_dtype",
     "parse_size",
+    "shard_file_names",
     "stored_float_dtype",
+    "write_safetensors_shards",
 ]
 
 _UNITS = {
@@ -249,6 +251,37 @@ def plan_shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
         shards[-1].append(name)
         used += size
     return shards
+
+
+def shard_file_names(count: int) -> list[str]:
+    """HF names of ``count`` weight files: ``model.safetensors`` alone, else ``model-0000i-of-0000n.safetensors``."""
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_safetensors_shards(
+    out: Path, sizes: list[tuple[str, int]], limit: int, read: Callable[[list[str]], dict[str, Any]]
+) -> None:
+    """Write the HF weight files of tensors ``sizes`` (``(name, bytes)``, in order) into ``out``.
+
+    ``plan_shards`` splits them into files of at most ``limit`` bytes; ``read(names)`` returns
+    one file's tensors by name, so memory stays near one shard. Several files get
+    ``model.safetensors.index.json`` (``total_size``, ``weight_map``). torch is imported here.
+    """
+    from safetensors.torch import save_file
+
+    shards = plan_shards(sizes, limit)
+    files = shard_file_names(len(shards))
+    weight_map: dict[str, str] = {}
+    for names, file in zip(shards, files, strict=True):
+        tensors = read(names)
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, file))
+        del tensors
+    if len(files) > 1:
+        index = {"metadata": {"total_size": sum(size for _, size in sizes)}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def convert_all(

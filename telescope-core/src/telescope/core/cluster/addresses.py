@@ -7,6 +7,7 @@ naming ``inference_host``. No Ray import: callers pass the node addresses.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,8 +26,18 @@ DRIVER_ADDRESS_ENV = "TELESCOPE_DRIVER_ADDRESS"
 
 
 def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and localhost."""
-    return host.startswith("127.") or host in ("::1", "localhost")
+    """True when ``host`` names this machine only: ``localhost`` or a loopback address (127.0.0.0/8, ::1).
+
+    A server bound there cannot be reached from another node, nor by anyone else on the network
+    (why ``telescope ui`` warns about any other bind). A host name that merely starts with
+    ``127.`` is a name, not a loopback address.
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def reach_host(target_node_ip: str, here_node_ip: str) -> str:

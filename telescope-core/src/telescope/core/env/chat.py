@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from telescope.core.env.types import ChatMessage
 
-__all__ = ["ChatOptions", "render_messages"]
+__all__ = ["ChatConfig", "ChatOptions", "render_messages"]
+
+
+class ChatConfig(Protocol):
+    """The run-config fields ``ChatOptions.from_config`` reads: a ``TelescopeConfig`` (``env`` sits
+    below ``config`` in the layers, so it names the fields rather than importing the class)."""
+
+    @property
+    def enable_thinking(self) -> bool: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -22,12 +33,9 @@ class ChatOptions:
     chat_template: str | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any) -> ChatOptions:
+    def from_config(cls, cfg: ChatConfig) -> ChatOptions:
         """Read ``enable_thinking`` and ``chat_template`` from a ``TelescopeConfig``."""
-        return cls(
-            enable_thinking=bool(getattr(cfg, "enable_thinking", False)),
-            chat_template=getattr(cfg, "chat_template", None),
-        )
+        return cls(enable_thinking=cfg.enable_thinking, chat_template=cfg.chat_template)
 
 
 def render_messages(

@@ -15,7 +15,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.base import Environment
 from telescope.core.env.chat import ChatOptions
@@ -27,12 +27,15 @@ from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, S
 from telescope.core.rollouts.scheduler import PromptItem
 from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 __all__ = ["EvalRunner", "eval_scoring_env", "eval_settings"]
 
 Progress = Callable[[str, int, int], None]
 
 
-def eval_settings(cfg: Any, entry: Any, stop_ids: list[int]) -> GenerationSettings:
+def eval_settings(cfg: TelescopeConfig, entry: Any, stop_ids: list[int]) -> GenerationSettings:
     """The training sampling settings, overridden by the entry's non-null temperature/top_p/max_tokens."""
     base = GenerationSettings.from_config(cfg, stop_ids)
     overrides = {
@@ -83,7 +86,9 @@ class _Eval:
 class EvalRunner:
     """Loads every ``cfg.evals`` entry once; ``run`` evaluates some of them on given clients."""
 
-    def __init__(self, cfg: Any, registry: Any, tokenizer: Any, progress: Progress | None = None) -> None:
+    def __init__(
+        self, cfg: TelescopeConfig, registry: Any, tokenizer: Any, progress: Progress | None = None
+    ) -> None:
         names = [e.name for e in cfg.evals]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

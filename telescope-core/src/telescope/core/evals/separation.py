@@ -9,11 +9,14 @@ from the training entry's (another order, a shuffle, another split).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.resolve import create_environment
 from telescope.core.env.types import Sample
 from telescope.core.evals.resolve import load_eval
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["sample_key", "training_exclusions"]
 
@@ -23,7 +26,7 @@ def sample_key(sample: Sample) -> str:
     return json.dumps([sample.prompt, sample.answer], sort_keys=True, default=str)
 
 
-def training_exclusions(cfg: Any, registry: Any) -> dict[str, frozenset[int]]:
+def training_exclusions(cfg: TelescopeConfig, registry: Any) -> dict[str, frozenset[int]]:
     """``{training environment name: indices reserved for evals}`` (empty when nothing is reserved)."""
     training = {e.name: e for e in cfg.environments}
     reserved: dict[str, set[str]] = {}

@@ -17,11 +17,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.config.errors import ConfigError
 from telescope.core.evals.aggregate import EvalResult, flat_metrics
 from telescope.core.evals.standalone_config import CheckpointRef, EvalRunConfig, training_config
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["discover_checkpoints", "evaluate_checkpoints", "hf_folder", "launch_servers"]
 
@@ -71,7 +74,7 @@ def hf_folder(ref: CheckpointRef) -> Iterator[str]:
         yield str(convert_checkpoint(ref.path, Path(tmp) / "hf"))
 
 
-def launch_servers(cfg: Any, registry: Any, engine_name: str, log_dir: Path) -> list[Any]:
+def launch_servers(cfg: TelescopeConfig, registry: Any, engine_name: str, log_dir: Path) -> list[Any]:
     """Start every server of ``cfg`` through the engine plugin and wait until all are healthy."""
     engine = registry.create("inference_engine", engine_name, cfg.inference_engine_kwargs, cfg=cfg)
     config_path = engine.write_config(log_dir)
@@ -93,7 +96,7 @@ def stop_servers(servers: list[Any]) -> None:
             server.stop(grace_s=5.0)
 
 
-def _tokenizer(cfg: Any) -> Any:
+def _tokenizer(cfg: TelescopeConfig) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -103,7 +106,7 @@ def _tokenizer(cfg: Any) -> Any:
 
 
 async def _evaluate_one(
-    cfg: Any, registry: Any, engine: str, step: int, log_dir: Path, progress: Progress | None
+    cfg: TelescopeConfig, registry: Any, engine: str, step: int, log_dir: Path, progress: Progress | None
 ) -> list[EvalResult]:
     from telescope.core.evals.runner import EvalRunner
     from telescope.core.inference.client import InferenceClient

@@ -13,8 +13,12 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from telescope.core.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = [
     "VLLM_INSTALL",
@@ -133,19 +137,16 @@ def resolve_inference_engine(
     return choice, why
 
 
-def run_summary(cfg: object, engine: str, why: str) -> str:
+def run_summary(cfg: TelescopeConfig, engine: str, why: str) -> str:
     """The start-up summary's line: model (as the user named it), algorithm, backend, engine and
     why, workers, steps, run directory (printed by ``telescope train`` and kept in telescope.log)."""
     from telescope.core.models.tiny import builtin_model_name
 
-    def get(name: str) -> object:
-        return getattr(cfg, name, "?")
-
     return (
-        f"model {builtin_model_name(str(get('model')))}, algorithm {get('algorithm')}, backend "
-        f"{get('train_backend')}, engine {engine} ({why}), {get('inference_num_workers')} inference + "
-        f"{get('trainer_num_workers')} trainer workers, {get('number_of_steps')} steps, run dir "
-        f"{get('resolved_run_dir')}"
+        f"model {builtin_model_name(cfg.model)}, algorithm {cfg.algorithm}, backend "
+        f"{cfg.train_backend}, engine {engine} ({why}), {cfg.inference_num_workers} inference + "
+        f"{cfg.trainer_num_workers} trainer workers, {cfg.number_of_steps} steps, run dir "
+        f"{cfg.resolved_run_dir}"
     )
 
 
@@ -160,27 +161,27 @@ class StartupSummary:
     """``startup_notes``: what this machine's install changes in the run."""
 
 
-def startup_summary(cfg: object, engine: str, why: str) -> StartupSummary:
+def startup_summary(cfg: TelescopeConfig, engine: str, why: str) -> StartupSummary:
     """The run's ``StartupSummary`` (``cfg`` as the user wrote it: the model as they named it)."""
     return StartupSummary(run_summary(cfg, engine, why), tuple(startup_notes(cfg, engine)))
 
 
-def startup_notes(cfg: object, engine: str) -> list[str]:
+def startup_notes(cfg: TelescopeConfig, engine: str) -> list[str]:
     """Lines for the startup summary about what this machine's install changes in the run."""
     notes = dtype_notes(cfg)
-    if engine == "vllm" and getattr(cfg, "enable_vllm_tracing", False):
+    if engine == "vllm" and cfg.enable_vllm_tracing:
         reason = tracing_unavailable_reason()
         if reason is not None:
             notes.append(f"enable_vllm_tracing: tracing disabled: {reason}")
     return notes
 
 
-def dtype_notes(cfg: object) -> list[str]:
+def dtype_notes(cfg: TelescopeConfig) -> list[str]:
     """Where each dtype applies, and a warning for low-precision master weights."""
     from telescope.core.weights.settings import serving_dtype
 
-    master = str(getattr(cfg, "model_dtype", "float32"))
-    compute = getattr(cfg, "mixed_precision_dtype", None) or master
+    master = cfg.model_dtype
+    compute = cfg.mixed_precision_dtype or master
     notes = [
         f"dtypes: master weights {master} (model_dtype), compute {compute} (mixed_precision_dtype), "
         f"servers and weight sync {serving_dtype(cfg)} (inference_dtype; cast on the trainer)"

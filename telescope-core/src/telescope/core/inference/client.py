@@ -15,9 +15,10 @@ from telescope.core.inference.protocol import (
     WeightSyncInitRequest,
     WeightUpdateResponse,
 )
+from telescope.core.observe.samplers.prometheus import parse_prometheus
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
 
-__all__ = ["Completion", "InferenceClient", "InferenceServerError", "parse_prometheus"]
+__all__ = ["Completion", "InferenceClient", "InferenceServerError", "engine_metrics"]
 
 #: Metric-name prefixes stripped by ``metrics()``, so both engines report the same keys.
 METRIC_PREFIXES = ("vllm:", "telescope:")
@@ -46,20 +47,13 @@ class Completion:
     """The server's id of the response (vLLM traces name their span after it)."""
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """``name{labels} value`` lines -> ``{name: value}`` (labels dropped, same names summed, prefixes stripped)."""
+def engine_metrics(text: str) -> dict[str, float]:
+    """``/metrics`` text -> ``{name: value}``: series summed over label sets, engine prefixes stripped."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
+    for name, value in parse_prometheus(text).items():
         for prefix in METRIC_PREFIXES:
             name = name.removeprefix(prefix)
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -156,7 +150,7 @@ class InferenceClient:
 
     async def metrics(self) -> dict[str, float]:
         """``/metrics`` parsed: e.g. ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc``."""
-        return parse_prometheus(await self._request("GET", ENDPOINTS["metrics"]))
+        return engine_metrics(await self._request("GET", ENDPOINTS["metrics"]))
 
     async def init_weight_sync(self, request: WeightSyncInitRequest) -> None:
         """Make the server join the weight-sync group (returns once the whole group formed)."""

@@ -18,10 +18,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.inference.settings import num_servers, server_port
 from telescope.core.observe.stdio import without_process_prefix
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["InferenceEngine", "ServerCommand", "ServerProcess", "ServerStartError", "cause_line"]
 
@@ -162,7 +165,7 @@ class InferenceEngine:
 
     name = "base"
 
-    def __init__(self, cfg: Any, kwargs: Any) -> None:
+    def __init__(self, cfg: TelescopeConfig, kwargs: Any) -> None:
         self.cfg = cfg
         self.kwargs = kwargs
 

@@ -29,9 +29,12 @@ weight_sync_verify
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["TransformersEngineKwargs", "VllmEngineKwargs", "num_servers", "server_port"]
 
@@ -84,12 +87,12 @@ class VllmEngineKwargs(BaseModel):
     """How long a launched server may take to answer /health (model load + CUDA graphs)."""
 
 
-def num_servers(cfg: Any) -> int:
+def num_servers(cfg: TelescopeConfig) -> int:
     """Inference servers of a run (``TelescopeConfig.num_inference_servers``)."""
     return int(cfg.num_inference_servers)
 
 
-def server_port(cfg: Any, index: int) -> int:
+def server_port(cfg: TelescopeConfig, index: int) -> int:
     """Port of server ``index``: ``inference_base_port + index``."""
     port = int(cfg.inference_base_port) + index
     if port > 65535:

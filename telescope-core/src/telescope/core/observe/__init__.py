@@ -28,7 +28,7 @@ from telescope.core.observe.base import Logger
 from telescope.core.observe.build import build_logger_hub, enabled_logger_names
 from telescope.core.observe.hub import FINISH_STATUSES, LoggerHub, LoggerStartError
 from telescope.core.observe.info import environment_info, eval_info
-from telescope.core.observe.metrics import perf_metrics, rollout_metrics, zero_advantage_kind
+from telescope.core.observe.metrics import perf_metrics, rollout_metrics
 from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
 from telescope.core.observe.rundir.records import (
     CANCEL_REASONS,
@@ -36,6 +36,7 @@ from telescope.core.observe.rundir.records import (
     SCHEMA_VERSION,
     RolloutRecord,
     TimelineEvent,
+    zero_advantage_kind,
 )
 from telescope.core.observe.stats import gini, max_median_ratio, split_metric_key, summary
 

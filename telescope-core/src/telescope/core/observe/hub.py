@@ -178,6 +178,12 @@ class LoggerHub:
     def _system_sample(self, sample: dict[str, Any]) -> None:
         self.report_system(sample)
 
+    def _started_config(self) -> TelescopeConfig:
+        """The config ``start`` was given: sources added later read their intervals from it."""
+        if self._cfg is None:
+            raise RuntimeError("LoggerHub.start(cfg, run_dir) must come before adding a metrics source")
+        return self._cfg
+
     def _start_thread(self, thread: Any) -> None:
         thread.start()
         self._threads.append(thread)
@@ -197,7 +203,7 @@ class LoggerHub:
         from telescope.core.observe.samplers.torch_memory import TorchMemoryDrainer
 
         if interval_s is None:
-            interval_s = float(getattr(self._cfg, "ray_torch_memory_drain_interval_seconds", 0.5))
+            interval_s = self._started_config().ray_torch_memory_drain_interval_seconds
         self._start_thread(TorchMemoryDrainer(fetch, self._system_sample, interval_s))
 
     def add_prometheus_scraper(self, urls: dict[int, str], interval_s: float | None = None) -> None:
@@ -210,7 +216,7 @@ class LoggerHub:
         from telescope.core.observe.samplers.prometheus import PrometheusScraper
 
         if interval_s is None:
-            interval_s = float(getattr(self._cfg, "system_metrics_collection_interval_seconds", 1.0))
+            interval_s = self._started_config().system_metrics_collection_interval_seconds
         scraper = PrometheusScraper(urls, self._system_sample, interval_s=interval_s)
         scraper.start()
         self._scrapers.append(scraper)

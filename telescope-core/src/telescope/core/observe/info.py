@@ -9,7 +9,10 @@ classes) only tell charts their effective bounds; they are recorded in ``run.jso
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["environment_info", "eval_info"]
 
@@ -21,7 +24,7 @@ def _dataset_size(env: Any) -> int | None:
     return len(samples())
 
 
-def environment_info(envs: Mapping[str, Any], cfg: Any = None) -> list[dict[str, Any]]:
+def environment_info(envs: Mapping[str, Any], cfg: TelescopeConfig | None = None) -> list[dict[str, Any]]:
     """One ``{name, weight, reward_min, reward_max, metrics_ranges, tags_options, dataset_size, multi_turn}`` per env.
 
     Args:
@@ -29,7 +32,7 @@ def environment_info(envs: Mapping[str, Any], cfg: Any = None) -> list[dict[str,
         cfg: the run config; its ``environments`` entries give the weights and, when set,
             ``reward_min``/``reward_max`` (else the environment's own attributes are used).
     """
-    entries = {str(e.name): e for e in (getattr(cfg, "environments", None) or [])}
+    entries = {e.name: e for e in cfg.environments} if cfg is not None else {}
     out = []
     for name, env in envs.items():
         entry = entries.get(str(name))

@@ -13,10 +13,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from telescope.core.observe.rundir.records import CANCEL_REASONS, DISCARD_REASONS, RolloutRecord
+from telescope.core.observe.rundir.records import (
+    CANCEL_REASONS,
+    DISCARD_REASONS,
+    ZERO_ADVANTAGE_KINDS,
+    RolloutRecord,
+    zero_advantage_kind,
+)
 from telescope.core.observe.stats import gini, max_median_ratio, summary
 
-__all__ = ["LENGTH_STOP_REASONS", "perf_metrics", "rollout_metrics", "zero_advantage_kind"]
+__all__ = ["LENGTH_STOP_REASONS", "perf_metrics", "rollout_metrics"]
 
 #: Finish reasons that mean "hit the token limit" (OpenAI ``length``; our multi-turn ``truncated``).
 LENGTH_STOP_REASONS = ("length", "truncated")
@@ -35,15 +41,6 @@ def _groups(rows: Iterable[RolloutRecord]) -> list[list[RolloutRecord]]:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
-
-
-def zero_advantage_kind(rewards: Sequence[float], tol: float = 1e-9) -> str | None:
-    """``all_zero`` / ``all_positive`` / ``all_equal`` for a group of equal rewards, else None."""
-    if not rewards or max(rewards) - min(rewards) > tol:
-        return None
-    if abs(rewards[0]) <= tol:
-        return "all_zero"
-    return "all_positive" if rewards[0] > 0 else "all_equal"
 
 
 def _value_metrics(prefix: str, groups: list[list[float]]) -> dict[str, float]:
@@ -117,7 +114,7 @@ def _discard_metrics(discarded: list[RolloutRecord], n_finished: int) -> dict[st
     kinds = Counter(
         g[0].zero_advantage_kind or zero_advantage_kind([r.reward for r in g]) for g in _groups(zero)
     )
-    for kind in ("all_zero", "all_positive", "all_equal"):
+    for kind in ZERO_ADVANTAGE_KINDS:
         out[f"discarded/zero_advantage/{kind}_groups"] = float(kinds.get(kind, 0))
     if zero:
         out["discarded/zero_advantage/reward_mean"] = _mean([r.reward for r in zero])

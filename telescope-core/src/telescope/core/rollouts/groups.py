@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from telescope.core.observe.rundir.records import zero_advantage_kind  # the run directory's vocabulary
+
 __all__ = [
     "GroupFailure",
     "RolloutGroup",
@@ -92,16 +94,3 @@ def normalize_reward(reward: float, reward_min: float | None, reward_max: float 
     if reward_min is None or reward_max is None:
         return reward
     return (reward - reward_min) / (reward_max - reward_min)
-
-
-def zero_advantage_kind(rewards: list[float], tol: float = 1e-9) -> str | None:
-    """None when rewards differ; otherwise why the group carries no signal.
-
-    ``all_zero`` (every reward 0), ``all_positive`` (every reward the same value > 0) or
-    ``all_equal`` (the same value otherwise, e.g. all negative) — the seed's breakdown.
-    """
-    if len(rewards) < 2 or max(rewards) - min(rewards) > tol:
-        return None
-    if abs(rewards[0]) <= tol:
-        return "all_zero"
-    return "all_positive" if rewards[0] > 0 else "all_equal"

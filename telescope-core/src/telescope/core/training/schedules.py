@@ -18,7 +18,10 @@ to [0, 1]: the first step after warmup uses the full LR and the last step
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["SCHEDULES", "LRSchedule", "lr_factor"]
 
@@ -56,7 +59,7 @@ class LRSchedule:
         self(0)  # validate now rather than at the first step
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LRSchedule:
+    def from_config(cls, cfg: TelescopeConfig) -> LRSchedule:
         """From ``cfg.lr_scheduler``, ``warmup_steps``, ``number_of_steps``, ``min_lr_ratio``."""
         return cls(cfg.lr_scheduler, cfg.warmup_steps, cfg.number_of_steps, cfg.min_lr_ratio)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from telescope.core.inference.launcher import InferenceEngine, ServerCommand
 from telescope.core.inference.settings import TransformersEngineKwargs
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["TransformersEngine", "create_transformers_engine", "local_url"]
 
@@ -22,7 +25,7 @@ class TransformersEngine(InferenceEngine):
 
     name = "transformers"
 
-    def __init__(self, cfg: Any, kwargs: TransformersEngineKwargs) -> None:
+    def __init__(self, cfg: TelescopeConfig, kwargs: TransformersEngineKwargs) -> None:
         from telescope.core.inference.transformers_engine.server import check_config
 
         check_config(cfg)  # fail at creation, before any process starts
@@ -38,6 +41,8 @@ class TransformersEngine(InferenceEngine):
         return ServerCommand(argv=argv, env={"PYTHONUNBUFFERED": "1"}, url=local_url(host, port))
 
 
-def create_transformers_engine(*, kwargs: TransformersEngineKwargs, cfg: Any) -> TransformersEngine:
+def create_transformers_engine(
+    *, kwargs: TransformersEngineKwargs, cfg: TelescopeConfig
+) -> TransformersEngine:
     """Registry factory: ``registry.create("inference_engine", "transformers", {}, cfg=cfg)``."""
     return TransformersEngine(cfg, kwargs)

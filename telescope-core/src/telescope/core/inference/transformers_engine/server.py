@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from telescope.core.cluster.threads import ThreadChoice, choose_torch_threads
+from telescope.core.config import TelescopeConfig
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.transformers_engine.app import build_app
 from telescope.core.inference.transformers_engine.core import EngineOptions, GenerationEngine
@@ -50,7 +51,7 @@ class ServerState:
     vocab_size: int
 
 
-def check_config(cfg: Any) -> None:
+def check_config(cfg: TelescopeConfig) -> None:
     """Reject the run-config values this engine cannot honour (one message naming field, value and fix)."""
     if cfg.inference_tensor_parallel_size != 1:
         raise ValueError(
@@ -59,7 +60,7 @@ def check_config(cfg: Any) -> None:
         )
 
 
-def _notes(cfg: Any, device: str) -> list[str]:
+def _notes(cfg: TelescopeConfig, device: str) -> list[str]:
     notes = []
     if device == "cpu":
         notes.append(f"gpu_memory_utilization={cfg.gpu_memory_utilization} has no meaning on CPU: ignored")
@@ -68,14 +69,14 @@ def _notes(cfg: Any, device: str) -> list[str]:
     return notes
 
 
-def server_threads(cfg: Any, kwargs: TransformersEngineKwargs) -> ThreadChoice:
+def server_threads(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs) -> ThreadChoice:
     """The engine kwarg ``num_threads`` if set, else ``telescope.core.cluster.threads``' rule."""
     if kwargs.num_threads:
         return ThreadChoice(kwargs.num_threads, "inference_engine_kwargs.num_threads")
     return choose_torch_threads(cfg, "inference")
 
 
-def load_server_state(cfg: Any, kwargs: TransformersEngineKwargs, index: int = 0) -> ServerState:
+def load_server_state(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs, index: int = 0) -> ServerState:
     """Load model and tokenizer of ``cfg.model`` and start the generation loop."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -153,7 +154,7 @@ class InProcessServer:
 
 
 def start_in_thread(
-    cfg: Any,
+    cfg: TelescopeConfig,
     kwargs: TransformersEngineKwargs | None = None,
     *,
     host: str = "127.0.0.1",
@@ -166,8 +167,6 @@ def start_in_thread(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of a server process."""
-    from telescope.core.config import TelescopeConfig
-
     parser = argparse.ArgumentParser(description="Telescope transformers inference server")
     parser.add_argument("--config", required=True, help="path of the resolved run config (JSON)")
     parser.add_argument("--engine-kwargs", default="{}", help="TransformersEngineKwargs as JSON")

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
@@ -35,6 +35,9 @@ from telescope.core.observe.loggers.progress import (
     progress_fields,
 )
 from telescope.core.observe.stdio import PlainStdio
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["ConsoleLogger", "LiveStatus", "format_duration", "format_eval", "format_progress"]
 
@@ -117,8 +120,8 @@ class ConsoleLogger(Logger):
     def total(self) -> int:
         return self.progress.total
 
-    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
-        self.progress = StepProgress(int(getattr(cfg, "number_of_steps", 0)), self._clock)
+    def start(self, cfg: TelescopeConfig, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+        self.progress = StepProgress(cfg.number_of_steps, self._clock)
         self._t0 = self._clock()
         self._print(f"telescope run '{getattr(cfg, 'wandb_run_name', '')}' -> {run_dir}")
         self._attach_warning_handler()

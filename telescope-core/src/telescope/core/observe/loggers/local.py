@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -37,6 +37,9 @@ from telescope.core.observe.rundir.records import SCHEMA_VERSION, RolloutRecord,
 from telescope.core.observe.rundir.storage import StorageError, describe_os_error
 from telescope.core.observe.stdio import STDOUT_LOG_NAME, StdioCapture
 
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 __all__ = ["LocalLogger"]
 
 #: The logger name of the step lines and the start-up summary in telescope.log.
@@ -61,27 +64,23 @@ def next_progress(progress: dict[str, Any], step: int, now: float) -> dict[str, 
             "recent_step_seconds": recent}  # fmt: skip
 
 
-def model_info(cfg: Any) -> dict[str, str]:
+def model_info(cfg: TelescopeConfig) -> dict[str, str]:
     """``{"model": name}`` as the user wrote it (the driver hands loggers the resolved folder)."""
     from telescope.core.models.tiny import builtin_model_name
 
-    model = getattr(cfg, "model", None)
-    return {"model": builtin_model_name(str(model))} if model else {}
+    return {"model": builtin_model_name(cfg.model)} if cfg.model else {}
 
 
-def reward_ranges(cfg: Any) -> dict[str, dict[str, float | None]]:
+def reward_ranges(cfg: TelescopeConfig) -> dict[str, dict[str, float | None]]:
     """``{env name: {"min", "max"}}`` from the config's reward_min/reward_max (None = observed)."""
-    return {
-        str(env.name): {"min": getattr(env, "reward_min", None), "max": getattr(env, "reward_max", None)}
-        for env in getattr(cfg, "environments", []) or []
-    }
+    return {str(env.name): {"min": env.reward_min, "max": env.reward_max} for env in cfg.environments}
 
 
-def block_layout(cfg: Any, previous: dict[str, Any]) -> dict[str, float]:
+def block_layout(cfg: TelescopeConfig, previous: dict[str, Any]) -> dict[str, float]:
     """Block sizes of the run directory: those of the first start win, so a resume keeps numbering."""
     layout = {
-        "rollout_block_size": int(getattr(cfg, "rollout_block_size", 500)),
-        "event_block_duration_seconds": float(getattr(cfg, "event_block_duration_seconds", 1800)),
+        "rollout_block_size": cfg.rollout_block_size,
+        "event_block_duration_seconds": float(cfg.event_block_duration_seconds),
     }
     return {**layout, **dict(previous.get("layout", {}))}
 
@@ -120,7 +119,7 @@ class LocalLogger(Logger):
         self._stdio: StdioCapture | None = None
         self._progress = StepProgress(0)
 
-    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+    def start(self, cfg: TelescopeConfig, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / CONFIG_FILE, "w", encoding="utf-8") as f:
@@ -131,7 +130,7 @@ class LocalLogger(Logger):
         self._meta = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
-            "name": getattr(cfg, "wandb_run_name", ""),
+            "name": cfg.wandb_run_name,
             "status": "running",
             "created_at": previous.get("created_at", now),
             "started_at": now,
@@ -147,9 +146,9 @@ class LocalLogger(Logger):
         write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         self._open_writers(cfg)
         self._attach_log_files(self.run_dir / LOGS_DIR)
-        self._progress = StepProgress(int(getattr(cfg, "number_of_steps", 0)))
+        self._progress = StepProgress(cfg.number_of_steps)
 
-    def _open_writers(self, cfg: Any) -> None:
+    def _open_writers(self, cfg: TelescopeConfig) -> None:
         assert self.run_dir is not None
         for fname in (METRICS_FILE, SYSTEM_FILE, EVAL_METRICS_FILE, EVAL_SAMPLES_FILE):
             self._writers[fname] = JsonlWriter(self.run_dir / fname)
@@ -159,14 +158,14 @@ class LocalLogger(Logger):
             self.run_dir / EVENTS_DIR,
             origin=float(self._meta["created_at"]),
             block_duration_s=float(layout["event_block_duration_seconds"]),
-            tail_window_s=float(getattr(cfg, "event_tail_window_seconds", 60)),
+            tail_window_s=float(cfg.event_tail_window_seconds),
             clock=self._clock,
         )
         self._events.write_tail()  # the tail exists from the start (empty until events come)
-        self._tail_gate = IntervalGate(float(getattr(cfg, "event_upload_interval_seconds", 5)), self._clock)
+        self._tail_gate = IntervalGate(float(cfg.event_upload_interval_seconds), self._clock)
         self._samples = IntervalBuffer(
             self._writers[SYSTEM_FILE].write_many,
-            float(getattr(cfg, "metrics_logger_interval_seconds", 2.0)),
+            cfg.metrics_logger_interval_seconds,
             clock=self._clock,
         )
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from telescope.core.observe.loggers.scalars import ScalarLogger, import_for
@@ -36,6 +36,9 @@ from telescope.core.observe.loggers.tables import ROLLOUT_TABLE_COLUMNS, eval_ta
 from telescope.core.observe.periodic import IntervalBuffer
 from telescope.core.observe.rundir.layout import config_to_dict
 from telescope.core.observe.rundir.records import SCHEMA_VERSION, RolloutRecord
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["MLFLOW_DIR", "RUN_STATUS", "MlflowLogger", "config_params", "metric_key", "tracking_uri"]
 
@@ -52,9 +55,9 @@ _TAG_CHARS = 8000
 _INVALID_KEY_CHARS = re.compile(r"[^\w\-. /]")
 
 
-def tracking_uri(cfg: Any, run_dir: Path) -> str:
+def tracking_uri(cfg: TelescopeConfig, run_dir: Path) -> str:
     """``mlflow_tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``RUN_DIR/mlruns`` as a file URI."""
-    uri = getattr(cfg, "mlflow_tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     return str(uri) if uri else (Path(run_dir) / MLFLOW_DIR).resolve().as_uri()
 
 
@@ -120,13 +123,13 @@ class MlflowLogger(ScalarLogger):
         self._queue: IntervalBuffer[Any] | None = None
         self._info: dict[str, Any] = {}
 
-    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+    def start(self, cfg: TelescopeConfig, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         tracking = import_for("use_mlflow", "mlflow.tracking", "mlflow-skinny")
         uri = tracking_uri(cfg, run_dir)
         if is_file_store(uri):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = tracking.MlflowClient(tracking_uri=uri)
-        experiment = str(getattr(cfg, "mlflow_experiment_name", "telescope"))
+        experiment = cfg.mlflow_experiment_name
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = (
             found.experiment_id if found is not None else self.client.create_experiment(experiment)
@@ -135,7 +138,7 @@ class MlflowLogger(ScalarLogger):
         if run is None:
             run = self.client.create_run(
                 experiment_id,
-                run_name=str(getattr(cfg, "wandb_run_name", "")) or None,
+                run_name=cfg.wandb_run_name or None,
                 tags=self._tags(cfg, run_dir),
             )
             if resume_ids and resume_ids.get("run_id"):
@@ -145,7 +148,7 @@ class MlflowLogger(ScalarLogger):
         self._log_params(config_params(config_to_dict(cfg)), dict(run.data.params))
         self._queue = IntervalBuffer(
             self._send,
-            float(getattr(cfg, "metrics_logger_interval_seconds", 2.0)),
+            cfg.metrics_logger_interval_seconds,
             clock=self._clock,
             max_items=5000,
         )
@@ -166,12 +169,12 @@ class MlflowLogger(ScalarLogger):
         return run
 
     @staticmethod
-    def _tags(cfg: Any, run_dir: Path) -> dict[str, str]:
+    def _tags(cfg: TelescopeConfig, run_dir: Path) -> dict[str, str]:
         return {
             "telescope.schema_version": str(SCHEMA_VERSION),
             "telescope.run_dir": str(Path(run_dir).resolve()),
-            "telescope.model": str(getattr(cfg, "model", "")),
-            "telescope.algorithm": str(getattr(cfg, "algorithm", "")),
+            "telescope.model": cfg.model,
+            "telescope.algorithm": cfg.algorithm,
         }
 
     def _tag(self, key: str, value: str, run_id: str | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.loggers.scalars import ScalarLogger, import_for
 from telescope.core.observe.loggers.tables import (
@@ -29,6 +29,9 @@ from telescope.core.observe.loggers.tables import (
 )
 from telescope.core.observe.rundir.layout import config_to_dict
 from telescope.core.observe.rundir.records import RolloutRecord
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardLogger"]
 
@@ -67,13 +70,13 @@ class TensorBoardLogger(ScalarLogger):
         self._deferred: list[tuple[str, str]] = []  # text logged on resume before the first step
         self._lock = threading.RLock()
 
-    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+    def start(self, cfg: TelescopeConfig, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         self._writer_cls = import_for(
             "use_tensorboard", "torch.utils.tensorboard", "tensorboard"
         ).SummaryWriter
-        self.log_dir = Path(getattr(cfg, "tensorboard_dir", None) or Path(run_dir) / TENSORBOARD_DIR)
+        self.log_dir = Path(cfg.tensorboard_dir or Path(run_dir) / TENSORBOARD_DIR)
         if self.flush_secs is None:
-            self.flush_secs = float(getattr(cfg, "metrics_logger_interval_seconds", 2.0))
+            self.flush_secs = cfg.metrics_logger_interval_seconds
         self._resuming = bool(resume_ids)
         self._text("config", _code_block(config_to_dict(cfg)))  # at step 0, or the resumed run's first
 

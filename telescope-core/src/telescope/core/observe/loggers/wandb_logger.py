@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.observe.base import Logger
 from telescope.core.observe.loggers.code_files import select_code_files
@@ -31,6 +31,9 @@ from telescope.core.observe.loggers.wandb_uploads import BlockUploader
 from telescope.core.observe.periodic import IntervalBuffer
 from telescope.core.observe.rundir.layout import LOGS_DIR, config_to_dict
 from telescope.core.observe.rundir.records import SCHEMA_VERSION, RolloutRecord
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["ROLLOUT_TABLE_COLUMNS", "WandbLogger", "log_files_to_upload"]
 
@@ -77,7 +80,7 @@ class WandbLogger(Logger):
         self.code_root = Path(code_root or os.getcwd())
         self.upload_rollouts = upload_rollouts
         self.run: Any = None
-        self._cfg: Any = None
+        self._cfg: TelescopeConfig | None = None
         self._run_dir: Path | None = None
         self._ids: dict[str, Any] = {}
         self._clock = clock
@@ -85,11 +88,11 @@ class WandbLogger(Logger):
         self._uploader: BlockUploader | None = None
         self._run_lock = threading.RLock()  # one W&B call at a time (caller and tick threads)
 
-    def start(self, cfg: Any, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
+    def start(self, cfg: TelescopeConfig, run_dir: Path, resume_ids: dict[str, Any] | None = None) -> None:
         wandb = import_for("use_wandb", "wandb", "wandb")
         self._cfg, self._run_dir = cfg, Path(run_dir)
         resume_id = (resume_ids or {}).get("id")
-        tags = list(getattr(cfg, "wandb_tags", []) or []) + [f"schema_version:{SCHEMA_VERSION}"]
+        tags = list(cfg.wandb_tags) + [f"schema_version:{SCHEMA_VERSION}"]
         self.run = wandb.init(
             project=cfg.wandb_project,
             name=cfg.wandb_run_name,
@@ -126,6 +129,7 @@ class WandbLogger(Logger):
 
     def _upload_code(self) -> None:
         cfg = self._cfg
+        assert cfg is not None  # called from start()
         files = set(
             select_code_files(
                 self.code_root, cfg.wandb_code_max_file_size_mb, list(cfg.wandb_code_exclude_patterns)
@@ -176,7 +180,7 @@ class WandbLogger(Logger):
         if self.run is None:
             return
         cfg, run_dir = self._cfg, self._run_dir
-        assert run_dir is not None
+        assert cfg is not None and run_dir is not None  # self.run is set: start() ran
         if self._history is not None:
             self._history.flush()
         if self._uploader is not None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = [
     "CONFIG_FILE",
@@ -52,12 +55,6 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved config as plain data (a pydantic model, a dict, or a namespace)."""
-    if hasattr(cfg, "model_dump"):
-        return dict(cfg.model_dump(mode="json"))
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    if hasattr(cfg, "__dict__"):
-        return dict(vars(cfg))
-    raise TypeError(f"cannot serialise config of type {type(cfg).__name__}: pass a TelescopeConfig")
+def config_to_dict(cfg: TelescopeConfig) -> dict[str, Any]:
+    """The resolved config as plain data (what config.yaml and the loggers' params hold)."""
+    return cfg.to_dict()

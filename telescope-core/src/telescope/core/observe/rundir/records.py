@@ -7,6 +7,7 @@ The JSON layout of each record is documented in ``docs/run-directory.md``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "RolloutRecord",
     "TimelineEvent",
+    "ZERO_ADVANTAGE_KINDS",
     "eval_event",
+    "zero_advantage_kind",
 ]
 
 #: Version of the run-directory layout and of every record below (bump on breaking change).
@@ -29,10 +32,28 @@ SCHEMA_VERSION = 2
 DISCARD_REASONS = ("max_async", "zero_advantage", "rollout_error", "prompt_too_long", "reward_error")
 #: Why an in-flight rollout was stopped before it finished (counted as cancelled).
 CANCEL_REASONS = ("off_policy", "eval_drain")
+#: Why a ``zero_advantage`` group carries no learning signal (``RolloutRecord.zero_advantage_kind``).
+ZERO_ADVANTAGE_KINDS = ("all_zero", "all_positive", "all_equal")
 
 #: Timeline event types the orchestrator emits (plugins may add their own).
 EVENT_TYPES = ("generation", "reward", "trainer", "weight_sync", "eval", "checkpoint", "run")
 EVENT_PHASES = ("start", "end", "instant")
+
+
+def zero_advantage_kind(rewards: Sequence[float], tol: float = 1e-9) -> str | None:
+    """Why a group of rewards carries no signal (one of ``ZERO_ADVANTAGE_KINDS``), or None.
+
+    ``all_zero`` (every reward 0), ``all_positive`` (every reward the same value > 0) or
+    ``all_equal`` (the same value otherwise, e.g. all negative). None when the rewards differ,
+    and for fewer than two rewards: one sample has nothing to be equal to, and under
+    ``advantage_norm: batch`` its advantage is not zero (a ``group_size: 1`` run trains on it).
+    """
+    if len(rewards) < 2 or max(rewards) - min(rewards) > tol:
+        return None
+    if abs(rewards[0]) <= tol:
+        return "all_zero"
+    return "all_positive" if rewards[0] > 0 else "all_equal"
+
 
 _DERIVED_ROLLOUT_FIELDS = {"kept", "prompt_tokens", "completion_tokens"}
 _TOKEN_VIEW_FIELDS = ("completion_token_texts", "completion_logprobs")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import math
 import socket
-import threading
 import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+from telescope.core.observe.periodic import PeriodicThread
 
 __all__ = ["PrometheusScraper", "parse_prometheus", "reduce_vllm_metrics"]
 
@@ -23,7 +24,12 @@ _log = logging.getLogger("telescope.observe")
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """``{metric name: value summed over label sets}`` from Prometheus text exposition."""
+    """``{metric name: value summed over label sets}`` from Prometheus text exposition.
+
+    The one parser of ``/metrics`` text (this scraper and ``InferenceClient.metrics``): the value is
+    the first field after the name and labels (a trailing timestamp is not the value, spaces inside
+    label values do not split), comments and non-finite values (NaN of an empty summary) are skipped.
+    """
     out: dict[str, float] = defaultdict(float)
     for line in text.splitlines():
         line = line.strip()
@@ -84,8 +90,7 @@ class PrometheusScraper:
         self._interval = interval_s
         self._timeout = timeout_s
         self.errors: dict[int, int] = defaultdict(int)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="telescope-vllm-metrics", daemon=True)
+        self._thread = PeriodicThread(self.scrape_all, interval_s, "telescope-vllm-metrics")
 
     @property
     def interval_s(self) -> float:
@@ -104,22 +109,20 @@ class PrometheusScraper:
             "metrics": metrics,
         }
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            for server in self.urls:
-                try:
-                    self._callback(self.scrape(server))
-                except Exception as exc:  # noqa: BLE001 - a busy or restarting server must not stop scraping
-                    self.errors[server] += 1
-                    if self.errors[server] == 1:
-                        _log.warning(
-                            "vLLM metrics of server %d (%s) unreadable: %s", server, self.urls[server], exc
-                        )
+    def scrape_all(self) -> None:
+        """Scrape every server once; one that cannot be read is counted (logged the first time)."""
+        for server in self.urls:
+            try:
+                self._callback(self.scrape(server))
+            except Exception as exc:  # noqa: BLE001 - a busy or restarting server must not stop scraping
+                self.errors[server] += 1
+                if self.errors[server] == 1:
+                    _log.warning(
+                        "vLLM metrics of server %d (%s) unreadable: %s", server, self.urls[server], exc
+                    )
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self._thread.stop()

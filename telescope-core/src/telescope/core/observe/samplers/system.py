@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from telescope.core.observe.periodic import PeriodicThread
 
 __all__ = ["CpuSampler", "GpuSampler", "SystemMetricsSampler", "read_proc_meminfo", "read_proc_stat"]
 
@@ -151,6 +152,7 @@ class SystemMetricsSampler:
     """Background thread calling ``callback(sample)`` every ``interval_s`` seconds.
 
     ``sample = {"time": unix seconds, "node": hostname, "source": "system", "metrics": {name: value}}``.
+    A failed sample is logged (once per distinct error) and sampling goes on.
     """
 
     def __init__(
@@ -159,12 +161,14 @@ class SystemMetricsSampler:
         if interval_s <= 0:
             raise ValueError(f"system metrics interval {interval_s} must be > 0 seconds")
         self._callback = callback
-        self._interval = interval_s
         self._cpu = CpuSampler()
         self._gpu = GpuSampler() if gpus else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="telescope-system-metrics", daemon=True)
-        self.samples_taken = 0
+        self._thread = PeriodicThread(self._sample_once, interval_s, "telescope-system-metrics")
+
+    @property
+    def samples_taken(self) -> int:
+        """Samples handed to the callback so far."""
+        return self._thread.calls
 
     def sample(self) -> dict[str, Any]:
         metrics = self._cpu.sample()
@@ -172,18 +176,11 @@ class SystemMetricsSampler:
             metrics.update(self._gpu.sample())
         return {"time": time.time(), "node": socket.gethostname(), "source": "system", "metrics": metrics}
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._callback(self.sample())
-                self.samples_taken += 1
-            except Exception as exc:  # noqa: BLE001 - sampling must never kill the run
-                _log.warning("system metrics sample failed: %s", exc)
+    def _sample_once(self) -> None:
+        self._callback(self.sample())
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self._thread.stop()
