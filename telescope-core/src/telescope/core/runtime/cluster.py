@@ -124,7 +124,9 @@ def _start_private(options: dict[str, Any]) -> None:
         ray.init(address="local", **options)
     finally:
         setup_log.setLevel(level)
-    log.info("private Ray cluster with token authentication (RAY_AUTH_MODE=%s)", os.environ.get("RAY_AUTH_MODE"))
+    log.info(
+        "private Ray cluster with token authentication (RAY_AUTH_MODE=%s)", os.environ.get("RAY_AUTH_MODE")
+    )
 
 
 def _resolve_auto(address: str) -> str:
