@@ -22,7 +22,7 @@ from telescope.core.rollouts.tokens import Interleaver
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
-__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "request_seed"]
+__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "failed_sample", "request_seed"]
 
 
 def request_seed(run_seed: int, *parts: object) -> int:
@@ -297,6 +297,25 @@ class RolloutRunner:
                 ],
             },
         )
+
+
+def failed_sample(task: SampleTask, version: int, message: str) -> RolloutSample:
+    """The record of a sample whose request failed: nothing generated, nothing scored."""
+    return RolloutSample(
+        list(task.prompt_ids),
+        [],
+        [],
+        None,
+        "error",
+        0.0,
+        0.0,
+        prompt_text=task.prompt_text,
+        server=task.server,
+        lane=task.lane,
+        model_version_start=version,
+        model_version_end=version,
+        info={"error": message},
+    )
 
 
 class PromptTooLongError(ValueError):

@@ -197,9 +197,8 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
-    orchestrator.tokenizer = tokenizer
     orchestrator.rollouts.traces = session.traces
-    orchestrator.healer = RayServerHealer(
+    orchestrator.servers.healer = RayServerHealer(
         session.servers.actors,
         clients,
         lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
@@ -223,7 +222,7 @@ async def add_checkpoints_and_evals(
     if resume is not None:
         await trainer.load_checkpoint(str(resume.path))
         orchestrator.load_state_dict(resume.orchestrator_state)
-        await orchestrator.sync_weights(resume.step)  # the servers started from the base model
+        await orchestrator.servers.sync_weights(resume.step)  # the servers started from the base model
     if cfg.checkpoint_every:
 
         def warn(message: str) -> None:
@@ -234,7 +233,7 @@ async def add_checkpoints_and_evals(
         return None
     from telescope.core.evals import EvalRunner
 
-    runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.tokenizer)
+    runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.runner.tokenizer)
     evals_info = eval_info({name: ev.loaded.env for name, ev in runner.evals.items()})
     hook.telescope_run_info(info={"evals": evals_info})
     controller = EvalController(

@@ -90,9 +90,9 @@ class EvalController:
             return
         step = orchestrator.counts.completed_steps
         servers = self._start_end_servers()
-        if orchestrator.last_sync_hold & set(servers) or self._awaiting_sync:
-            orchestrator.held_servers.clear()
-            await orchestrator.sync_weights(step)  # the held servers are behind: same version again
+        if orchestrator.servers.last_sync_hold & set(servers) or self._awaiting_sync:
+            orchestrator.servers.held_servers.clear()
+            await orchestrator.servers.sync_weights(step)  # the held servers are behind: same version again
         done = self.ran_at.get(step, set())
         await self._run([e for e in self.cfg.evals if e.name not in done], servers, step)
 
@@ -107,9 +107,9 @@ class EvalController:
     async def after_step(self, orchestrator: Any, step: int) -> None:
         """Release eval servers that have caught up; start the evals due at ``step``."""
         self._raise_report_failure()
-        if self._awaiting_sync and not (orchestrator.last_sync_hold & self.eval_servers):
+        if self._awaiting_sync and not (orchestrator.servers.last_sync_hold & self.eval_servers):
             self._awaiting_sync = False
-            orchestrator.restore_servers(self.eval_servers)
+            orchestrator.servers.restore(self.eval_servers)
         due = self.runner.due(step) if self.eval_servers else []
         if not due:
             return
@@ -117,12 +117,12 @@ class EvalController:
             log.info("eval step %d: waiting for the previous eval to finish", step)
             await self._task
             self._raise_report_failure()
-        if orchestrator.last_sync_hold & self.eval_servers:
-            orchestrator.held_servers.difference_update(self.eval_servers)
-            await orchestrator.sync_weights(step)  # they were held: bring them to this step's weights
+        if orchestrator.servers.last_sync_hold & self.eval_servers:
+            orchestrator.servers.held_servers.difference_update(self.eval_servers)
+            await orchestrator.servers.sync_weights(step)  # they were held: bring them to this step's weights
         self._awaiting_sync = False
-        await orchestrator.drain_servers(self.eval_servers)
-        orchestrator.held_servers.update(self.eval_servers)
+        await orchestrator.servers.drain(self.eval_servers)
+        orchestrator.servers.held_servers.update(self.eval_servers)
         self._task = asyncio.create_task(self._periodic(orchestrator, due, step), name=f"eval-step-{step}")
 
     def _raise_report_failure(self) -> None:
@@ -138,5 +138,5 @@ class EvalController:
             log.warning("evals at step %d failed: %s: %s", step, type(exc).__name__, exc)
         finally:
             # Released now; they load the next sync's weights, then take rollouts again.
-            orchestrator.held_servers.difference_update(self.eval_servers)
+            orchestrator.servers.held_servers.difference_update(self.eval_servers)
             self._awaiting_sync = True
