@@ -13,9 +13,9 @@ import asyncio
 import copy
 import dataclasses
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.base import Environment
 from telescope.core.env.chat import ChatOptions
@@ -26,6 +26,9 @@ from telescope.core.rollouts.prompts import PreparedPrompt, PromptSource
 from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask, request_seed
 from telescope.core.rollouts.scheduler import PromptItem
 from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
+
+if TYPE_CHECKING:
+    from telescope.core.inference.server_client import ServerClient
 
 __all__ = ["EvalRunner", "eval_scoring_env", "eval_settings"]
 
@@ -109,7 +112,7 @@ class EvalRunner:
         """Entries due after completed (1-indexed) training step ``step``."""
         return [e for e in self.cfg.evals if step > 0 and step % e.eval_every == 0]
 
-    async def run(self, entries: list[Any], clients: list[Any], step: int) -> list[EvalResult]:
+    async def run(self, entries: list[Any], clients: Sequence[ServerClient], step: int) -> list[EvalResult]:
         """Evaluate ``entries`` on ``clients``; one ``EvalResult`` per entry, in order."""
         if not clients:
             raise ValueError("EvalRunner.run needs at least one inference client")
@@ -142,7 +145,7 @@ class EvalRunner:
         return self.evals[name]
 
     async def _complete(
-        self, ev: _Eval, pos: int, completion: int, client: Any, server: int, step: int
+        self, ev: _Eval, pos: int, completion: int, client: ServerClient, server: int, step: int
     ) -> CompletionOutcome:
         prompt, name = ev.prompts[pos], ev.loaded.name
         index = prompt.item.sample_idx

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from telescope.core.packing import Packer
 from telescope.core.rollouts.groups import RolloutGroup
 from telescope.core.trainer import RankBatch, TrainSample
 
 if TYPE_CHECKING:
+    from telescope.core.algorithms.base import Algorithm
     from telescope.core.config import TelescopeConfig
 
 __all__ = ["BatchBuilder", "GroupBucket", "TrainBatch"]
@@ -60,7 +61,7 @@ class GroupBucket:
 class BatchBuilder:
     """Computes advantages with the run's algorithm and packs batches for the trainer."""
 
-    def __init__(self, cfg: TelescopeConfig, algorithm: Any, pad_token_id: int) -> None:
+    def __init__(self, cfg: TelescopeConfig, algorithm: Algorithm, pad_token_id: int) -> None:
         self.cfg = cfg
         self.algorithm = algorithm
         self.pad_token_id = pad_token_id

@@ -12,10 +12,10 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from telescope.core import faults
-from telescope.core.env.base import MultiTurnEnvironment
+from telescope.core.env.base import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import Sample
 from telescope.core.errors import stage_error
@@ -29,7 +29,7 @@ class PreparedPrompt:
     """A scheduled prompt, rendered through the chat template and tokenized."""
 
     item: PromptItem
-    env: Any
+    env: Environment
     sample: Sample
     prompt_text: str
     prompt_ids: list[int]
@@ -43,7 +43,7 @@ class PromptSource:
     def __init__(
         self,
         scheduler: PromptScheduler,
-        envs: dict[str, Any],
+        envs: dict[str, Environment],
         ranges: dict[str, tuple[float | None, float | None]],
         tokenizer: Any,
         chat: ChatOptions,
@@ -114,8 +114,8 @@ class PromptSource:
         sample = env.get_sample(item.sample_idx)
         if isinstance(env, MultiTurnEnvironment):
             text = env.format_messages(env.get_initial_prompt(sample), self.tokenizer, self.chat)
-        else:
-            text = env.format_prompt(sample, self.tokenizer, self.chat)
+        else:  # every other environment is single-turn
+            text = cast(SingleTurnEnvironment, env).format_prompt(sample, self.tokenizer, self.chat)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         lo, hi = self.ranges.get(item.env_name, (None, None))
         return PreparedPrompt(item, env, sample, text, ids, lo, hi)

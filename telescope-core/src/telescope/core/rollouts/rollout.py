@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from telescope.core import faults
-from telescope.core.env.base import MultiTurnEnvironment, SingleTurnEnvironment
+from telescope.core.env.base import Environment, MultiTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
 from telescope.core.rollouts.groups import RolloutSample, normalize_reward
 from telescope.core.rollouts.tokens import Interleaver
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
+    from telescope.core.inference.server_client import ServerClient
 
 __all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "failed_sample", "request_seed"]
 
@@ -64,7 +65,7 @@ class SampleTask:
     """What a lane needs to run one sample."""
 
     request_id: str
-    env: Any
+    env: Environment
     sample: Sample
     prompt_ids: list[int]
     prompt_text: str
@@ -122,14 +123,16 @@ class RolloutRunner:
             return self.decode(ids[-1:])
         return self.eos_text
 
-    async def run(self, client: Any, task: SampleTask, on_generated: Callable[[], None]) -> RolloutSample:
+    async def run(
+        self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
+    ) -> RolloutSample:
         """Generate and score one sample (never raises for model-output problems)."""
         if isinstance(task.env, MultiTurnEnvironment):
-            return await self._multi_turn(client, task, on_generated)
+            return await self._multi_turn(client, task, task.env, on_generated)
         return await self._single_turn(client, task, on_generated)
 
     async def _single_turn(
-        self, client: Any, task: SampleTask, on_generated: Callable[[], None]
+        self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         start_version, t0 = task.model_version(), time.time()
         params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
@@ -140,8 +143,7 @@ class RolloutRunner:
         t1 = time.time()
         on_generated()
         text = self.decode(choice.token_ids)
-        env: SingleTurnEnvironment = task.env
-        result = await env.score(text, task.sample, self.stop_text(choice.token_ids))
+        result = await task.env.score(text, task.sample, self.stop_text(choice.token_ids))
         sample = self._finish(
             task,
             choice.token_ids,
@@ -158,9 +160,12 @@ class RolloutRunner:
         return sample
 
     async def _multi_turn(
-        self, client: Any, task: SampleTask, on_generated: Callable[[], None]
+        self,
+        client: ServerClient,
+        task: SampleTask,
+        env: MultiTurnEnvironment,
+        on_generated: Callable[[], None],
     ) -> RolloutSample:
-        env: MultiTurnEnvironment = task.env
         state = env.create_initial_state(task.sample)
         messages = env.get_initial_prompt(task.sample)
         prompt_ids, start_version, t0 = list(task.prompt_ids), task.model_version(), time.time()

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import pluggy
 
     from telescope.core.config import TelescopeConfig
+    from telescope.core.env.base import Environment
+    from telescope.core.inference.server_client import ServerClient
     from telescope.core.plugins import PluginSet
     from telescope.core.registry import Registry
     from telescope.core.runtime.eval_control import EvalController
@@ -52,7 +54,7 @@ def load_tokenizer(cfg: TelescopeConfig) -> Any:
     return tokenizer
 
 
-def load_environments(cfg: TelescopeConfig, registry: Registry) -> dict[str, Any]:
+def load_environments(cfg: TelescopeConfig, registry: Registry) -> dict[str, Environment]:
     """Every training environment, built through the registry with its datasets loaded.
 
     A config ``reward_min``/``reward_max`` overrides the environment's declared range; null keeps it.
@@ -88,13 +90,13 @@ async def prepare_environments(envs: dict[str, Any]) -> None:
             ) from exc
 
 
-async def close_environments(orchestrator: Any) -> None:
+async def close_environments(orchestrator: Orchestrator) -> None:
     """``close`` of every training environment (at the end of the run, however it ends)."""
     for name, env in orchestrator.prompts.envs.items():
         await _close(name, env)
 
 
-async def _close(name: str, env: Any) -> None:
+async def _close(name: str, env: Environment) -> None:
     try:
         await env.close()
     except Exception as exc:  # noqa: BLE001 - one failed close must not hide the others or the run's error
@@ -131,7 +133,9 @@ def sync_group_spec(
     }
 
 
-async def init_weight_sync(session: RunSession, clients: list[Any], ranks_per_server: int = 1) -> None:
+async def init_weight_sync(
+    session: RunSession, clients: list[ServerClient], ranks_per_server: int = 1
+) -> None:
     """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.weights.settings import choose_broadcast_host
@@ -167,7 +171,9 @@ def eval_exclusions(cfg: TelescopeConfig, registry: Registry) -> dict[str, froze
     return dict(training_exclusions(cfg, registry))
 
 
-async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tuple[Orchestrator, list[Any]]:
+async def build_orchestrator(
+    session: RunSession, hook: pluggy.HookRelay
+) -> tuple[Orchestrator, list[ServerClient]]:
     """The orchestrator for a started session (servers healthy, trainers initialised), reporting
     through ``hook`` (the plugin manager's run hooks)."""
     from telescope.core.algorithms import get_algorithm
@@ -178,7 +184,7 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     hook.telescope_run_info(info={"environments": environment_info(envs, cfg)})
     await prepare_environments(envs)
     engine = inference_engine(cfg, registry)
-    clients = [engine.client(url) for url in session.servers.urls]
+    clients: list[ServerClient] = [engine.client(url) for url in session.servers.urls]
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)

@@ -24,6 +24,9 @@ from telescope.core.errors import RunStageError, stage_error
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
     from telescope.core.evals.aggregate import EvalResult
+    from telescope.core.evals.runner import EvalRunner
+    from telescope.core.inference.server_client import ServerClient
+    from telescope.core.runtime.orchestrator import Orchestrator
 
 __all__ = ["EvalController"]
 
@@ -36,8 +39,8 @@ class EvalController:
     def __init__(
         self,
         cfg: TelescopeConfig,
-        runner: Any,
-        clients: list[Any],
+        runner: EvalRunner,
+        clients: list[ServerClient],
         log_results: Callable[[int, list[EvalResult]], None],
     ) -> None:
         """``log_results(step, results)`` reports one eval round (the run: ``reporting.report_evals``)."""
@@ -81,7 +84,7 @@ class EvalController:
         if self.cfg.evals and self.cfg.eval_before_training and not resumed:
             await self._run(list(self.cfg.evals), self._start_end_servers(), 0)
 
-    async def after_training(self, orchestrator: Any) -> None:
+    async def after_training(self, orchestrator: Orchestrator) -> None:
         """Wait for a running eval, bring every server to the final weights, run the final evals."""
         if self._task is not None:
             await self._task
@@ -104,7 +107,7 @@ class EvalController:
         await self.runner.close()
 
     # --- during training ---------------------------------------------------------------
-    async def after_step(self, orchestrator: Any, step: int) -> None:
+    async def after_step(self, orchestrator: Orchestrator, step: int) -> None:
         """Release eval servers that have caught up; start the evals due at ``step``."""
         self._raise_report_failure()
         if self._awaiting_sync and not (orchestrator.servers.last_sync_hold & self.eval_servers):
@@ -129,7 +132,7 @@ class EvalController:
         if self._report_failure is not None:
             raise self._report_failure
 
-    async def _periodic(self, orchestrator: Any, entries: list[Any], step: int) -> None:
+    async def _periodic(self, orchestrator: Orchestrator, entries: list[Any], step: int) -> None:
         try:
             await self._run(entries, sorted(self.eval_servers), step)
         except RunStageError as exc:  # the results could not be reported

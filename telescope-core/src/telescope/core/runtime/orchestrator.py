@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import pluggy
 
     from telescope.core.config import TelescopeConfig
+    from telescope.core.inference.server_client import ServerClient
 
 __all__ = ["Counts", "Orchestrator", "StepHook", "TrainerHandle"]
 
@@ -76,7 +77,7 @@ class Orchestrator:
         cfg: TelescopeConfig,
         prompts: PromptSource,
         runner: RolloutRunner,
-        clients: list[Any],
+        clients: list[ServerClient],
         trainer: TrainerHandle,
         batches: BatchBuilder,
         hook: pluggy.HookRelay,

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.inference.server_client import ServerClient
 
 __all__ = ["RayServerHealer", "ServerRestartsExhaustedError"]
 
@@ -43,8 +46,8 @@ class RayServerHealer:
     def __init__(
         self,
         actors: list[Any],
-        clients: list[Any],
-        reform_sync_group: Callable[[list[Any]], Awaitable[None]],
+        clients: list[ServerClient],
+        reform_sync_group: Callable[[list[ServerClient]], Awaitable[None]],
         excluded: set[int],
     ) -> None:
         self.actors = actors
