@@ -85,8 +85,11 @@ def test_failed_requests_are_a_reproducible_fraction(monkeypatch: pytest.MonkeyP
 def test_a_hanging_reward_times_out_and_scores_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import ToyEnv
 
+    from telescope.core.env.faults import inject_reward_faults
+
     monkeypatch.setenv("TELESCOPE_FAULTS", "reward_hang=toy")
     env = ToyEnv(lambda completion, sample: 1.0, timeout_s=0.1)
+    inject_reward_faults(env)  # what env.resolve does to every environment it builds, with faults set
     sample = env.samples()[0]
     result = asyncio.run(env.score("abc", sample))
     assert result.total_reward == 0.0 and result.sample_metrics["reward_timeout"] == 1.0

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
-from telescope.core import faults
 from telescope.core.env.base import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import Sample
@@ -59,7 +58,6 @@ class PromptSource:
         self._task: asyncio.Task[None] | None = None
         self._outstanding: dict[int, PromptItem] = {}
         self._requeued: deque[PromptItem] = deque()
-        self._prepared = 0
 
     # --- the ledger ----------------------------------------------------------------------
     def _draw(self, requeued: bool = True) -> PromptItem:
@@ -101,9 +99,7 @@ class PromptSource:
 
     def prepare(self, item: PromptItem) -> PreparedPrompt:
         """Render and tokenize one scheduled prompt; a failure names the environment and sample."""
-        self._prepared += 1
         try:
-            faults.on_prepare_prompt(self._prepared)
             return self._prepare(item)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the environment and sample
             stage = f"prompt preparation (environment '{item.env_name}', sample {item.sample_idx})"

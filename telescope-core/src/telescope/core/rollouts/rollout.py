@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from telescope.core import faults
 from telescope.core.env.base import Environment, MultiTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
 from telescope.core.rollouts.groups import RolloutSample, normalize_reward
@@ -138,7 +137,6 @@ class RolloutRunner:
         params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
         if params is None:  # nothing generated, nothing to score (the caller frees the lane)
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
-        await faults.on_request(task.request_id)
         (choice,) = await client.complete(task.prompt_ids, **params)
         t1 = time.time()
         on_generated()
@@ -179,7 +177,6 @@ class RolloutRunner:
             if params is None:
                 state.stop_reason, finish = "context_exhausted", "length"
                 break
-            await faults.on_request(params["request_id"])
             (choice,) = await client.complete(prompt_ids, **params)
             response_ids += [choice.response_id] if choice.response_id else []
             ids = list(choice.token_ids)

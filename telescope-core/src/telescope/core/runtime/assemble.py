@@ -18,6 +18,7 @@ from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
 from telescope.core.runtime.reporting import report_evals
+from telescope.core.runtime.supervision.faults import install_faults
 from telescope.core.runtime.supervision.healing import RayServerHealer
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ async def build_orchestrator(
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
     orchestrator.rollouts.traces = session.traces
+    install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
     orchestrator.servers.healer = RayServerHealer(
         session.servers.actors,
         clients,

@@ -26,7 +26,6 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from telescope.core import faults
 from telescope.core.errors import stage_error
 from telescope.core.observe.rundir.records import TimelineEvent
 from telescope.core.rollouts.batching import BatchBuilder, GroupBucket, TrainBatch
@@ -395,9 +394,6 @@ class Orchestrator:
         rows = self.rollouts.close(step + 1, report)
         self.hook.telescope_step_end(step=step + 1, metrics=report, rollouts=rows)
         self.poke()
-        kill = faults.kill_server_after(step + 1)
-        if kill is not None and self.servers.healer is not None:
-            await self.servers.healer.kill(kill)
         for hook in self.hooks:
             self._enter(f"step hook {type(hook).__name__}")
             await hook.after_step(self, step + 1)

@@ -1,6 +1,6 @@
 """Self-healing inference: a server that dies is restarted, re-synced and given its work back.
 
-The orchestrator notices a dead server when one of its requests fails and ``/health`` does
+The inference supervisor (``servers.py``) notices a dead server when a request fails and ``/health`` does
 not answer, or before a weight sync (every server is checked first: a broadcast to a dead
 member would fail every receiver). It then, holding the sync lock:
 
