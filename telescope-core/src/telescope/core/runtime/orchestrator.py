@@ -15,7 +15,8 @@ servers hold, 0 = the initial model):
 
 Liveness: a failure in any task of the run (trainer loop, prompt prefetch, rollout tasks)
 ends ``run`` at once with a ``RunStageError`` naming the stage; with ``stall_timeout_s`` set,
-a run that completes no step for that long logs what everything is doing and fails.
+the watchdog fails a run that completes no step for that long (``supervision/liveness.py``,
+from ``snapshot()``). Weight syncs and healing: ``self.servers`` (``supervision/servers.py``).
 """
 
 from __future__ import annotations
