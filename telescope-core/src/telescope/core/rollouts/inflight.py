@@ -43,6 +43,8 @@ class InflightGroup:
     finished: int = 0
     failure: GroupFailure | None = None
     """Why the group cannot be trained on (the first failure of one of its samples)."""
+    reward_errors: int = 0
+    """Samples whose reward raised or timed out (known once the group is complete)."""
 
     @property
     def group_id(self) -> int:
@@ -84,20 +86,19 @@ class InflightGroup:
             running.task.cancel()
         return ids
 
-    def complete(self, version: int) -> tuple[RolloutGroup, int]:
-        """The finished group (``discard_reason`` set when it failed) and its number of failed rewards.
-
-        A group whose every reward failed fails as ``reward_error``.
-        """
+    def complete(self, version: int) -> RolloutGroup:
+        """The finished group, ``discard_reason`` set when it failed (a group whose every reward
+        failed fails as ``reward_error``); counts ``reward_errors``."""
         item = self.prepared.item
         samples = [s for s in self.results if s is not None]
         done = RolloutGroup(item.group_id, item.env_name, item.sample_idx, samples, version)
         errored = [s for s in samples if reward_failed(s)]
+        self.reward_errors = len(errored)
         if self.failure is None and errored and len(errored) == len(samples):
             self.failure = GroupFailure.rewards_failed(item.env_name, errored[0])
         if self.failure is not None:
             done.discard_reason = self.failure.reason
-        return done, len(errored)
+        return done
 
     def cancelled(self, version: int, reason: str, samples_cancelled: int) -> RolloutGroup:
         """The record of a group cancelled for ``reason``, with the samples that had finished."""

@@ -288,8 +288,8 @@ class Orchestrator:
     # --- groups -> batches ----------------------------------------------------------------
     def _complete_group(self, group: InflightGroup) -> None:
         self._groups.pop(group.group_id, None)
-        done, reward_errors = group.complete(self.counts.model_version)
-        self.counts.reward_errors[done.env_name] += reward_errors
+        done = group.complete(self.counts.model_version)
+        self.counts.reward_errors[done.env_name] += group.reward_errors
         stalled = self._failures.record(done.env_name, group.failure)
         if stalled is not None:
             self._fail(stalled)
