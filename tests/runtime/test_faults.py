@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -85,8 +87,11 @@ def test_failed_requests_are_a_reproducible_fraction(monkeypatch: pytest.MonkeyP
 def test_a_hanging_reward_times_out_and_scores_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import ToyEnv
 
+    from telescope.core.env.faults import inject_reward_faults
+
     monkeypatch.setenv("TELESCOPE_FAULTS", "reward_hang=toy")
     env = ToyEnv(lambda completion, sample: 1.0, timeout_s=0.1)
+    inject_reward_faults(env)  # what env.resolve does to every environment it builds, with faults set
     sample = env.samples()[0]
     result = asyncio.run(env.score("abc", sample))
     assert result.total_reward == 0.0 and result.sample_metrics["reward_timeout"] == 1.0
@@ -95,3 +100,42 @@ def test_a_hanging_reward_times_out_and_scores_zero(monkeypatch: pytest.MonkeyPa
     assert result.sample_metrics["reward_error"] == 1.0
     monkeypatch.delenv("TELESCOPE_FAULTS")
     assert asyncio.run(env.score("abc", sample)).total_reward == 1.0
+
+
+def test_the_run_seams_are_installed_only_with_faults_set(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes import FakeClient, ToyEnv
+    from test_orchestrator import build, varied_reply, varied_reward
+
+    from telescope.core.inference.faults import FaultyClient
+    from telescope.core.runtime.supervision.faults import ServerKill
+
+    monkeypatch.delenv("TELESCOPE_FAULTS", raising=False)
+    orch, _, _ = build(tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)))
+    assert type(orch.clients[0]) is FakeClient and orch.hooks == [] and "_prepare" not in vars(orch.prompts)
+    monkeypatch.setenv("TELESCOPE_FAULTS", "server_kill@5")
+    orch, _, _ = build(tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)))
+    assert isinstance(orch.clients[0], FaultyClient) and isinstance(orch.hooks[0], ServerKill)
+    assert "_prepare" in vars(orch.prompts)  # the preparation counts prompts for prompt_raise
+
+
+def test_a_trainer_backend_raises_only_in_the_step_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from telescope.core.runtime.supervision.faults import with_trainer_faults
+
+    class Backend:
+        def train_step(self, batch: Any) -> dict[str, float]:
+            return {"loss": float(batch.step)}
+
+        def init(self) -> dict[str, Any]:
+            return {"dp_world_size": 1}
+
+    backend: Any = Backend()
+    monkeypatch.delenv("TELESCOPE_FAULTS", raising=False)
+    assert with_trainer_faults(backend) is backend
+    monkeypatch.setenv("TELESCOPE_FAULTS", "train_step_raise@3")
+    faulty = with_trainer_faults(backend)
+    assert faulty.train_step(SimpleNamespace(step=1)) == {"loss": 1.0}  # type: ignore[arg-type]
+    assert faulty.init() == {"dp_world_size": 1}  # everything else is the backend's own
+    with pytest.raises(InjectedFault, match="train_step_raise@3"):
+        faulty.train_step(SimpleNamespace(step=2))  # type: ignore[arg-type]  # 0-based step 2 = step 3

@@ -77,7 +77,7 @@ def build_servers(tokenizer: Any, servers: int = 2, **overrides: Any) -> tuple[A
     orch, trainer, observer = build(
         tokenizer, ToyEnv(varied_reward), clients, discard_group_zero_advantage=False, **overrides
     )
-    orch.healer = FakeHealer(clients, trainer)
+    orch.servers.healer = FakeHealer(clients, trainer)
     sync = trainer.sync_weights
 
     async def sync_and_mark(version: int, hold: frozenset[int] = frozenset()) -> dict[str, float]:
@@ -87,7 +87,7 @@ def build_servers(tokenizer: Any, servers: int = 2, **overrides: Any) -> tuple[A
         return result
 
     trainer.sync_weights = sync_and_mark  # type: ignore[method-assign]
-    return orch, trainer, observer, orch.healer
+    return orch, trainer, observer, orch.servers.healer
 
 
 @pytest.mark.parametrize(("servers", "max_async"), [(1, 0), (2, 0), (2, 2)])

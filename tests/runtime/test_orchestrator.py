@@ -17,6 +17,7 @@ from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
 from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.rollouts.tokens import stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
+from telescope.core.runtime.supervision.faults import install_faults
 from telescope.core.testing import RunRecorder, make_config, recording_hooks
 
 
@@ -54,7 +55,9 @@ def build(
     trainer, (hook, recorder) = FakeTrainer(), recording_hooks(*plugins)
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm), 0)
     clients = client if isinstance(client, list) else [client]
-    return Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook), trainer, recorder
+    orch = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
+    install_faults(orch)  # as the run's assembly does: a no-op unless TELESCOPE_FAULTS is set
+    return orch, trainer, recorder
 
 
 def varied_reply(tokenizer: Any) -> Any:

@@ -13,8 +13,10 @@ it to every Ray worker (the run's ``runtime_env``). Entries are ``name@N`` or ``
 - ``server_kill@N``: inference server 0 is SIGKILLed once training step N ended (the run
   restarts it, up to ``inference_max_restarts`` times).
 
-Example: ``TELESCOPE_FAULTS=train_step_raise@3,request_fail=0.1``. Unset, every hook is one
-environment lookup and a comparison: nothing is slowed down.
+Example: ``TELESCOPE_FAULTS=train_step_raise@3,request_fail=0.1``. The checks below are called
+only by one seam per layer, installed when the run is assembled and only when the variable is
+set (``inference/faults.py``, ``env/faults.py``, ``runtime/supervision/faults.py``): unset, the
+run has no fault checks at all.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def current() -> FaultSpec | None:
     return _cache[1]
 
 
-# --- the hooks the runtime calls -----------------------------------------------------------
+# --- the checks the seams call -------------------------------------------------------------
 def on_train_step(step: int) -> None:
     """Trainer ranks, before training step ``step`` (1-based)."""
     faults = current()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -145,7 +144,7 @@ class Environment(ABC):
         token = reward_log.scoring(self)
         try:
             call = self._reward_call(target, sample, eos_token)
-            return await asyncio.wait_for(_with_faults(self.name, call), timeout=timeout)
+            return await asyncio.wait_for(call, timeout=timeout)
         except TimeoutError:
             message = f"compute_reward took longer than {timeout}s"
             reward_log.report("compute_reward", None, message)
@@ -195,18 +194,6 @@ class Environment(ABC):
             info_turns=result.info_turns,
             sample_tags=result.sample_tags,
         )
-
-
-async def _with_faults(env_name: str, call: Any) -> Any:
-    if "TELESCOPE_FAULTS" in os.environ:  # fault injection (tests, bench/faults.py)
-        from telescope.core import faults
-
-        try:
-            await faults.on_reward(env_name)
-        except BaseException:
-            call.close()  # the reward coroutine never started
-            raise
-    return await call
 
 
 def _failed_reward(key: str, message: str) -> RewardResult:

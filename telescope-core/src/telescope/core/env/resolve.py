@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from telescope.core import faults
 from telescope.core.env.base import Environment, EnvironmentKwargs
 from telescope.core.registry import Component, Registry, did_you_mean
 
@@ -80,6 +81,10 @@ def _create(registry: Registry, kind: str, name: str, kwargs: dict[str, Any] | N
     problems = environment_component_problems(registry.get(kind, name), kwargs or {}, registry)
     if problems:
         raise ValueError("; ".join(problems))
-    env = registry.create(kind, name, kwargs)
+    env: Environment = registry.create(kind, name, kwargs)
     env.name = name
-    return env  # type: ignore[no-any-return]
+    if faults.current() is not None:  # TELESCOPE_FAULTS: rewards may raise or hang (env/faults.py)
+        from telescope.core.env.faults import inject_reward_faults
+
+        inject_reward_faults(env)
+    return env

@@ -13,7 +13,7 @@ import asyncio
 import copy
 import dataclasses
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
+    from telescope.core.inference.server_client import ServerClient
 
 __all__ = ["EvalRunner", "eval_scoring_env", "eval_settings"]
 
@@ -114,7 +115,7 @@ class EvalRunner:
         """Entries due after completed (1-indexed) training step ``step``."""
         return [e for e in self.cfg.evals if step > 0 and step % e.eval_every == 0]
 
-    async def run(self, entries: list[Any], clients: list[Any], step: int) -> list[EvalResult]:
+    async def run(self, entries: list[Any], clients: Sequence[ServerClient], step: int) -> list[EvalResult]:
         """Evaluate ``entries`` on ``clients``; one ``EvalResult`` per entry, in order."""
         if not clients:
             raise ValueError("EvalRunner.run needs at least one inference client")
@@ -147,7 +148,7 @@ class EvalRunner:
         return self.evals[name]
 
     async def _complete(
-        self, ev: _Eval, pos: int, completion: int, client: Any, server: int, step: int
+        self, ev: _Eval, pos: int, completion: int, client: ServerClient, server: int, step: int
     ) -> CompletionOutcome:
         prompt, name = ev.prompts[pos], ev.loaded.name
         index = prompt.item.sample_idx

@@ -110,6 +110,7 @@ async def _evaluate_one(
 ) -> list[EvalResult]:
     from telescope.core.evals.runner import EvalRunner
     from telescope.core.inference.client import InferenceClient
+    from telescope.core.inference.faults import with_request_faults
 
     runner = await asyncio.to_thread(
         EvalRunner, cfg, registry, await asyncio.to_thread(_tokenizer, cfg), progress
@@ -117,7 +118,7 @@ async def _evaluate_one(
     servers = await asyncio.to_thread(launch_servers, cfg, registry, engine, log_dir)
     clients = [InferenceClient(s.url) for s in servers]
     try:
-        return await runner.run(list(cfg.evals), clients, step)
+        return await runner.run(list(cfg.evals), with_request_faults(list(clients)), step)
     finally:
         for client in clients:
             await client.close()

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from telescope.core.packing import Packer
 from telescope.core.rollouts.groups import RolloutGroup
 from telescope.core.trainer import RankBatch, TrainSample
 
 if TYPE_CHECKING:
+    from telescope.core.algorithms.base import Algorithm
     from telescope.core.config import TelescopeConfig
 
-__all__ = ["BatchBuilder", "TrainBatch"]
+__all__ = ["BatchBuilder", "GroupBucket", "TrainBatch"]
 
 
 @dataclass
@@ -25,10 +26,42 @@ class TrainBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class GroupBucket:
+    """Finished groups waiting for a batch: ``size`` of them make one, too old ones are discarded."""
+
+    def __init__(self, size: int, max_async_rollout: int) -> None:
+        self.size = size
+        self.max_async_rollout = max_async_rollout
+        self.groups: list[RolloutGroup] = []
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, group: RolloutGroup) -> None:
+        self.groups.append(group)
+
+    def drop_too_old(self, step: int) -> list[RolloutGroup]:
+        """Remove the groups generated more than ``max_async_rollout`` versions before ``step``;
+        returns them, with discard reason ``max_async``."""
+        old = [g for g in self.groups if step - g.oldest_version > self.max_async_rollout]
+        self.groups = [g for g in self.groups if step - g.oldest_version <= self.max_async_rollout]
+        for group in old:
+            group.discard_reason = "max_async"
+        return old
+
+    def take(self) -> list[RolloutGroup] | None:
+        """The groups of the next batch in group-id order (it does not depend on completion order),
+        or None while fewer than ``size`` are waiting."""
+        if len(self.groups) < self.size:
+            return None
+        groups, self.groups = self.groups[: self.size], self.groups[self.size :]
+        return sorted(groups, key=lambda g: g.group_id)
+
+
 class BatchBuilder:
     """Computes advantages with the run's algorithm and packs batches for the trainer."""
 
-    def __init__(self, cfg: TelescopeConfig, algorithm: Any, pad_token_id: int) -> None:
+    def __init__(self, cfg: TelescopeConfig, algorithm: Algorithm, pad_token_id: int) -> None:
         self.cfg = cfg
         self.algorithm = algorithm
         self.pad_token_id = pad_token_id

@@ -25,6 +25,13 @@ class GroupFailure:
     """``rollout_error``, ``prompt_too_long`` or ``reward_error`` (a discard reason of the records)."""
     message: str
 
+    @classmethod
+    def rewards_failed(cls, env: str, sample: RolloutSample) -> GroupFailure:
+        """Every reward of the group raised or timed out; ``sample`` is the first of them."""
+        detail = next(iter(sample.info.get("reward_errors") or []), "")
+        suffix = f": {detail}" if detail else ""
+        return cls("reward_error", f"every reward of the group failed in environment '{env}'{suffix}")
+
 
 @dataclass
 class RolloutSample:

@@ -12,10 +12,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
-from telescope.core import faults
-from telescope.core.env.base import MultiTurnEnvironment
+from telescope.core.env.base import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import Sample
 from telescope.core.errors import stage_error
@@ -29,7 +28,7 @@ class PreparedPrompt:
     """A scheduled prompt, rendered through the chat template and tokenized."""
 
     item: PromptItem
-    env: Any
+    env: Environment
     sample: Sample
     prompt_text: str
     prompt_ids: list[int]
@@ -43,7 +42,7 @@ class PromptSource:
     def __init__(
         self,
         scheduler: PromptScheduler,
-        envs: dict[str, Any],
+        envs: dict[str, Environment],
         ranges: dict[str, tuple[float | None, float | None]],
         tokenizer: Any,
         chat: ChatOptions,
@@ -59,7 +58,6 @@ class PromptSource:
         self._task: asyncio.Task[None] | None = None
         self._outstanding: dict[int, PromptItem] = {}
         self._requeued: deque[PromptItem] = deque()
-        self._prepared = 0
 
     # --- the ledger ----------------------------------------------------------------------
     def _draw(self, requeued: bool = True) -> PromptItem:
@@ -101,9 +99,7 @@ class PromptSource:
 
     def prepare(self, item: PromptItem) -> PreparedPrompt:
         """Render and tokenize one scheduled prompt; a failure names the environment and sample."""
-        self._prepared += 1
         try:
-            faults.on_prepare_prompt(self._prepared)
             return self._prepare(item)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the environment and sample
             stage = f"prompt preparation (environment '{item.env_name}', sample {item.sample_idx})"
@@ -114,8 +110,8 @@ class PromptSource:
         sample = env.get_sample(item.sample_idx)
         if isinstance(env, MultiTurnEnvironment):
             text = env.format_messages(env.get_initial_prompt(sample), self.tokenizer, self.chat)
-        else:
-            text = env.format_prompt(sample, self.tokenizer, self.chat)
+        else:  # every other environment is single-turn
+            text = cast(SingleTurnEnvironment, env).format_prompt(sample, self.tokenizer, self.chat)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         lo, hi = self.ranges.get(item.env_name, (None, None))
         return PreparedPrompt(item, env, sample, text, ids, lo, hi)

@@ -13,16 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from telescope.core import faults
-from telescope.core.env.base import MultiTurnEnvironment, SingleTurnEnvironment
+from telescope.core.env.base import Environment, MultiTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
 from telescope.core.rollouts.groups import RolloutSample, normalize_reward
 from telescope.core.rollouts.tokens import Interleaver
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
+    from telescope.core.inference.server_client import ServerClient
 
-__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "request_seed"]
+__all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "failed_sample", "request_seed"]
 
 
 def request_seed(run_seed: int, *parts: object) -> int:
@@ -64,7 +64,7 @@ class SampleTask:
     """What a lane needs to run one sample."""
 
     request_id: str
-    env: Any
+    env: Environment
     sample: Sample
     prompt_ids: list[int]
     prompt_text: str
@@ -122,26 +122,26 @@ class RolloutRunner:
             return self.decode(ids[-1:])
         return self.eos_text
 
-    async def run(self, client: Any, task: SampleTask, on_generated: Callable[[], None]) -> RolloutSample:
+    async def run(
+        self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
+    ) -> RolloutSample:
         """Generate and score one sample (never raises for model-output problems)."""
         if isinstance(task.env, MultiTurnEnvironment):
-            return await self._multi_turn(client, task, on_generated)
+            return await self._multi_turn(client, task, task.env, on_generated)
         return await self._single_turn(client, task, on_generated)
 
     async def _single_turn(
-        self, client: Any, task: SampleTask, on_generated: Callable[[], None]
+        self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         start_version, t0 = task.model_version(), time.time()
         params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
         if params is None:  # nothing generated, nothing to score (the caller frees the lane)
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
-        await faults.on_request(task.request_id)
         (choice,) = await client.complete(task.prompt_ids, **params)
         t1 = time.time()
         on_generated()
         text = self.decode(choice.token_ids)
-        env: SingleTurnEnvironment = task.env
-        result = await env.score(text, task.sample, self.stop_text(choice.token_ids))
+        result = await task.env.score(text, task.sample, self.stop_text(choice.token_ids))
         sample = self._finish(
             task,
             choice.token_ids,
@@ -158,9 +158,12 @@ class RolloutRunner:
         return sample
 
     async def _multi_turn(
-        self, client: Any, task: SampleTask, on_generated: Callable[[], None]
+        self,
+        client: ServerClient,
+        task: SampleTask,
+        env: MultiTurnEnvironment,
+        on_generated: Callable[[], None],
     ) -> RolloutSample:
-        env: MultiTurnEnvironment = task.env
         state = env.create_initial_state(task.sample)
         messages = env.get_initial_prompt(task.sample)
         prompt_ids, start_version, t0 = list(task.prompt_ids), task.model_version(), time.time()
@@ -174,7 +177,6 @@ class RolloutRunner:
             if params is None:
                 state.stop_reason, finish = "context_exhausted", "length"
                 break
-            await faults.on_request(params["request_id"])
             (choice,) = await client.complete(prompt_ids, **params)
             response_ids += [choice.response_id] if choice.response_id else []
             ids = list(choice.token_ids)
@@ -297,6 +299,25 @@ class RolloutRunner:
                 ],
             },
         )
+
+
+def failed_sample(task: SampleTask, version: int, message: str) -> RolloutSample:
+    """The record of a sample whose request failed: nothing generated, nothing scored."""
+    return RolloutSample(
+        list(task.prompt_ids),
+        [],
+        [],
+        None,
+        "error",
+        0.0,
+        0.0,
+        prompt_text=task.prompt_text,
+        server=task.server,
+        lane=task.lane,
+        model_version_start=version,
+        model_version_end=version,
+        info={"error": message},
+    )
 
 
 class PromptTooLongError(ValueError):

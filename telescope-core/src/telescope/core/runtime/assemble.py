@@ -18,12 +18,15 @@ from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
 from telescope.core.runtime.reporting import report_evals
+from telescope.core.runtime.supervision.faults import install_faults
 from telescope.core.runtime.supervision.healing import RayServerHealer
 
 if TYPE_CHECKING:
     import pluggy
 
     from telescope.core.config import TelescopeConfig
+    from telescope.core.env.base import Environment
+    from telescope.core.inference.server_client import ServerClient
     from telescope.core.plugins import PluginSet
     from telescope.core.registry import Registry
     from telescope.core.runtime.eval_control import EvalController
@@ -52,7 +55,7 @@ def load_tokenizer(cfg: TelescopeConfig) -> Any:
     return tokenizer
 
 
-def load_environments(cfg: TelescopeConfig, registry: Registry) -> dict[str, Any]:
+def load_environments(cfg: TelescopeConfig, registry: Registry) -> dict[str, Environment]:
     """Every training environment, built through the registry with its datasets loaded.
 
     A config ``reward_min``/``reward_max`` overrides the environment's declared range; null keeps it.
@@ -88,13 +91,13 @@ async def prepare_environments(envs: dict[str, Any]) -> None:
             ) from exc
 
 
-async def close_environments(orchestrator: Any) -> None:
+async def close_environments(orchestrator: Orchestrator) -> None:
     """``close`` of every training environment (at the end of the run, however it ends)."""
     for name, env in orchestrator.prompts.envs.items():
         await _close(name, env)
 
 
-async def _close(name: str, env: Any) -> None:
+async def _close(name: str, env: Environment) -> None:
     try:
         await env.close()
     except Exception as exc:  # noqa: BLE001 - one failed close must not hide the others or the run's error
@@ -131,7 +134,9 @@ def sync_group_spec(
     }
 
 
-async def init_weight_sync(session: RunSession, clients: list[Any], ranks_per_server: int = 1) -> None:
+async def init_weight_sync(
+    session: RunSession, clients: list[ServerClient], ranks_per_server: int = 1
+) -> None:
     """Form the group: trainer rank 0 (sender) + every server's workers (receivers), concurrently."""
     from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.weights.settings import choose_broadcast_host
@@ -167,7 +172,9 @@ def eval_exclusions(cfg: TelescopeConfig, registry: Registry) -> dict[str, froze
     return dict(training_exclusions(cfg, registry))
 
 
-async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tuple[Orchestrator, list[Any]]:
+async def build_orchestrator(
+    session: RunSession, hook: pluggy.HookRelay
+) -> tuple[Orchestrator, list[ServerClient]]:
     """The orchestrator for a started session (servers healthy, trainers initialised), reporting
     through ``hook`` (the plugin manager's run hooks)."""
     from telescope.core.algorithms import get_algorithm
@@ -178,7 +185,7 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     hook.telescope_run_info(info={"environments": environment_info(envs, cfg)})
     await prepare_environments(envs)
     engine = inference_engine(cfg, registry)
-    clients = [engine.client(url) for url in session.servers.urls]
+    clients: list[ServerClient] = [engine.client(url) for url in session.servers.urls]
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)
@@ -197,9 +204,9 @@ async def build_orchestrator(session: RunSession, hook: pluggy.HookRelay) -> tup
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
-    orchestrator.tokenizer = tokenizer
     orchestrator.rollouts.traces = session.traces
-    orchestrator.healer = RayServerHealer(
+    install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
+    orchestrator.servers.healer = RayServerHealer(
         session.servers.actors,
         clients,
         lambda members: init_weight_sync(session, members, engine.sync_ranks_per_server),
@@ -223,7 +230,7 @@ async def add_checkpoints_and_evals(
     if resume is not None:
         await trainer.load_checkpoint(str(resume.path))
         orchestrator.load_state_dict(resume.orchestrator_state)
-        await orchestrator.sync_weights(resume.step)  # the servers started from the base model
+        await orchestrator.servers.sync_weights(resume.step)  # the servers started from the base model
     if cfg.checkpoint_every:
 
         def warn(message: str) -> None:
@@ -234,7 +241,7 @@ async def add_checkpoints_and_evals(
         return None
     from telescope.core.evals import EvalRunner
 
-    runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.tokenizer)
+    runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.runner.tokenizer)
     evals_info = eval_info({name: ev.loaded.env for name, ev in runner.evals.items()})
     hook.telescope_run_info(info={"evals": evals_info})
     controller = EvalController(

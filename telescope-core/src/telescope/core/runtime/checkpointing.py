@@ -29,6 +29,8 @@ from telescope.core.observe.rundir.records import TimelineEvent
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
+    from telescope.core.runtime.orchestrator import Orchestrator
+    from telescope.core.runtime.ray_group import RayTrainerGroup
 
 __all__ = ["ResumePoint", "RunCheckpointer", "checkpoint_root", "find_resume_point"]
 
@@ -108,7 +110,7 @@ class RunCheckpointer:
     def __init__(
         self,
         cfg: TelescopeConfig,
-        trainer: Any,
+        trainer: RayTrainerGroup,
         logger_ids: Callable[[], dict[str, Any]],
         warn: Callable[[str], None],
         fail: Callable[[BaseException], None] | None = None,
@@ -125,7 +127,7 @@ class RunCheckpointer:
         if removed:
             log.info("removed %s unfinished checkpoint folder(s) left by an interrupted save", removed)
 
-    async def after_step(self, orchestrator: Any, step: int) -> None:
+    async def after_step(self, orchestrator: Orchestrator, step: int) -> None:
         """Save when due; the orchestrator state is taken now, before anything else can change it."""
         from telescope.core.checkpoint import checkpoint_due
 

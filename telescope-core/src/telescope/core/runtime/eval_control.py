@@ -24,6 +24,9 @@ from telescope.core.errors import RunStageError, stage_error
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
     from telescope.core.evals.aggregate import EvalResult
+    from telescope.core.evals.runner import EvalRunner
+    from telescope.core.inference.server_client import ServerClient
+    from telescope.core.runtime.orchestrator import Orchestrator
 
 __all__ = ["EvalController"]
 
@@ -36,8 +39,8 @@ class EvalController:
     def __init__(
         self,
         cfg: TelescopeConfig,
-        runner: Any,
-        clients: list[Any],
+        runner: EvalRunner,
+        clients: list[ServerClient],
         log_results: Callable[[int, list[EvalResult]], None],
     ) -> None:
         """``log_results(step, results)`` reports one eval round (the run: ``reporting.report_evals``)."""
@@ -81,7 +84,7 @@ class EvalController:
         if self.cfg.evals and self.cfg.eval_before_training and not resumed:
             await self._run(list(self.cfg.evals), self._start_end_servers(), 0)
 
-    async def after_training(self, orchestrator: Any) -> None:
+    async def after_training(self, orchestrator: Orchestrator) -> None:
         """Wait for a running eval, bring every server to the final weights, run the final evals."""
         if self._task is not None:
             await self._task
@@ -90,9 +93,9 @@ class EvalController:
             return
         step = orchestrator.counts.completed_steps
         servers = self._start_end_servers()
-        if orchestrator.last_sync_hold & set(servers) or self._awaiting_sync:
-            orchestrator.held_servers.clear()
-            await orchestrator.sync_weights(step)  # the held servers are behind: same version again
+        if orchestrator.servers.last_sync_hold & set(servers) or self._awaiting_sync:
+            orchestrator.servers.held_servers.clear()
+            await orchestrator.servers.sync_weights(step)  # the held servers are behind: same version again
         done = self.ran_at.get(step, set())
         await self._run([e for e in self.cfg.evals if e.name not in done], servers, step)
 
@@ -104,12 +107,12 @@ class EvalController:
         await self.runner.close()
 
     # --- during training ---------------------------------------------------------------
-    async def after_step(self, orchestrator: Any, step: int) -> None:
+    async def after_step(self, orchestrator: Orchestrator, step: int) -> None:
         """Release eval servers that have caught up; start the evals due at ``step``."""
         self._raise_report_failure()
-        if self._awaiting_sync and not (orchestrator.last_sync_hold & self.eval_servers):
+        if self._awaiting_sync and not (orchestrator.servers.last_sync_hold & self.eval_servers):
             self._awaiting_sync = False
-            orchestrator.restore_servers(self.eval_servers)
+            orchestrator.servers.restore(self.eval_servers)
         due = self.runner.due(step) if self.eval_servers else []
         if not due:
             return
@@ -117,19 +120,19 @@ class EvalController:
             log.info("eval step %d: waiting for the previous eval to finish", step)
             await self._task
             self._raise_report_failure()
-        if orchestrator.last_sync_hold & self.eval_servers:
-            orchestrator.held_servers.difference_update(self.eval_servers)
-            await orchestrator.sync_weights(step)  # they were held: bring them to this step's weights
+        if orchestrator.servers.last_sync_hold & self.eval_servers:
+            orchestrator.servers.held_servers.difference_update(self.eval_servers)
+            await orchestrator.servers.sync_weights(step)  # they were held: bring them to this step's weights
         self._awaiting_sync = False
-        await orchestrator.drain_servers(self.eval_servers)
-        orchestrator.held_servers.update(self.eval_servers)
+        await orchestrator.servers.drain(self.eval_servers)
+        orchestrator.servers.held_servers.update(self.eval_servers)
         self._task = asyncio.create_task(self._periodic(orchestrator, due, step), name=f"eval-step-{step}")
 
     def _raise_report_failure(self) -> None:
         if self._report_failure is not None:
             raise self._report_failure
 
-    async def _periodic(self, orchestrator: Any, entries: list[Any], step: int) -> None:
+    async def _periodic(self, orchestrator: Orchestrator, entries: list[Any], step: int) -> None:
         try:
             await self._run(entries, sorted(self.eval_servers), step)
         except RunStageError as exc:  # the results could not be reported
@@ -138,5 +141,5 @@ class EvalController:
             log.warning("evals at step %d failed: %s: %s", step, type(exc).__name__, exc)
         finally:
             # Released now; they load the next sync's weights, then take rollouts again.
-            orchestrator.held_servers.difference_update(self.eval_servers)
+            orchestrator.servers.held_servers.difference_update(self.eval_servers)
             self._awaiting_sync = True

@@ -8,10 +8,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.runtime.cluster import Pools, scheduling
 from telescope.core.runtime.workers import InferenceServerWorker, TrainerWorker
+
+if TYPE_CHECKING:
+    from telescope.core.inference.server_client import ServerClient
+    from telescope.core.rollouts.batching import TrainBatch
 
 __all__ = ["RayTrainerGroup", "Servers", "dp_layout_problem", "start_servers", "start_trainers"]
 
@@ -37,7 +41,7 @@ class RayTrainerGroup:
 
     actors: list[Any]
     dp_world_size: int
-    clients: list[Any] = field(default_factory=list)
+    clients: list[ServerClient] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
     dp_ranks: list[int] = field(default_factory=list)
     """The data-parallel rank of each actor (from its ``init`` info); empty = actor i is dp rank i."""
@@ -46,7 +50,7 @@ class RayTrainerGroup:
 
     @classmethod
     def from_info(
-        cls, actors: list[Any], infos: list[dict[str, Any]], clients: list[Any], urls: list[str]
+        cls, actors: list[Any], infos: list[dict[str, Any]], clients: list[ServerClient], urls: list[str]
     ) -> RayTrainerGroup:
         """The group for ``actors`` whose ``init`` returned ``infos`` (``dp_rank``, ``dp_world_size``)."""
         dp = int(infos[0].get("dp_world_size", len(actors))) if infos else len(actors)
@@ -56,7 +60,7 @@ class RayTrainerGroup:
             raise ValueError(f"trainer ranks report an inconsistent data-parallel layout: {problem}")
         return cls(actors, dp, clients, urls, ranks)
 
-    async def train_step(self, step: int, batch: Any) -> dict[str, float]:
+    async def train_step(self, step: int, batch: TrainBatch) -> dict[str, float]:
         """Every rank trains on its dp rank's part; rank 0's metrics are the step's (all-reduced)."""
         ranks = self.dp_ranks or list(range(len(self.actors)))
         refs = [actor.train_step.remote(batch.per_rank[ranks[i]]) for i, actor in enumerate(self.actors)]

@@ -1,14 +1,69 @@
-"""The orchestrator's part of a step's metrics: timings, async level and run-wide totals."""
+"""Run-wide counters, and the orchestrator's part of a step's metrics: timings, async level, totals."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["step_metrics"]
+if TYPE_CHECKING:
+    from telescope.core.rollouts.batching import TrainBatch
+
+__all__ = ["Counts", "step_metrics"]
+
+
+@dataclass
+class Counts:
+    """Run-wide counters (also what a resume needs)."""
+
+    inference_step: int = 0
+    model_version: int = 0
+    completed_steps: int = 0
+    discarded: Counter[str] = field(default_factory=Counter)
+    zero_advantage: Counter[str] = field(default_factory=Counter)
+    cancelled_samples: int = 0
+    rollout_errors: int = 0
+    reward_errors: Counter[str] = field(default_factory=Counter)
+    """Samples whose reward raised or timed out, per environment."""
+    inference_restarts: int = 0
+    """Inference servers restarted after they died."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready counters (a checkpoint's ``orchestrator_state.json``)."""
+        return {
+            "model_version": self.model_version,
+            "completed_steps": self.completed_steps,
+            "discarded": dict(self.discarded),
+            "zero_advantage": dict(self.zero_advantage),
+            "cancelled_samples": self.cancelled_samples,
+            "rollout_errors": self.rollout_errors,
+            "reward_errors": dict(self.reward_errors),
+            "inference_restarts": self.inference_restarts,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Counts:
+        """Counters of a resumed run: batches after the checkpoint's step are generated again."""
+        step = int(state["completed_steps"])
+        return cls(
+            inference_step=step,
+            model_version=int(state["model_version"]),
+            completed_steps=step,
+            discarded=Counter(state["discarded"]),
+            zero_advantage=Counter(state["zero_advantage"]),
+            cancelled_samples=int(state["cancelled_samples"]),
+            rollout_errors=int(state["rollout_errors"]),
+            reward_errors=Counter(state.get("reward_errors", {})),
+            inference_restarts=int(state.get("inference_restarts", 0)),
+        )
 
 
 def step_metrics(
-    counts: Any, batch: Any, trainer: dict[str, float], sync: dict[str, float], timing: dict[str, float]
+    counts: Counts,
+    batch: TrainBatch,
+    trainer: dict[str, float],
+    sync: dict[str, float],
+    timing: dict[str, float],
 ) -> dict[str, float]:
     """Trainer, weight-sync and batch metrics plus ``timing_*``, ``async_level`` and ``totals/*``.
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from telescope.core.cluster.threads import Component
     from telescope.core.config import TelescopeConfig
     from telescope.core.registry import Registry
+    from telescope.core.trainer import RankBatch
 
 __all__ = ["InferenceServerWorker", "TrainerWorker", "torch_thread_info"]
 
@@ -83,13 +84,16 @@ class TrainerWorker:
         from telescope.core.observe.samplers.torch_memory import TorchMemorySampler
 
         self._torch_memory = TorchMemorySampler.from_config(self.cfg, rank=rank).start()
-        self.backend = registry.create(
+        from telescope.core.runtime.supervision.faults import with_trainer_faults
+
+        backend = registry.create(
             "trainer_backend",
             self.cfg.train_backend,
             self.cfg.train_backend_kwargs,
             cfg=self.cfg,
             registry=registry,
         )
+        self.backend = with_trainer_faults(backend)
         self._sender: Any = None
 
     def init(self) -> dict[str, Any]:
@@ -101,11 +105,8 @@ class TrainerWorker:
 
         return str(ray.util.get_node_ip_address())
 
-    def train_step(self, batch: Any) -> dict[str, float]:
-        """One training step on this rank's share of the batch."""
-        from telescope.core import faults
-
-        faults.on_train_step(int(getattr(batch, "step", -1)) + 1)
+    def train_step(self, batch: RankBatch) -> dict[str, float]:
+        """One training step on this rank's share of the batch (``batch.step`` is 0-based)."""
         return dict(self.backend.train_step(batch))
 
     def drain_torch_memory(self) -> list[dict[str, Any]]:

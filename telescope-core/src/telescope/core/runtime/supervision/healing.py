@@ -1,6 +1,6 @@
 """Self-healing inference: a server that dies is restarted, re-synced and given its work back.
 
-The orchestrator notices a dead server when one of its requests fails and ``/health`` does
+The inference supervisor (``servers.py``) notices a dead server when a request fails and ``/health`` does
 not answer, or before a weight sync (every server is checked first: a broadcast to a dead
 member would fail every receiver). It then, holding the sync lock:
 
@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.inference.server_client import ServerClient
 
 __all__ = ["RayServerHealer", "ServerRestartsExhaustedError"]
 
@@ -43,8 +46,8 @@ class RayServerHealer:
     def __init__(
         self,
         actors: list[Any],
-        clients: list[Any],
-        reform_sync_group: Callable[[list[Any]], Awaitable[None]],
+        clients: list[ServerClient],
+        reform_sync_group: Callable[[list[ServerClient]], Awaitable[None]],
         excluded: set[int],
     ) -> None:
         self.actors = actors

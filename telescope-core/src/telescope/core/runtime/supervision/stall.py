@@ -62,6 +62,11 @@ class FailureStreaks:
         self.limit = limit
         self.by_env: dict[str, FailureStreak] = {}
 
+    @classmethod
+    def for_batch_size(cls, prompts_per_batch: int) -> FailureStreaks:
+        """The run's limit: ``max(200, 4 x prompts_batch_size_for_trainer)`` failed groups in a row."""
+        return cls(max(200, 4 * prompts_per_batch))
+
     def record(self, env: str, failure: GroupFailure | None) -> RolloutsFailingError | None:
         """Count one finished group of ``env``; returns the error that ends the run, once due."""
         streak = self.by_env.get(env)

@@ -1,0 +1,190 @@
+"""The inference servers' side of a run: weight syncs, servers held for evals, and healing.
+
+``InferenceSupervisor`` is owned by the ``Orchestrator``. It broadcasts each new version of
+the weights (held servers receive and verify a sync without applying it), lends servers out
+(``drain``/``restore``), and restarts a server found dead (``healing.py`` says how) while the
+orchestrator keeps dispatching to the others. A weight sync and a restart never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+from telescope.core.runtime.supervision.healing import ServerRestartsExhaustedError
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+    from telescope.core.rollouts.lanes import Lanes
+    from telescope.core.runtime.step_metrics import Counts
+
+__all__ = ["InferenceSupervisor", "ServerHealer", "SupervisedRun", "WeightBroadcaster"]
+
+log = logging.getLogger("telescope.orchestrator")
+
+
+class WeightBroadcaster(Protocol):
+    """The trainer side of a weight sync (``RayTrainerGroup`` in production)."""
+
+    async def sync_weights(self, version: int, hold: frozenset[int] = frozenset()) -> dict[str, Any]: ...
+
+
+class ServerHealer(Protocol):
+    """Restarts dead servers (``healing.RayServerHealer`` in production)."""
+
+    async def healthy(self, server: int) -> bool: ...
+    async def log_tail(self, server: int) -> str: ...
+    async def restart(self, server: int) -> None: ...
+    async def drop(self, server: int) -> None: ...
+    async def kill(self, server: int) -> None: ...
+
+
+class SupervisedRun(Protocol):
+    """What the supervisor needs from the run it serves (the ``Orchestrator``)."""
+
+    @property
+    def trainer(self) -> WeightBroadcaster: ...
+    @property
+    def counts(self) -> Counts: ...
+    def event(self, kind: str, phase: str, **fields: Any) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+    def poke(self) -> None: ...
+    async def requeue_groups(self, servers: set[int]) -> int: ...
+
+
+class InferenceSupervisor:
+    """Keeps the servers on the trainer's weights and replaces the ones that die."""
+
+    def __init__(self, run: SupervisedRun, cfg: TelescopeConfig, lanes: Lanes) -> None:
+        self.run = run
+        self.max_restarts = cfg.inference_max_restarts
+        self.lanes = lanes
+        self.num_servers = lanes.num_servers
+        self.healer: ServerHealer | None = None
+        """Restarts dead inference servers; None: a dead server fails the run."""
+        self.held_servers: set[int] = set()
+        """Servers kept at older weights (eval servers): later syncs reach them without applying."""
+        self.last_sync_hold: frozenset[int] = frozenset()
+        """The servers the latest sync did not apply to."""
+        self.trained_version = 0
+        """The version of the trainer's weights (ahead of the servers' until the sync after a step)."""
+        self._sync_lock = asyncio.Lock()  # a weight sync and a server restart never overlap
+        self._healing: set[int] = set()
+        """Servers found dead: drained, being restarted or waiting for their first sync."""
+        self._restarts: Counter[int] = Counter()
+        self._dropped: set[int] = set()
+        """Servers that died more than ``inference_max_restarts`` times while others remained."""
+
+    async def drain(self, servers: set[int]) -> int:
+        """Stop using ``servers``: their queued and running groups are cancelled and re-queued."""
+        self.lanes.set_enabled(servers, False)
+        return await self.run.requeue_groups(servers)
+
+    def restore(self, servers: set[int]) -> None:
+        """Use ``servers`` for training rollouts again (never a dropped one)."""
+        self.lanes.set_enabled(servers - self._dropped, True)
+        self.run.poke()
+
+    async def sync_weights(self, version: int) -> dict[str, Any]:
+        """Broadcast the trainer's weights as ``version``; held servers receive without applying.
+
+        With a healer, every server is checked first and a dead one restarted (a broadcast to a
+        dead member would fail every receiver); restarted servers get work again after it.
+        """
+        async with self._sync_lock:
+            if self.healer is not None:
+                for server in range(self.num_servers):
+                    if server in self._healing or server in self._dropped:
+                        continue
+                    if not await self.healer.healthy(server):
+                        self._healing.add(server)
+                        await self._restart(server)
+            sync = await self._broadcast(version)
+            self.restore(set(self._healing))
+            self._healing.clear()
+            return sync
+
+    async def _broadcast(self, version: int) -> dict[str, Any]:
+        self.run.event("weight_sync", "start", step=version)
+        self.last_sync_hold = frozenset(self.held_servers)
+        sync = dict(await self.run.trainer.sync_weights(version, self.last_sync_hold))
+        digest = str(sync.pop("digest", ""))
+        self.run.event("weight_sync", "end", step=version, version=version, digest=digest)
+        return sync
+
+    async def lost(self, server: int) -> bool:
+        """After a failed request: is the server dead? If so, it is being (or will be) restarted."""
+        if self.healer is None:
+            return False
+        if server in self._healing or server in self._dropped:
+            return True
+        if await self.healer.healthy(server):
+            return False
+        if server not in self._healing:  # another failed request may have started it meanwhile
+            self._healing.add(server)
+            self.lanes.set_enabled({server}, False)
+            self.run.spawn(self._heal(server), f"restarting inference server {server}")
+        return True
+
+    async def _heal(self, server: int) -> None:
+        async with self._sync_lock:
+            if server not in self._healing:
+                return  # a sync found it dead first and restarted it
+            if not await self._restart(server):
+                return
+            version = self.run.counts.model_version
+            if self.trained_version == version:
+                await self._broadcast(version)  # verified: the server serves this version
+                self.restore({server})
+                self._healing.discard(server)
+            # else: the trainer is ahead; the sync waiting for this lock loads and releases it
+
+    async def _restart(self, server: int) -> bool:
+        """Drain ``server``, restart its process and re-form the sync group (sync lock held).
+
+        Past ``inference_max_restarts`` the server is dropped while others remain (returns
+        False), else the run fails.
+        """
+        assert self.healer is not None
+        await self.drain({server})
+        self._restarts[server] += 1
+        tail = await self.healer.log_tail(server)
+        limit, died = self.max_restarts, self._restarts[server]
+        others = [i for i in range(self.num_servers) if i != server and i not in self._dropped]
+        if died > limit and others:
+            log.warning(
+                "inference server %d died %d times (inference_max_restarts=%d): dropped, training goes "
+                "on with servers %s; its last log lines:\n%s",
+                server,
+                died,
+                limit,
+                others,
+                tail,
+            )
+            self._dropped.add(server)
+            self._healing.discard(server)
+            self.run.event("run", "instant", name="inference_drop", server=server)
+            await self.healer.drop(server)
+            return False
+        if died > limit:
+            log.error("inference server %d died again; its last log lines:\n%s", server, tail)
+            last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(empty)")
+            raise ServerRestartsExhaustedError(
+                f"inference server {server} died {died} times (inference_max_restarts={limit}); "
+                f"its last log line: {last} (the log is under <run_dir>/logs/inference)"
+            )
+        log.warning(
+            "inference server %d died: restarting it (%d of %d), its groups were re-queued; its last log "
+            "lines:\n%s",
+            server,
+            died,
+            limit,
+            tail,
+        )
+        self.run.event("run", "instant", name="inference_restart", server=server)
+        await self.healer.restart(server)
+        self.run.counts.inference_restarts += 1
+        return True
