@@ -45,6 +45,7 @@ from telescope.core.runtime.reporting import StepRollouts
 from telescope.core.runtime.rollout import PromptTooLongError, RolloutRunner, SampleTask, request_seed
 from telescope.core.runtime.stall import FailureStreaks
 from telescope.core.runtime.step_metrics import step_metrics
+from telescope.core.weights.errors import StaleWeightsError
 
 if TYPE_CHECKING:
     import pluggy
@@ -354,6 +355,9 @@ class Orchestrator:
         except PromptTooLongError as exc:
             group.failure = group.failure or GroupFailure("prompt_too_long", str(exc))
             group.results[index] = _failed_sample(p, server, slot, version, str(exc))
+        except StaleWeightsError as exc:  # sampled with weights it was not synced to: never train on it
+            self._fail(exc)
+            return
         except Exception as exc:  # noqa: BLE001 - a failed request discards its group, the run goes on
             if await self._server_lost(server):
                 return  # not the sample's fault: its group is re-queued when the server is drained
