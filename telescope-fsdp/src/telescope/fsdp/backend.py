@@ -77,13 +77,17 @@ class FSDPBackend(TrainerBackend):
         self.state = TrainState(
             self.cfg, self.kwargs, model, optimizer, scheduler, algorithm, device, self._world_size
         )
+        counts = parameter_counts(model)
+        if self._rank == 0:
+            logger.info("trainable parameters: %d of %d (lora_rank %d)", counts["trainable_parameters"],
+                        counts["total_parameters"], self.cfg.lora_rank)  # fmt: skip
         return {
             "rank": self.rank,
             "world_size": self.world_size,
             "dp_rank": self.dp_rank,
             "dp_world_size": self.dp_world_size,
             "device": str(device),
-            **parameter_counts(model),
+            **counts,
         }
 
     def _build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
