@@ -127,3 +127,21 @@ def test_server_samples_the_adapter_just_trained(tiny_path: str, tmp_path: Path)
         "sampled with weight version(s) [2]" in seen["stale"]
         and "confirmed loading version 3" in seen["stale"]
     )
+
+
+def test_sampled_versions_must_lie_between_the_confirmed_and_the_newest_sync() -> None:
+    from telescope.core.inference.client import InferenceClient
+    from telescope.core.inference.protocol import WeightUpdateResponse
+
+    client = InferenceClient("http://127.0.0.1:9")
+    client.check_sampled_versions([0, 7], None)  # nothing confirmed yet: nothing to check against
+    client._newest_version = 4  # a sync to version 4 is under way ...
+    client._confirmed(WeightUpdateResponse(version=3, num_tensors=1, seconds=0.0))  # ... 3 was loaded
+    assert client.served_version == 3
+    client.check_sampled_versions([3, 4], 3)  # a request sent at 3 may finish with 4's weights
+    with pytest.raises(StaleWeightsError, match=r"version\(s\) \[2\]"):
+        client.check_sampled_versions([2, 3], 3)  # older than what the server confirmed
+    with pytest.raises(StaleWeightsError, match=r"\[5\]"):
+        client.check_sampled_versions([5], 3)  # never synced
+    client._confirmed(WeightUpdateResponse(version=3, applied=False, num_tensors=1, seconds=0.0))
+    assert client.served_version == 3  # a held (apply=False) sync changes nothing
