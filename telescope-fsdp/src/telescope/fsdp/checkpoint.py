@@ -11,7 +11,10 @@ Files written into the checkpoint folder (names in ``telescope.core.checkpoint.l
 - ``rng_rank_<r>.pt``: each rank's python/numpy/torch(/CUDA) RNG states;
 - ``hf_meta/`` (rank 0): the base model's HF config, generation config and tokenizer;
 - ``trainer_meta.json`` (rank 0, after every other file): backend, base model, step, world
-  size and whether training state was saved.
+  size and whether training state was saved; with LoRA also ``lora`` (the adapter settings).
+
+With LoRA (``lora_rank > 0``) the model part holds the adapter tensors only (the frozen base is
+``base_model``, loaded again at start-up), and the optimizer part only their state.
 
 On load the LR scheduler is always put at the saved step with the *current* run's schedule
 (``base_lr * lr_lambda(step)``), so the next step uses exactly the LR the uninterrupted run
