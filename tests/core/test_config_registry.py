@@ -25,7 +25,8 @@ class ToyPlugin:
 
     @hookimpl
     def telescope_register_trainer_backends(self, register):  # type: ignore[no-untyped-def]
-        register.add("fsdp", "x:y")
+        register.add("fsdp", "x:y", supports_lora=True)
+        register.add("megatron", "x:y")
         register.add("slow", "x:y", unavailable="needs the 'slowlib' package: pip install slowlib")
 
     @hookimpl
@@ -96,3 +97,18 @@ def test_default_advantage_norm_chosen_unless_user_set(registry) -> None:  # typ
     assert layers.sources["advantage_norm"] == "algorithm batchy"
     text = problems(registry, algorithm="batchy", advantage_norm="group")
     assert "advantage_norm" in text and "batch" in text
+
+
+def test_lora_needs_a_backend_that_supports_it(registry) -> None:  # type: ignore[no-untyped-def]
+    assert cfg(registry, lora_rank=4).lora_rank == 4
+    text = problems(registry, lora_rank=4, train_backend="megatron")
+    assert "lora_rank: 4" in text and "'megatron'" in text and "lora_rank: 0" in text and "fsdp" in text
+    assert cfg(registry, lora_rank=0, train_backend="megatron").train_backend == "megatron"
+
+
+def test_lora_field_ranges(registry) -> None:  # type: ignore[no-untyped-def]
+    assert "lora_rank" in problems(registry, lora_rank=-1)
+    assert "lora_dropout" in problems(registry, lora_dropout=1.0)
+    assert "lora_alpha" in problems(registry, lora_alpha=0)
+    assert "lora_target_modules" in problems(registry, lora_target_modules=[])
+    assert cfg(registry, lora_rank=2, lora_target_modules=["q_proj"]).lora_target_modules == ["q_proj"]

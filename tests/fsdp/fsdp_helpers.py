@@ -70,6 +70,25 @@ def tiny_config(model_dir: str, **overrides: Any) -> Any:
     return make_config(**base)
 
 
+def backend_for(cfg: Any, **kwargs: Any) -> Any:
+    """An initialised one-rank ``FSDPBackend``; ``backend.info`` is what ``init()`` returned."""
+    from telescope.fsdp.backend import FSDPBackend
+    from telescope.fsdp.options import FSDPBackendKwargs
+
+    backend = FSDPBackend(cfg, FSDPBackendKwargs(**kwargs))
+    backend.info = backend.init()
+    return backend
+
+
+def step(backend: Any, samples: list[TrainSample], cfg: Any, step_index: int = 0) -> dict[str, float]:
+    """One training step of a one-rank backend on ``samples``."""
+    from telescope.core.packing import Packer
+    from telescope.core.trainer import RankBatch
+
+    packer = Packer(cfg.seq_len, cfg.pad_to_multiple_of, 1, num_minibatches=cfg.number_of_minibatches)
+    return backend.train_step(RankBatch.from_packed(packer.pack(samples), 0, step_index))
+
+
 def train_and_record(cfg: Any, batches: list[list[TrainSample]], **kwargs: Any) -> dict[str, Any]:
     """Train ``batches`` (one step each, SGD unless ``kwargs`` say otherwise) on this rank;
     return the step metrics and, on rank 0, the final weights."""

@@ -10,26 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fsdp_helpers import make_samples, tiny_config  # noqa: E402
+from fsdp_helpers import backend_for, make_samples, step, tiny_config  # noqa: E402
 
 from telescope.core.packing import Packer  # noqa: E402
-from telescope.core.trainer import RankBatch, TrainSample  # noqa: E402
+from telescope.core.trainer import TrainSample  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
-
-
-def backend_for(cfg: Any, **kwargs: Any) -> Any:
-    from telescope.fsdp.backend import FSDPBackend
-    from telescope.fsdp.options import FSDPBackendKwargs
-
-    backend = FSDPBackend(cfg, FSDPBackendKwargs(**kwargs))
-    backend.init()
-    return backend
-
-
-def step(backend: Any, samples: list[TrainSample], cfg: Any, step_index: int = 0) -> dict[str, float]:
-    packer = Packer(cfg.seq_len, cfg.pad_to_multiple_of, 1, num_minibatches=cfg.number_of_minibatches)
-    return backend.train_step(RankBatch.from_packed(packer.pack(samples), 0, step_index))
 
 
 def weights(backend: Any) -> dict[str, Any]:

@@ -62,12 +62,24 @@ def samples_by_step(run_dir: Path, after: float = 0.0) -> dict[int, list[tuple[i
     return {step: sorted(rows) for step, rows in out.items()}
 
 
-def test_three_plus_three_steps_equal_six(tmp_path: Path) -> None:
+LORA = [0, pytest.param(4, marks=pytest.mark.slow, id="lora")]  # the LoRA mode resumes as exactly
+
+
+@pytest.mark.parametrize("lora_rank", LORA)
+def test_three_plus_three_steps_equal_six(tmp_path: Path, lora_rank: int) -> None:
     whole, split = tmp_path / "whole", tmp_path / "split"
-    train(whole, number_of_steps=6, checkpoint_every=3)
-    train(split, number_of_steps=3, checkpoint_every=3)
+    lr = {"lora_rank": lora_rank, "learning_rate": 1e-2} if lora_rank else {}  # adapters must move visibly
+    train(whole, number_of_steps=6, checkpoint_every=3, **lr)
+    train(split, number_of_steps=3, checkpoint_every=3, **lr)
     assert (split / "checkpoints" / "step_3").is_dir()
-    train(split, number_of_steps=6, checkpoint_every=3, resume_from_checkpoint=True)
+    train(split, number_of_steps=6, checkpoint_every=3, resume_from_checkpoint=True, **lr)
+    if lora_rank:  # adapter-only syncs and checkpoints
+        # 2 layers x 7 linear layers (q k v o gate up down) x (lora_A, lora_B), nothing else
+        assert {m["weight_sync/num_tensors"] for m in steps_by_number(split).values()} == {28.0}
+        assert (
+            json.loads((split / "checkpoints" / "step_3" / "trainer_meta.json").read_text())["lora"]["r"]
+            == lora_rank
+        )
 
     a, b = steps_by_number(whole), steps_by_number(split)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
@@ -80,13 +92,15 @@ def test_three_plus_three_steps_equal_six(tmp_path: Path) -> None:
     assert state["counts"]["completed_steps"] == 6
 
 
-def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora_rank", LORA)
+def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path, lora_rank: int) -> None:
     from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     fields = settings(
-        run_dir, number_of_steps=6, checkpoint_every=2, max_async_rollout=2, max_off_policy_steps=100
-    )
+        run_dir, number_of_steps=6, checkpoint_every=2, max_async_rollout=2, max_off_policy_steps=100,
+        lora_rank=lora_rank,
+    )  # fmt: skip
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(fields))
     proc = _launch(config, log)

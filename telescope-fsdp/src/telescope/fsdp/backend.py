@@ -22,9 +22,18 @@ from telescope.fsdp.model import build_model
 from telescope.fsdp.options import FSDPBackendKwargs
 from telescope.fsdp.steps import TrainState, run_minibatches
 
-__all__ = ["FSDPBackend", "create_fsdp_backend"]
+__all__ = ["FSDPBackend", "create_fsdp_backend", "parameter_counts"]
 
 logger = logging.getLogger(__name__)
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Trainable and total parameter counts of the whole model (FSDP shards report global shapes)."""
+    total = trainable = 0
+    for param in model.parameters():
+        total += param.numel()
+        trainable += param.numel() if param.requires_grad else 0
+    return {"trainable_parameters": trainable, "total_parameters": total}
 
 
 def create_fsdp_backend(
@@ -68,19 +77,26 @@ class FSDPBackend(TrainerBackend):
         self.state = TrainState(
             self.cfg, self.kwargs, model, optimizer, scheduler, algorithm, device, self._world_size
         )
+        counts = parameter_counts(model)
+        if self._rank == 0:
+            logger.info("trainable parameters: %d of %d (lora_rank %d)", counts["trainable_parameters"],
+                        counts["total_parameters"], self.cfg.lora_rank)  # fmt: skip
         return {
             "rank": self.rank,
             "world_size": self.world_size,
             "dp_rank": self.dp_rank,
             "dp_world_size": self.dp_world_size,
             "device": str(device),
+            **counts,
         }
 
     def _build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """The optimizer over the trainable parameters only (with LoRA: the adapters)."""
         lr, wd = self.cfg.learning_rate, self.cfg.weight_decay
+        params = [p for p in model.parameters() if p.requires_grad]
         if self.kwargs.optimizer == "sgd":
-            return torch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd)
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd, betas=(0.9, 0.999), eps=1e-8)
+            return torch.optim.SGD(params, lr=lr, weight_decay=wd)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=wd, betas=(0.9, 0.999), eps=1e-8)
 
     def _require_state(self) -> TrainState:
         if self.state is None:
@@ -151,11 +167,7 @@ class FSDPBackend(TrainerBackend):
         ``dtype`` casts each tensor after the gather (e.g. bf16 to halve the broadcast).
         """
         st = self._require_state()
-        first_names = {name for name, _ in st.model.named_parameters()}  # one name per shared tensor
-        tied = {name for name, _ in st.model.named_parameters(remove_duplicate=False)} - first_names
-        for name, tensor in st.model.state_dict().items():
-            if name in tied:
-                continue
+        for name, tensor in self._tensors_for_inference(st.model):
             t0 = time.perf_counter()
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             full = full.detach().to(dtype) if dtype is not None else full.detach()
@@ -163,6 +175,22 @@ class FSDPBackend(TrainerBackend):
             if self._rank == 0:
                 yield name, full
             del full
+
+    def _tensors_for_inference(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(wire name, local tensor)``: the adapters under PEFT's names with LoRA, else the whole
+        state dict with tied weights once."""
+        if self.cfg.lora_rank > 0:
+            from telescope.core.weights.lora import is_adapter_name, wire_name
+
+            for name, param in model.named_parameters():
+                if is_adapter_name(name):
+                    yield wire_name(name), param
+            return
+        first_names = {name for name, _ in model.named_parameters()}  # one name per shared tensor
+        tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - first_names
+        for name, tensor in model.state_dict().items():
+            if name not in tied:
+                yield name, tensor
 
     def save_checkpoint(self, directory: str, *, training_state: bool = True) -> None:
         """Sharded model (+ optimizer, scheduler with ``training_state``), RNG, hf_meta (collective)."""

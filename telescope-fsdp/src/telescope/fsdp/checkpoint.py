@@ -11,7 +11,10 @@ Files written into the checkpoint folder (names in ``telescope.core.checkpoint.l
 - ``rng_rank_<r>.pt``: each rank's python/numpy/torch(/CUDA) RNG states;
 - ``hf_meta/`` (rank 0): the base model's HF config, generation config and tokenizer;
 - ``trainer_meta.json`` (rank 0, after every other file): backend, base model, step, world
-  size and whether training state was saved.
+  size and whether training state was saved; with LoRA also ``lora`` (the adapter settings).
+
+With LoRA (``lora_rank > 0``) the model part holds the adapter tensors only (the frozen base is
+``base_model``, loaded again at start-up), and the optimizer part only their state.
 
 On load the LR scheduler is always put at the saved step with the *current* run's schedule
 (``base_lr * lr_lambda(step)``), so the next step uses exactly the LR the uninterrupted run
@@ -54,12 +57,11 @@ def save(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    aliases = tied_aliases(st.model)
     if training_state:
         model_sd, optim_sd = get_state_dict(st.model, st.optimizer)
-        dcp.save({"model": _drop(model_sd, aliases), "optimizer": optim_sd}, checkpoint_id=str(path))
+        dcp.save({"model": _saved_part(st, model_sd), "optimizer": optim_sd}, checkpoint_id=str(path))
     else:
-        dcp.save({"model": _drop(get_model_state_dict(st.model), aliases)}, checkpoint_id=str(path))
+        dcp.save({"model": _saved_part(st, get_model_state_dict(st.model))}, checkpoint_id=str(path))
     save_rng_states(path, rank)
     step = int(st.scheduler.last_epoch)
     if rank == 0:
@@ -72,6 +74,10 @@ def save(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
     if rank == 0:
         meta = {"backend": "fsdp", "base_model": st.cfg.model, "step": step, "training_state": training_state,
                 "world_size": dist.get_world_size(), "model_dtype": st.cfg.model_dtype}  # fmt: skip
+        if st.cfg.lora_rank > 0:  # an adapter-only checkpoint: the base model is meta's base_model
+            from telescope.core.weights.lora import lora_config_dict
+
+            meta["lora"] = lora_config_dict(st.cfg)
         (path / TRAINER_META).write_text(json.dumps(meta, indent=2))
     dist.barrier()
 
@@ -117,6 +123,7 @@ def _check_is_fsdp_checkpoint(path: Path) -> None:
 def _load_weights(st: TrainState, path: Path, *, with_optimizer: bool) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
         get_model_state_dict,
         get_state_dict,
         set_model_state_dict,
@@ -124,16 +131,41 @@ def _load_weights(st: TrainState, path: Path, *, with_optimizer: bool) -> None:
     )
 
     aliases = tied_aliases(st.model)
+    lora = st.cfg.lora_rank > 0
+    _check_lora_matches(path, lora)
+    options = StateDictOptions(strict=not lora)  # LoRA: the adapters only, the base stays as loaded
     if with_optimizer:
         model_sd, optim_sd = get_state_dict(st.model, st.optimizer)
-        state: dict[str, Any] = {"model": _drop(model_sd, aliases), "optimizer": optim_sd}
+        state: dict[str, Any] = {"model": _saved_part(st, model_sd), "optimizer": optim_sd}
         dcp.load(state, checkpoint_id=str(path))
-        model_sd = _with_aliases(state["model"], aliases)
-        set_state_dict(st.model, st.optimizer, model_state_dict=model_sd, optim_state_dict=state["optimizer"])
+        model_sd = state["model"] if lora else _with_aliases(state["model"], aliases)
+        set_state_dict(st.model, st.optimizer, model_state_dict=model_sd, optim_state_dict=state["optimizer"],
+                       options=options)  # fmt: skip
     else:
-        state = {"model": _drop(get_model_state_dict(st.model), aliases)}
+        state = {"model": _saved_part(st, get_model_state_dict(st.model))}
         dcp.load(state, checkpoint_id=str(path))
-        set_model_state_dict(st.model, _with_aliases(state["model"], aliases))
+        model_sd = state["model"] if lora else _with_aliases(state["model"], aliases)
+        set_model_state_dict(st.model, model_sd, options=options)
+
+
+def _saved_part(st: TrainState, model_sd: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds of the model: the adapters with LoRA, else every tensor (tied ones once)."""
+    if st.cfg.lora_rank > 0:
+        from telescope.core.weights.lora import is_adapter_name
+
+        return {k: v for k, v in model_sd.items() if is_adapter_name(k)}
+    return _drop(model_sd, tied_aliases(st.model))
+
+
+def _check_lora_matches(path: Path, lora: bool) -> None:
+    """A LoRA checkpoint resumes only a LoRA run, a full one only a full run (no silent half-loads)."""
+    saved = read_trainer_meta(path).get("lora")
+    if lora and not saved:
+        raise ValueError(f"{path} is a full-model checkpoint but this run has lora_rank > 0; resume it with "
+                         "lora_rank: 0, or start the LoRA run in a new run directory")  # fmt: skip
+    if saved and not lora:
+        raise ValueError(f"{path} is a LoRA checkpoint (rank {saved.get('r')}) but this run has lora_rank: 0; "
+                         f"resume it with lora_rank: {saved.get('r')}")  # fmt: skip
 
 
 def tied_aliases(model: Any) -> dict[str, str]:

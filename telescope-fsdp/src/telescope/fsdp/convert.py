@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.checkpoint.convert import ConversionError, write_safetensors_shards
-from telescope.core.checkpoint.layout import HF_META_DIR
+from telescope.core.checkpoint.layout import HF_META_DIR, read_trainer_meta
 
-__all__ = ["model_tensor_specs", "write_hf_weights"]
+__all__ = ["model_tensor_specs", "write_hf_weights", "write_lora"]
 
 
 def _ties_embeddings(hf_meta: Path) -> bool:
@@ -51,8 +51,16 @@ def model_tensor_specs(src: Path) -> list[tuple[str, str, Any]]:
     return specs
 
 
-def write_hf_weights(src: Path, out: Path, limit: int) -> None:
-    """Write ``src``'s model tensors as safetensors shards of at most ``limit`` bytes into ``out``."""
+def write_hf_weights(src: Path, out: Path, limit: int, *, merge: bool = False) -> None:
+    """Write ``src``'s model tensors as safetensors shards of at most ``limit`` bytes into ``out``.
+
+    A LoRA checkpoint (adapters only) is written as a PEFT adapter folder, or with ``merge`` as
+    the base model with the adapters merged into its weights (``write_lora``).
+    """
+    lora = read_trainer_meta(src).get("lora")
+    if lora:
+        write_lora(src, out, limit, lora, merge=merge)
+        return
     specs = model_tensor_specs(src)
     if _ties_embeddings(src / HF_META_DIR) and any(name != "lm_head.weight" for name, _, _ in specs):
         specs = [s for s in specs if s[0] != "lm_head.weight"]
@@ -81,3 +89,56 @@ def _itemsize(dtype: Any) -> int:
     import torch
 
     return int(torch.empty((), dtype=dtype).element_size())
+
+
+def write_lora(src: Path, out: Path, limit: int, lora: dict[str, Any], *, merge: bool = False) -> None:
+    """The adapters of LoRA checkpoint ``src`` as a PEFT folder (``adapter_config.json``,
+    ``adapter_model.safetensors`` with PEFT's names: ``PeftModel.from_pretrained(base, out)``
+    loads it), or with ``merge`` the base model (``trainer_meta.json``'s ``base_model``) with
+    ``W + (alpha / r) B A`` merged in, saved by ``save_pretrained`` in the checkpoint's dtype."""
+    import tempfile
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from telescope.core.weights.lora import is_adapter_name, wire_name
+
+    meta = read_trainer_meta(src)
+    specs = [s for s in model_tensor_specs(src) if is_adapter_name(s[0])]
+    if not specs:
+        raise ConversionError(f"{src} is marked as a LoRA checkpoint but holds no adapter tensors")
+    flat = {key: torch.empty(tuple(md.size), dtype=md.properties.dtype) for _, key, md in specs}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.load(flat, storage_reader=FileSystemReader(str(src)), no_dist=True)
+    adapters = {wire_name(name): flat[key] for name, key, _ in specs}
+    base = str(meta.get("base_model", ""))
+    # the modules that carry adapters, by name (vLLM's LoRA loader does not resolve "all-linear")
+    modules = sorted({name.split(".lora_", 1)[0].rsplit(".", 1)[-1] for name, _, _ in specs})
+    config = LoraConfig(**{**lora, "target_modules": modules, "base_model_name_or_path": base})
+    target = Path(tempfile.mkdtemp(dir=out.parent)) if merge else out
+    try:
+        config.save_pretrained(str(target))
+        save_file(adapters, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+        if merge:
+            _write_merged(base, target, out, limit, str(meta.get("model_dtype", "float32")))
+    finally:
+        if merge:
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def _write_merged(base: str, adapter_dir: Path, out: Path, limit: int, dtype: str) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from telescope.core.models.tiny import resolve_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(base), dtype=getattr(torch, dtype))
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(str(out), max_shard_size=limit)

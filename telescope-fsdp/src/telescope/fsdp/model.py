@@ -49,11 +49,16 @@ def build_model(cfg: Any, kwargs: FSDPBackendKwargs, device: torch.device, mesh:
     full_state: dict[str, Any] = {}
     if rank == 0:
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attn)
-        full_state = model.state_dict() if world_size > 1 else {}
     else:
         with torch.device("meta"):
             config = AutoConfig.from_pretrained(cfg.model)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    if cfg.lora_rank > 0:  # adapters on the frozen base model; rank 0's initial adapters reach every rank
+        from telescope.core.weights.lora import inject_lora
+
+        inject_lora(model, cfg)
+    if rank == 0 and world_size > 1:
+        full_state = model.state_dict()
     # Packed rows rely on restarting position_ids; a KV cache silently disables that detection.
     model.config.use_cache = False
     checkpointing = kwargs.gradient_checkpointing
@@ -65,8 +70,8 @@ def build_model(cfg: Any, kwargs: FSDPBackendKwargs, device: torch.device, mesh:
     shard_model(model, cfg.mixed_precision_dtype, kwargs.reshard_after_forward, mesh)
     if world_size > 1:
         broadcast_weights_from_rank0(model, full_state, device, rank)
-    logger.info("loaded %s (%s, attention=%s, checkpointing=%s) on %s", cfg.model, cfg.model_dtype, attn,
-                checkpointing, device)  # fmt: skip
+    logger.info("loaded %s (%s, attention=%s, checkpointing=%s, lora_rank=%d) on %s", cfg.model, cfg.model_dtype,
+                attn, checkpointing, cfg.lora_rank, device)  # fmt: skip
     return model
 
 

@@ -19,5 +19,6 @@ def telescope_register_trainer_backends(register: Any) -> None:
         "telescope.fsdp.backend:create_fsdp_backend",
         checkpoint_converter="telescope.fsdp.convert:write_hf_weights",
         kwargs_model=FSDPBackendKwargs,
+        supports_lora=True,
         description="PyTorch FSDP2 (fully_shard) on CUDA/NCCL or CPU/gloo, with sequence packing",
     )

@@ -45,6 +45,12 @@ def convert(
         "5GB", "--max_shard_size", "--max-shard-size", help="Largest safetensors file, e.g. 5GB, 500MB."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace outputs that already exist."),
+    merge: bool = typer.Option(
+        False,
+        "--merge",
+        help="LoRA checkpoints: write the base model with the adapters merged in "
+        "(default: a PEFT adapter folder).",
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Convert native checkpoints to Hugging Face format (safetensors, config, tokenizer)."""
@@ -66,12 +72,14 @@ def convert(
     try:
         if is_native_checkpoint(ckpt):
             console.print(f"converting {ckpt} ...", markup=False)
-            path = convert_checkpoint(ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite)
+            path = convert_checkpoint(
+                ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite, merge=merge
+            )
             console.print(f"wrote {path} in {time.perf_counter() - start:.1f} s", markup=False)
             return
         console.print(f"converting every checkpoint under {ckpt} ...", markup=False)
         results = convert_all(
-            ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite, on_checkpoint=report
+            ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite, on_checkpoint=report, merge=merge
         )
     except (ConversionError, NotImplementedError, FileNotFoundError) as exc:
         raise _fail(str(exc), debug) from None

@@ -40,6 +40,7 @@ from telescope.core.checkpoint.layout import (
     checkpoint_backend,
     is_hf_checkpoint,
     is_native_checkpoint,
+    read_trainer_meta,
 )
 
 __all__ = [
@@ -106,22 +107,29 @@ def convert_checkpoint(
     max_shard_size: int | str = "5GB",
     overwrite: bool = False,
     registry: Any = None,
+    merge: bool = False,
 ) -> Path:
     """Write the HF form of native checkpoint ``src`` to ``out`` (atomically); returns ``out``.
 
     The weights are written by the converter the checkpoint's trainer backend registered
     (``checkpoint_converter``, see ``backend_converter``); ``registry`` defaults to the installed plugins.
+    A LoRA checkpoint (``lora`` in ``trainer_meta.json``) becomes a PEFT adapter folder, or with
+    ``merge`` the base model with the adapters merged into its weights.
     """
     src, out = Path(src), Path(out)
     limit = parse_size(max_shard_size)
     backend = _check_source(src)
+    if merge and not read_trainer_meta(src).get("lora"):
+        raise ConversionError(f"--merge merges LoRA adapters into the base model, but {src} is a full-model "
+                              "checkpoint (trained with lora_rank: 0); convert it without --merge")  # fmt: skip
     if out.exists() and not overwrite:
         raise ConversionError(f"{out} already exists; choose another --out or pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.converting-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
-        backend_converter(backend, registry)(src, tmp, limit)
+        converter = backend_converter(backend, registry)
+        converter(src, tmp, limit, merge=True) if merge else converter(src, tmp, limit)  # type: ignore[call-arg]
         if (src / HF_META_DIR).is_dir():
             copy_hf_meta(src / HF_META_DIR, tmp)
         if not (tmp / "config.json").is_file():
@@ -291,6 +299,7 @@ def convert_all(
     max_shard_size: int | str = "5GB",
     overwrite: bool = False,
     on_checkpoint: Callable[[ConvertResult], None] | None = None,
+    merge: bool = False,
 ) -> list[ConvertResult]:
     """Convert every committed ``step_<N>`` under ``root`` to ``out_root/step_<N>``."""
     from telescope.core.checkpoint.manager import CheckpointManager
@@ -310,7 +319,7 @@ def convert_all(
         src, out = mgr.path(step), out_root / f"step_{step}"
         skipped = out.exists() and not overwrite
         if not skipped:
-            convert_checkpoint(src, out, max_shard_size=max_shard_size, overwrite=overwrite)
+            convert_checkpoint(src, out, max_shard_size=max_shard_size, overwrite=overwrite, merge=merge)
         result = ConvertResult(src, out, skipped)
         if on_checkpoint is not None:
             on_checkpoint(result)

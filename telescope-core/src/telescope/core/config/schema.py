@@ -113,6 +113,16 @@ class TelescopeConfig(BaseModel):
     train_backend_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Backend-specific options, validated by the backend's kwargs model (see telescope plugins list)."""
 
+    # --- LoRA ----------------------------------------------------------------------
+    lora_rank: int = Field(default=0, ge=0)
+    """LoRA rank: > 0 trains only low-rank adapters (peft) on the frozen base model, and checkpoints and syncs only them. 0 = full fine-tuning."""
+    lora_alpha: float = Field(default=16.0, gt=0)
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input during training. Range: [0, 1). Keep 0 for RL: the trainer's logprobs must match the servers'."""
+    lora_target_modules: list[str] | None = None
+    """Module names that get adapters (peft target_modules), e.g. [q_proj, v_proj]. null = the attention and MLP projections of the architecture."""
+
     # --- Algorithm -----------------------------------------------------------------
     algorithm: str = "grpo"
     """RL algorithm (a registered algorithm: grpo, rloo, reinforce_pp, dr_grpo, cispo, gspo, sapo, ...)."""
@@ -426,6 +436,9 @@ def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
             "free_lane_after_generation: true requires enable_individual_sample_lanes: true "
             "(set one of them accordingly)"
         )
+    if cfg.lora_target_modules is not None and not cfg.lora_target_modules:
+        problems.append("lora_target_modules: [] names no module; list module names (e.g. [q_proj, v_proj]) "
+                        "or set null for the architecture's attention and MLP projections")  # fmt: skip
     for i, env in enumerate(cfg.environments):
         if env.reward_min is not None and env.reward_max is not None and env.reward_min >= env.reward_max:
             problems.append(

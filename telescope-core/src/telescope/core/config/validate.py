@@ -27,6 +27,7 @@ def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     problems = _model_problems(cfg.model) + _algorithm_problems(cfg, registry)
     problems += component_problems(registry, "trainer_backend", cfg.train_backend, "train_backend",
                                     cfg.train_backend_kwargs)  # fmt: skip
+    problems += _lora_problems(cfg, registry)
     if cfg.inference_engine != "auto":
         problems += component_problems(registry, "inference_engine", cfg.inference_engine, "inference_engine",
                                         cfg.inference_engine_kwargs)  # fmt: skip
@@ -100,6 +101,22 @@ def kwargs_problems(component: Any, exc: ValidationError, prefix: str) -> list[s
             hint = did_you_mean(str(e["loc"][0]), fields)
             problems = [p + hint if p == line else p for p in problems]
     return problems
+
+
+def _lora_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
+    """``lora_rank > 0`` needs a trainer backend that registered ``supports_lora=True``."""
+    if cfg.lora_rank == 0 or not registry.has("trainer_backend", cfg.train_backend):
+        return []
+    if registry.get("trainer_backend", cfg.train_backend).meta.get("supports_lora", False):
+        return []
+    able = sorted(
+        c.name for c in registry.components("trainer_backend") if c.meta.get("supports_lora", False)
+    )
+    return [
+        f"lora_rank: {cfg.lora_rank} is not supported by train_backend '{cfg.train_backend}' (LoRA is not "
+        f"implemented there yet); set lora_rank: 0 for full fine-tuning, or use train_backend: "
+        f"{' or '.join(able) or 'fsdp'}"
+    ]
 
 
 def _algorithm_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:

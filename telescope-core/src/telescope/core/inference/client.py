@@ -16,7 +16,7 @@ from telescope.core.inference.protocol import (
     WeightUpdateResponse,
 )
 from telescope.core.observe.samplers.prometheus import parse_prometheus
-from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
+from telescope.core.weights.errors import StaleWeightsError, WeightSyncError, WeightSyncMismatchError
 
 __all__ = ["Completion", "InferenceClient", "InferenceServerError", "engine_metrics"]
 
@@ -68,6 +68,9 @@ class InferenceClient:
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.served_version: int | None = None
+        """The weight version this server confirmed it loaded (None: not known yet, nothing checked)."""
+        self._newest_version: int | None = None  # the newest version asked for (it may be loading now)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session = session
         self._own_session = session is None
@@ -108,10 +111,29 @@ class InferenceClient:
         """
         params.setdefault("logprobs", 0)
         body = CompletionRequest(prompt=prompt, return_token_ids=True, **params)
+        floor = self.served_version
         raw = await self._request("POST", ENDPOINTS["completions"], json=body.model_dump(exclude_none=True))
         response = CompletionResponse.model_validate(raw)
         choices = sorted(response.choices, key=lambda c: c.index)
-        return [_completion(choice, response.id) for choice in choices]
+        completions = [_completion(choice, response.id) for choice in choices]
+        for c in completions:
+            self.check_sampled_versions(c.weight_versions, floor)
+        return completions
+
+    def check_sampled_versions(self, versions: list[int] | None, floor: int | None) -> None:
+        """Raise ``StaleWeightsError`` when a completion was sampled with a weight (adapter) version
+        older than the one this server had confirmed when the request was sent (``floor``), or one
+        never synced: a server that skipped a sync, or kept serving an old adapter, fails the run."""
+        if not versions or floor is None:
+            return
+        ceiling = max(v for v in (self.served_version, self._newest_version, floor) if v is not None)
+        bad = [v for v in versions if not floor <= v <= ceiling]
+        if bad:
+            raise StaleWeightsError(
+                f"inference server {self.base_url} sampled with weight version(s) {sorted(set(bad))} but had "
+                f"confirmed loading version {floor} before the request (newest synced: {ceiling}): it serves "
+                "weights (or a LoRA adapter) other than the trainer's; stopping the run"
+            )
 
     async def abort(self, request_ids: list[str] | None = None) -> int:
         """Abort requests by id (``None`` = all); returns how many the server found."""
@@ -172,10 +194,18 @@ class InferenceClient:
         around the swap). With ``apply=False`` the server takes part in the broadcast and verifies
         it but keeps its weights and weight version (``applied`` is false in the answer).
         """
+        if apply:
+            self._newest_version = max(version, self._newest_version or 0)
         raw = await self._request(
             "POST", ENDPOINTS["weights_update"], json={"version": version, "apply": apply}
         )
-        return WeightUpdateResponse.model_validate(raw)
+        return self._confirmed(WeightUpdateResponse.model_validate(raw))
+
+    def _confirmed(self, response: WeightUpdateResponse) -> WeightUpdateResponse:
+        """Remember the version the server says it now serves (the floor of later completions)."""
+        if response.applied:
+            self.served_version = response.version
+        return response
 
     async def weight_version(self) -> int:
         """The weight version the server serves."""

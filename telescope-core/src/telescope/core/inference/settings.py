@@ -56,6 +56,10 @@ class TransformersEngineKwargs(BaseModel):
     simulated_decode_step_s: float = Field(default=0.0, ge=0)
     """Benchmarks only: sleep this long per decode step, simulating a GPU-bound generator whose
     time does not compete for CPU with the trainer (bench/async.py). 0 = off."""
+    fault_skip_weight_syncs: list[int] = Field(default_factory=list)
+    """Fault injection for tests only: for these weight versions the server receives the sync and
+    answers as if it had loaded it (with the received fingerprints), but keeps serving its old
+    weights, the silent failure a per-sample weight-version check must catch. Empty = off."""
 
 
 class VllmEngineKwargs(BaseModel):

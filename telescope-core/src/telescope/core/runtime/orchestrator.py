@@ -40,6 +40,7 @@ from telescope.core.runtime.step_metrics import Counts, step_metrics
 from telescope.core.runtime.supervision import liveness
 from telescope.core.runtime.supervision.servers import InferenceSupervisor, WeightBroadcaster
 from telescope.core.runtime.supervision.stall import FailureStreaks
+from telescope.core.weights.errors import StaleWeightsError
 
 if TYPE_CHECKING:
     import pluggy
@@ -261,7 +262,7 @@ class Orchestrator:
         self.event("generation", "start", **where)
         try:
             group.results[index] = await self.runner.run(self.clients[server], task, on_generated)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, StaleWeightsError):  # stale: never train on it, the run ends
             raise
         except PromptTooLongError as exc:
             group.fail(index, task, version, GroupFailure("prompt_too_long", str(exc)))
@@ -354,8 +355,7 @@ class Orchestrator:
     async def _cancel_stale(self) -> None:
         """Cancel groups with a sample still generating that was dispatched too many versions ago."""
         limit, version = self.cfg.max_off_policy_steps, self.counts.model_version
-        stale = [gid for gid, g in self._groups.items() if g.is_stale(version, limit)]
-        for gid in stale:
+        for gid in [gid for gid, g in self._groups.items() if g.is_stale(version, limit)]:
             await self._cancel_group(gid, reason="off_policy")
 
     # --- trainer side ------------------------------------------------------------------

@@ -95,6 +95,7 @@ class RayTrainerGroup:
             "timing_weight_sync_total": time.perf_counter() - start,
             "weight_sync/num_tensors": float(sent.get("num_tensors", 0)),
             "weight_sync/bytes": float(sent.get("num_bytes", 0)),
+            "weight_sync/seconds": time.perf_counter() - start,
         }
 
     async def save_checkpoint(self, directory: str, training_state: bool) -> None:

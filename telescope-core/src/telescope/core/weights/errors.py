@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["WeightSyncError", "WeightSyncMismatchError"]
+__all__ = ["StaleWeightsError", "WeightSyncError", "WeightSyncMismatchError"]
 
 
 class WeightSyncError(RuntimeError):
@@ -23,3 +23,7 @@ class WeightSyncMismatchError(WeightSyncError):
             + (f". {detail}" if detail else "")
             + ". The inference servers would generate with weights other than the trainer's; stopping."
         )
+
+
+class StaleWeightsError(WeightSyncError):
+    """A server sampled with a weight (adapter) version other than the ones it was synced to."""

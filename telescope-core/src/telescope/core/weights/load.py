@@ -19,9 +19,13 @@ class ModelWeightLoader:
     received, cast the same way, and checks that every parameter was covered.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, targets: dict[str, torch.Tensor] | None = None) -> None:
+        """``targets``: the tensors a sync must cover, by wire name (default: the whole state dict;
+        a LoRA server passes its adapters, ``telescope.core.weights.lora.adapter_parameters``)."""
         self.model = model
-        self.targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        self.targets: dict[str, torch.Tensor] = (
+            dict(targets) if targets is not None else dict(model.state_dict(keep_vars=True))
+        )
         self._param_ids = {id(p) for p in model.parameters()}
 
     def check(self, named: dict[str, torch.Tensor]) -> None:

@@ -96,6 +96,11 @@ def load_server_state(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs, in
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = getattr(torch, serving_dtype(cfg))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)  # type: ignore[arg-type]
+    if cfg.lora_rank > 0:  # the trainer's adapters (zero update until the first sync) on the base model
+        from telescope.core.weights.lora import inject_lora
+
+        inject_lora(model, cfg)
+        model.eval()
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None and cfg.max_model_len > positions:
         raise ValueError(
@@ -115,7 +120,8 @@ def load_server_state(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs, in
         simulated_decode_step_s=kwargs.simulated_decode_step_s,
     )
     engine = GenerationEngine(model, options)
-    sync = ServerWeightSync(engine, verify=cfg.weight_sync_verify)
+    sync = ServerWeightSync(engine, verify=cfg.weight_sync_verify, adapter_only=cfg.lora_rank > 0,
+                            skip_versions=kwargs.fault_skip_weight_syncs)  # fmt: skip
     return ServerState(engine, tokenizer, options, sync, cfg.model, int(model.config.vocab_size))
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from telescope.core.inference.protocol import WeightSyncInitRequest, WeightUpdateResponse
@@ -14,6 +16,8 @@ from telescope.core.weights.receiver import WeightReceiver
 from telescope.core.weights.settings import GroupSpec
 
 __all__ = ["ServerWeightSync"]
+
+log = logging.getLogger(__name__)
 
 
 class ServerWeightSync:
@@ -26,10 +30,21 @@ class ServerWeightSync:
     An update with ``apply=False`` stops after the checks: the model keeps its weights and version.
     """
 
-    def __init__(self, engine: Any, verify: bool) -> None:
+    def __init__(
+        self, engine: Any, verify: bool, *, adapter_only: bool = False, skip_versions: Iterable[int] = ()
+    ) -> None:
+        """``adapter_only``: the model carries LoRA adapters (``lora_rank > 0``) and every sync
+        brings exactly those, under PEFT's names; the base weights never change.
+        ``skip_versions``: fault injection (``fault_skip_weight_syncs``), see ``update``."""
         self.engine = engine
         self.verify = verify
-        self.loader = ModelWeightLoader(engine.model)
+        self.skip_versions = frozenset(skip_versions)
+        targets = None
+        if adapter_only:
+            from telescope.core.weights.lora import adapter_parameters
+
+            targets = adapter_parameters(engine.model)
+        self.loader = ModelWeightLoader(engine.model, targets)
         self.receiver: WeightReceiver | None = None
         self._lock = threading.Lock()  # one sync at a time
 
@@ -66,6 +81,16 @@ class ServerWeightSync:
                     version=self.engine.weight_version,
                     received_version=version,
                     applied=False,
+                    num_tensors=len(named),
+                    seconds=time.perf_counter() - start,
+                    fingerprints=last.received_fingerprints if last else None,
+                )
+
+            if version in self.skip_versions:  # injected fault: claim the load, keep the old weights
+                log.warning("fault injection: weight version %d received but not loaded", version)
+                return WeightUpdateResponse(
+                    version=version,
+                    received_version=version,
                     num_tensors=len(named),
                     seconds=time.perf_counter() - start,
                     fingerprints=last.received_fingerprints if last else None,

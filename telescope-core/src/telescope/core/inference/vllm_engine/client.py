@@ -108,6 +108,8 @@ class VllmClient(InferenceClient):
         """Receive and load the next sync on every TP worker; vLLM is paused (``keep``: in-flight
         requests freeze, then continue with the new weights) around the worker-extension call."""
         start = asyncio.get_running_loop().time()
+        if apply:
+            self._newest_version = max(version, self._newest_version or 0)
         if not apply:  # nothing changes for in-flight requests: no pause
             results = await self._rpc("telescope_update_weights", str(version), apply="false")
         else:
@@ -120,13 +122,15 @@ class VllmClient(InferenceClient):
                 await self.resume()
         first = results[0]
         _check_workers_agree(self.base_url, version, results)
-        return WeightUpdateResponse(
-            version=first["version"],
-            received_version=first.get("received_version", first["version"]),
-            applied=bool(first.get("applied", True)),
-            num_tensors=first["num_tensors"],
-            seconds=asyncio.get_running_loop().time() - start,
-            fingerprints=first.get("fingerprints"),
+        return self._confirmed(
+            WeightUpdateResponse(
+                version=first["version"],
+                received_version=first.get("received_version", first["version"]),
+                applied=bool(first.get("applied", True)),
+                num_tensors=first["num_tensors"],
+                seconds=asyncio.get_running_loop().time() - start,
+                fingerprints=first.get("fingerprints"),
+            )
         )
 
     async def weight_version(self) -> int:
