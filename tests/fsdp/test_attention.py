@@ -243,3 +243,25 @@ def test_a_flash_attn_that_is_found_but_does_not_import_is_reported(tmp_path: An
     problem = flash_attn_problem()
     assert problem is not None and "installed but does not import" in problem
     assert "undefined symbol" in problem and torch.__version__ in problem
+
+
+def test_a_flash_attn_that_does_not_import_falls_back_or_is_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found is not usable: a wheel built for another torch crashed the first forward pass."""
+    from telescope.fsdp import model
+
+    broken = "flash-attn is installed but does not import (ImportError: undefined symbol)"
+    monkeypatch.setattr(model, "flash_attn_problem", lambda: broken)
+    monkeypatch.setattr(model, "_flash_attn_found", lambda: True)
+    cuda = torch.device("cuda", 0)
+    with caplog.at_level("WARNING"):
+        assert model.pick_attn_implementation("auto", cuda) == "telescope_packed_sdpa"
+    assert "using packed_sdpa, not flash-attn: flash-attn is installed but does not import" in caplog.text
+    with pytest.raises(ValueError, match="'flash_attention_2': flash-attn is installed but does not import"):
+        model.pick_attn_implementation("flash_attention_2", cuda)
+    monkeypatch.setattr(model, "flash_attn_problem", lambda: None)
+    assert model.pick_attn_implementation("auto", cuda) == "flash_attention_2"
+    assert (
+        model.pick_attn_implementation("auto", cuda, torch.float32) == "telescope_packed_sdpa"
+    )  # 16 bits only

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from telescope.fsdp.attention import register_packed_sdpa
+from telescope.fsdp.attention import flash_attn_problem, register_packed_sdpa
 from telescope.fsdp.options import FSDPBackendKwargs
 
 __all__ = ["DTYPES", "build_model", "pick_attn_implementation", "shard_model"]
@@ -23,16 +23,25 @@ def pick_attn_implementation(
     requested: str, device: torch.device, compute_dtype: torch.dtype = torch.bfloat16
 ) -> str:
     """transformers' ``attn_implementation`` name for the option (``auto``: flash-attn on CUDA
-    when installed and computing in 16 bits, else ``packed_sdpa``)."""
+    when it imports and computing in 16 bits, else ``packed_sdpa``; a flash-attn that is found but
+    does not import falls back with a warning saying why, or is refused when asked for by name)."""
     if requested == "auto":
-        has_flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
-        half = compute_dtype in (torch.float16, torch.bfloat16)
-        requested = "flash_attention_2" if has_flash and half else "packed_sdpa"
+        usable = device.type == "cuda" and compute_dtype in (torch.float16, torch.bfloat16)
+        problem = flash_attn_problem() if usable else None
+        if problem is not None and _flash_attn_found():
+            logger.warning("attn_implementation auto: using packed_sdpa, not flash-attn: %s", problem)
+        requested = "flash_attention_2" if usable and problem is None else "packed_sdpa"
     if requested == "flash_attention_2" and device.type != "cuda":
         raise ValueError("attn_implementation 'flash_attention_2' needs CUDA; use 'packed_sdpa' on CPU")
+    if requested == "flash_attention_2" and (problem := flash_attn_problem()) is not None:
+        raise ValueError(f"attn_implementation 'flash_attention_2': {problem}; or use 'packed_sdpa'")
     if requested == "packed_sdpa":
         return register_packed_sdpa()
     return requested
+
+
+def _flash_attn_found() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
 
 
 def build_model(cfg: Any, kwargs: FSDPBackendKwargs, device: torch.device, mesh: Any) -> nn.Module:
