@@ -119,14 +119,18 @@ def main() -> int:
     path = (
         "NCCL cuda:0 -> cuda:1" if backend == "nccl" else "gloo, sender on cuda:0 (staged), receiver on CPU"
     )
-    print(f"| sync ({path}), {nbytes / 2**20:.0f} MiB | {'verified' if ok else 'MISMATCH'}; "
-          f"best {best:.3f} s = {nbytes / best / 1e9:.2f} GB/s over {args.reps} syncs |")  # fmt: skip
+    print(
+        f"| sync ({path}), {nbytes / 2**20:.0f} MiB | {'verified' if ok else 'MISMATCH'}; "
+        f"best {best:.3f} s = {nbytes / best / 1e9:.2f} GB/s over {args.reps} syncs |"
+    )
     failed |= not ok
     if backend == "gloo":
         print("| NCCL sync | not run: NCCL needs two GPUs (one rank per device) |")
     device_s, host_s = verify_cost(args.mb)
-    print(f"| verify {args.mb} MiB on cuda:0 | sum64 on the device {device_s:.3f} s; "
-          f"copy to host + xxh3 {host_s:.3f} s |")  # fmt: skip
+    print(
+        f"| verify {args.mb} MiB on cuda:0 | sum64 on the device {device_s:.3f} s; "
+        f"copy to host + xxh3 {host_s:.3f} s |"
+    )
     return 1 if failed else 0
 
 

@@ -69,8 +69,20 @@ def read_run(mode: str, run_dir: Path, wall_s: float) -> ModeResult:
 def run_mode(mode: str, steps: int, seed: int, extra: list[str], root: Path) -> ModeResult:
     run_dir = root / mode
     telescope = Path(sys.executable).with_name("telescope")
-    cmd = [str(telescope), "train", str(CONFIGS[mode]), "--run_dir", str(run_dir), "--seed", str(seed),
-           "--number_of_steps", str(steps), "--overwrite", "true", *extra]  # fmt: skip
+    cmd = [
+        str(telescope),
+        "train",
+        str(CONFIGS[mode]),
+        "--run_dir",
+        str(run_dir),
+        "--seed",
+        str(seed),
+        "--number_of_steps",
+        str(steps),
+        "--overwrite",
+        "true",
+        *extra,
+    ]
     start = time.time()
     proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
@@ -80,14 +92,18 @@ def run_mode(mode: str, steps: int, seed: int, extra: list[str], root: Path) -> 
 
 
 def print_table(results: list[ModeResult]) -> None:
-    print("| mode | trainable params | step (median) | trainer peak memory | sync bytes | sync time | "
-          f"reward first {WINDOW} -> last {WINDOW} | wall |")  # fmt: skip
+    print(
+        "| mode | trainable params | step (median) | trainer peak memory | sync bytes | sync time | "
+        f"reward first {WINDOW} -> last {WINDOW} | wall |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r.mode} | {r.trainable if r.trainable is not None else '?':,} | {r.step_s:.2f} s | "
-              f"{r.memory_gb:.2f} GB | {r.sync_bytes / 1e3:,.0f} KB | {r.sync_s * 1e3:.0f} ms | "
-              f"{r.reward_first:.3f} -> {r.reward_last:.3f} ({r.reward_last - r.reward_first:+.3f}) | "
-              f"{r.wall_s:.0f} s |")  # fmt: skip
+        print(
+            f"| {r.mode} | {r.trainable if r.trainable is not None else '?':,} | {r.step_s:.2f} s | "
+            f"{r.memory_gb:.2f} GB | {r.sync_bytes / 1e3:,.0f} KB | {r.sync_s * 1e3:.0f} ms | "
+            f"{r.reward_first:.3f} -> {r.reward_last:.3f} ({r.reward_last - r.reward_first:+.3f}) | "
+            f"{r.wall_s:.0f} s |"
+        )
     full, lora = results
     print(f"LoRA sync moves {lora.sync_bytes / full.sync_bytes:.1%} of the full model's bytes per step")
 

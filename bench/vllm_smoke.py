@@ -39,8 +39,10 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
         good = (
             len(first.token_ids) == 8 and len(first.logprobs) == 8 and all(lp <= 0 for lp in first.logprobs)
         )
-        row("completion with logprobs", f"{'ok' if good else 'FAILED'}: {first.token_ids} in "
-            f"{time.perf_counter() - t0:.2f} s")  # fmt: skip
+        row(
+            "completion with logprobs",
+            f"{'ok' if good else 'FAILED'}: {first.token_ids} in {time.perf_counter() - t0:.2f} s",
+        )
         ok &= good
         port = free_port()
         spec = GroupSpec(host="127.0.0.1", port=port, world_size=2, backend="gloo", timeout_s=300)
@@ -61,9 +63,12 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
             verdict = "verified"
         except Exception as exc:  # noqa: BLE001 - reported in the table
             verdict, ok = f"FAILED: {exc}", False
-        row("weight sync (gloo, verified)", f"{verdict}: {report.num_tensors} tensors, "
+        row(
+            "weight sync (gloo, verified)",
+            f"{verdict}: {report.num_tensors} tensors, "
             f"{report.num_bytes / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f} s; served version "
-            f"{await client.weight_version()}")  # fmt: skip
+            f"{await client.weight_version()}",
+        )
         (after,) = await client.complete([1, 2, 3, 4], max_tokens=8, temperature=1.0, ignore_eos=True)
         row("completion after the sync", f"ok: {after.token_ids}" if len(after.token_ids) == 8 else "FAILED")
         ok &= len(after.token_ids) == 8
@@ -81,8 +86,10 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
                 await asyncio.to_thread(sender.send, iter(named), version)
                 response = await update
                 await asyncio.gather(*running)
-                row(f"32 requests in flight across a sync, pause_clear_cache={clear}",
-                    f"all done after {time.perf_counter() - t0:.2f} s (sync {response.seconds:.2f} s)")  # fmt: skip
+                row(
+                    f"32 requests in flight across a sync, pause_clear_cache={clear}",
+                    f"all done after {time.perf_counter() - t0:.2f} s (sync {response.seconds:.2f} s)",
+                )
             version += 1
     return ok
 
@@ -91,9 +98,13 @@ def main() -> int:
     from telescope.core.models.tiny import resolve_model_path
 
     cfg = make_config(
-        model="telescope/tiny", inference_engine="vllm", inference_num_workers=1, max_model_len=512,
-        gpu_memory_utilization=0.3, enable_vllm_tracing=False,
-    )  # fmt: skip
+        model="telescope/tiny",
+        inference_engine="vllm",
+        inference_num_workers=1,
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+        enable_vllm_tracing=False,
+    )
     engine = VllmEngine(cfg, VllmEngineKwargs(extra_args=["--enforce-eager"]))
     print("| check | result |\n|---|---|")
     with tempfile.TemporaryDirectory() as logs:

@@ -34,12 +34,19 @@ def learning_run(run_dir: Path, steps: int = 60) -> None:
         envs = {"reverse_text": 0.2 + 0.7 * progress, "math": 0.1 + 0.5 * progress}
         metrics = {f"reward/{env}/mean": min(1.0, r + rng.gauss(0, 0.04)) for env, r in envs.items()}
         metrics["reward/mean"] = sum(metrics.values()) / 2
-        metrics.update({
-            "entropy": 0.9 - 0.5 * progress + rng.gauss(0, 0.02), "kl_divergence_inference": 0.002 + rng.random() * 0.001,
-            "grad_norm": 0.8 + rng.gauss(0, 0.15), "discarded/pct": max(0.0, 30 - 25 * progress + rng.gauss(0, 3)),
-            "perf/step_time_s": 11 + rng.gauss(0, 0.8), "perf/tokens_per_s": 5200 + rng.gauss(0, 300),
-            "timing_forward_total": 2.1, "timing_backward_total": 4.0, "loss/policy": rng.gauss(0, 0.01),
-        })  # fmt: skip
+        metrics.update(
+            {
+                "entropy": 0.9 - 0.5 * progress + rng.gauss(0, 0.02),
+                "kl_divergence_inference": 0.002 + rng.random() * 0.001,
+                "grad_norm": 0.8 + rng.gauss(0, 0.15),
+                "discarded/pct": max(0.0, 30 - 25 * progress + rng.gauss(0, 3)),
+                "perf/step_time_s": 11 + rng.gauss(0, 0.8),
+                "perf/tokens_per_s": 5200 + rng.gauss(0, 300),
+                "timing_forward_total": 2.1,
+                "timing_backward_total": 4.0,
+                "loss/policy": rng.gauss(0, 0.01),
+            }
+        )
         hub.log_step(step, metrics)
     hub.finish("finished")
 

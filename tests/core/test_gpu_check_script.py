@@ -54,7 +54,9 @@ def test_the_gpu_sync_check_rehearses_its_sync_on_cpu() -> None:
     machine the same code runs NCCL or the CUDA staging path)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_sync.py"), "--cpu-rehearsal", "--mb", "4", "--reps", "2"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "| CPU rehearsal sync, 8 MiB | verified |" in result.stdout

@@ -17,8 +17,16 @@ def write_run(run_dir: Path, rows: list[dict[str, float]], info: dict[str, Any])
 
 def test_read_run_and_table(bench_script, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     bench = bench_script("lora")
-    rows = [{"timing_step_total": 1.0 + i, "memory/peak_rss_gb": 0.5 + i / 10, "weight_sync/bytes": 1000.0,
-             "weight_sync/seconds": 0.01 * (i + 1), "reward/mean": i / 10} for i in range(12)]  # fmt: skip
+    rows = [
+        {
+            "timing_step_total": 1.0 + i,
+            "memory/peak_rss_gb": 0.5 + i / 10,
+            "weight_sync/bytes": 1000.0,
+            "weight_sync/seconds": 0.01 * (i + 1),
+            "reward/mean": i / 10,
+        }
+        for i in range(12)
+    ]
     write_run(tmp_path / "full", rows, {"trainable_parameters": 100})
     lora_rows = [{**r, "weight_sync/bytes": 95.0} for r in rows]
     write_run(tmp_path / "lora", lora_rows, {"trainable_parameters": 9})

@@ -99,8 +99,15 @@ def test_step_matches_unsharded_reference_loss_grads_and_sgd_update(tiny_model_d
     ):
         assert math.isfinite(metrics[key]), key
     # the trainer-side timing_* phases the seed's metrics page names, total and per micro-batch
-    for phase in ("forward", "backward", "loss_computation", "compute_kl", "compute_entropy",
-                  "data_to_device", "prepare_tensors"):  # fmt: skip
+    for phase in (
+        "forward",
+        "backward",
+        "loss_computation",
+        "compute_kl",
+        "compute_entropy",
+        "data_to_device",
+        "prepare_tensors",
+    ):
         total, mean = metrics[f"timing_{phase}_total"], metrics[f"timing_{phase}_microbatch_mean"]
         assert total > 0 and mean == pytest.approx(total / metrics["packing/micro_batches_per_rank"]), phase
 

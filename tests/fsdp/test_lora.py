@@ -33,11 +33,14 @@ def expected_adapter_shapes() -> dict[str, tuple[int, int]]:
     """(in, out) of every linear layer of the tiny Qwen2, from its config (head dim 16)."""
     head, kv = HIDDEN // 4, 2
     per_layer = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (HIDDEN, kv * head),
-        "self_attn.v_proj": (HIDDEN, kv * head), "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (HIDDEN, 2 * HIDDEN), "mlp.up_proj": (HIDDEN, 2 * HIDDEN),
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (HIDDEN, kv * head),
+        "self_attn.v_proj": (HIDDEN, kv * head),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (HIDDEN, 2 * HIDDEN),
+        "mlp.up_proj": (HIDDEN, 2 * HIDDEN),
         "mlp.down_proj": (2 * HIDDEN, HIDDEN),
-    }  # fmt: skip
+    }
     return {f"model.layers.{i}.{m}": shape for i in range(2) for m, shape in per_layer.items()}
 
 
@@ -55,8 +58,11 @@ def test_only_adapters_train_and_are_synced(tiny_model_dir: str) -> None:
     }
     sent0 = weights(backend)
     # PEFT's file names, A [r, in] and B [out, r]; B starts at zero (the adapter starts as a no-op)
-    want = {f"base_model.model.{m}.lora_{ab}.weight": (RANK, i) if ab == "A" else (o, RANK)
-            for m, (i, o) in shapes.items() for ab in "AB"}  # fmt: skip
+    want = {
+        f"base_model.model.{m}.lora_{ab}.weight": (RANK, i) if ab == "A" else (o, RANK)
+        for m, (i, o) in shapes.items()
+        for ab in "AB"
+    }
     assert {n: tuple(t.shape) for n, t in sent0.items()} == want
     assert all(float(t.abs().max()) == 0 for n, t in sent0.items() if ".lora_B." in n)
     for k in range(3):

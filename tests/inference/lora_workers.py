@@ -45,8 +45,15 @@ def lora_trainer_worker(store_port: int, cfg_json: str, commands: Any, answers: 
     from telescope.fsdp.options import FSDPBackendKwargs
 
     torch.set_num_threads(1)
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"})  # fmt: skip
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+        }
+    )
     cfg = TelescopeConfig.model_validate_json(cfg_json)
     backend = FSDPBackend(cfg, FSDPBackendKwargs(device="cpu"))
     answers.put(backend.init())

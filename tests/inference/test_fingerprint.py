@@ -108,8 +108,11 @@ def test_a_sync_verified_with_sum64_end_to_end(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(receiver, "digest_for_device", lambda device: "sum64")
     spec = GroupSpec(host="127.0.0.1", port=free_port(), world_size=2, timeout_s=60)
     gen = torch.Generator().manual_seed(4)
-    named = [("a", torch.randn(5, 7, generator=gen)), ("b", torch.randn(3, generator=gen).bfloat16()),
-             ("c", torch.randn(300, 200, generator=gen))]  # fmt: skip
+    named = [
+        ("a", torch.randn(5, 7, generator=gen)),
+        ("b", torch.randn(3, generator=gen).bfloat16()),
+        ("c", torch.randn(300, 200, generator=gen)),
+    ]
     groups: dict[int, WeightSyncGroup] = {}
     threads = [
         threading.Thread(target=lambda r=r: groups.__setitem__(r, WeightSyncGroup(spec, r))) for r in (0, 1)

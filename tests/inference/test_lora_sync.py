@@ -48,8 +48,16 @@ def test_server_samples_the_adapter_just_trained(tiny_path: str, tmp_path: Path)
 
     from .conftest import make_cfg
 
-    cfg = make_cfg(model=tiny_path, lora_rank=RANK, lora_alpha=8.0, learning_rate=5e-2, mixed_precision_dtype=None, seq_len=64,
-                   pad_to_multiple_of=8, temperature=1.0)  # fmt: skip
+    cfg = make_cfg(
+        model=tiny_path,
+        lora_rank=RANK,
+        lora_alpha=8.0,
+        learning_rate=5e-2,
+        mixed_precision_dtype=None,
+        seq_len=64,
+        pad_to_multiple_of=8,
+        temperature=1.0,
+    )
     kwargs = TransformersEngineKwargs(num_threads=1, startup_timeout_s=120, fault_skip_weight_syncs=[3])
     engine = TransformersEngine(cfg, kwargs)
     server = engine.launch(0, host="127.0.0.1", port=free_port(), log_dir=str(tmp_path))

@@ -35,8 +35,14 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 
 def _completion(prompt: list[int], text: str = "x") -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "token_ids": [5], "prompt_token_ids": prompt, "finish_reason": "stop",
-              "logprobs": {"tokens": ["x"], "token_logprobs": [-0.1], "text_offset": [0], "top_logprobs": None}}  # fmt: skip
+    choice = {
+        "index": 0,
+        "text": text,
+        "token_ids": [5],
+        "prompt_token_ids": prompt,
+        "finish_reason": "stop",
+        "logprobs": {"tokens": ["x"], "token_logprobs": [-0.1], "text_offset": [0], "top_logprobs": None},
+    }
     return {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "m", "choices": [choice]}
 
 

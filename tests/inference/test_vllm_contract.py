@@ -176,10 +176,23 @@ def _cli_fields() -> dict[str, str]:
 def test_every_launch_flag_is_a_vllm_serve_option_with_a_value_it_accepts() -> None:
     cfg = make_cfg(enable_vllm_tracing=True, inference_access_log=False, vllm_scheduling_policy="priority")
     kwargs = VllmEngineKwargs(max_num_seqs=8, max_num_batched_tokens=4096)
-    argv = build_vllm_args(cfg, kwargs, model_path="/m", index=0, host="127.0.0.1", port=8000,
-                           otlp_endpoint="http://127.0.0.1:4317/v1/traces")  # fmt: skip
-    off = build_vllm_args(cfg, VllmEngineKwargs(enable_prefix_caching=False), model_path="/m", index=0,
-                          host="127.0.0.1", port=8000)  # fmt: skip
+    argv = build_vllm_args(
+        cfg,
+        kwargs,
+        model_path="/m",
+        index=0,
+        host="127.0.0.1",
+        port=8000,
+        otlp_endpoint="http://127.0.0.1:4317/v1/traces",
+    )
+    off = build_vllm_args(
+        cfg,
+        VllmEngineKwargs(enable_prefix_caching=False),
+        model_path="/m",
+        index=0,
+        host="127.0.0.1",
+        port=8000,
+    )
     fields = _cli_fields()
     flags = {f"--{name.replace('_', '-')}": (name, ann) for name, ann in fields.items()}
     flags.update(
@@ -199,8 +212,16 @@ def test_every_launch_flag_is_a_vllm_serve_option_with_a_value_it_accepts() -> N
             elif ann.split(" | ")[0][:1].isupper():  # a Literal alias: its values are the choices
                 assert value in _literal(ann.split(" | ")[0]), f"{flag} {value}: not one of vLLM's choices"
             checked.add(name)
-    assert {"logprobs_mode", "scheduling_policy", "dtype", "enable_prefix_caching", "worker_extension_cls",
-            "otlp_traces_endpoint", "disable_uvicorn_access_log", "generation_config"} <= checked  # fmt: skip
+    assert {
+        "logprobs_mode",
+        "scheduling_policy",
+        "dtype",
+        "enable_prefix_caching",
+        "worker_extension_cls",
+        "otlp_traces_endpoint",
+        "disable_uvicorn_access_log",
+        "generation_config",
+    } <= checked
 
 
 # -- request and response bodies --------------------------------------------------------------------

@@ -25,21 +25,45 @@ def flag(args: list[str], name: str) -> str:
 
 def test_launch_args_come_from_the_resolved_config() -> None:
     cfg = make_cfg(
-        model="org/some-model", inference_num_workers=4, inference_tensor_parallel_size=2, gpu_memory_utilization=0.55,
-        max_model_len=2048, vllm_scheduling_policy="fcfs", enable_vllm_tracing=True, otlp_receiver_port=4999,
-        model_dtype="bfloat16", seed=11, inference_dtype=None,
-    )  # fmt: skip
+        model="org/some-model",
+        inference_num_workers=4,
+        inference_tensor_parallel_size=2,
+        gpu_memory_utilization=0.55,
+        max_model_len=2048,
+        vllm_scheduling_policy="fcfs",
+        enable_vllm_tracing=True,
+        otlp_receiver_port=4999,
+        model_dtype="bfloat16",
+        seed=11,
+        inference_dtype=None,
+    )
     kwargs = VllmEngineKwargs(max_num_seqs=128, extra_args=["--enforce-eager"])
-    args = build_vllm_args(cfg, kwargs, model_path="/models/m", index=3, host="0.0.0.0", port=8103,
-                           otlp_endpoint="http://10.0.0.9:4999/v1/traces")  # fmt: skip
+    args = build_vllm_args(
+        cfg,
+        kwargs,
+        model_path="/models/m",
+        index=3,
+        host="0.0.0.0",
+        port=8103,
+        otlp_endpoint="http://10.0.0.9:4999/v1/traces",
+    )
     assert args[0] == "/models/m"
     expected = {
-        "--tensor-parallel-size": "2", "--gpu-memory-utilization": "0.55", "--max-model-len": "2048",
-        "--scheduling-policy": "fcfs", "--otlp-traces-endpoint": "http://10.0.0.9:4999/v1/traces",
-        "--logprobs-mode": "processed_logprobs", "--dtype": "bfloat16", "--seed": "14", "--port": "8103",
-        "--host": "0.0.0.0", "--served-model-name": "org/some-model", "--worker-extension-cls": WORKER_EXTENSION,
-        "--generation-config": "vllm", "--max-num-seqs": "128",
-    }  # fmt: skip
+        "--tensor-parallel-size": "2",
+        "--gpu-memory-utilization": "0.55",
+        "--max-model-len": "2048",
+        "--scheduling-policy": "fcfs",
+        "--otlp-traces-endpoint": "http://10.0.0.9:4999/v1/traces",
+        "--logprobs-mode": "processed_logprobs",
+        "--dtype": "bfloat16",
+        "--seed": "14",
+        "--port": "8103",
+        "--host": "0.0.0.0",
+        "--served-model-name": "org/some-model",
+        "--worker-extension-cls": WORKER_EXTENSION,
+        "--generation-config": "vllm",
+        "--max-num-seqs": "128",
+    }
     assert {k: flag(args, k) for k in expected} == expected
     assert "--enable-prefix-caching" in args and args[-1] == "--enforce-eager"
     assert "--max-num-batched-tokens" not in args
@@ -60,8 +84,9 @@ def test_defaults_follow_the_seed_table_and_tracing_off_drops_the_endpoint() -> 
 
 def test_uvicorn_access_log_is_off_unless_inference_access_log() -> None:
     quiet = build_vllm_args(make_cfg(), VllmEngineKwargs(), model_path="m", index=0, host="h", port=1)
-    loud = build_vllm_args(make_cfg(inference_access_log=True), VllmEngineKwargs(), model_path="m", index=0,
-                           host="h", port=1)  # fmt: skip
+    loud = build_vllm_args(
+        make_cfg(inference_access_log=True), VllmEngineKwargs(), model_path="m", index=0, host="h", port=1
+    )
     assert "--disable-uvicorn-access-log" in quiet and "--disable-uvicorn-access-log" not in loud
     with pytest.raises(ValueError, match="--disable-uvicorn-access-log"):  # set by the config field only
         VllmEngine(make_cfg(), VllmEngineKwargs(extra_args=["--disable-uvicorn-access-log"]))
@@ -150,11 +175,22 @@ class FakeVllm:
             f"completions n={body['n']} logprobs={body['logprobs']} ids={body['return_token_ids']}"
         )
         choices = [
-            {"index": i, "text": "ab", "token_ids": [10 + i, 11], "prompt_token_ids": body["prompt"],
-             "finish_reason": "length", "stop_reason": None,
-             "logprobs": {"text_offset": [0, 1], "token_logprobs": [-0.5, -1.5], "tokens": ["a", "b"], "top_logprobs": None}}
+            {
+                "index": i,
+                "text": "ab",
+                "token_ids": [10 + i, 11],
+                "prompt_token_ids": body["prompt"],
+                "finish_reason": "length",
+                "stop_reason": None,
+                "logprobs": {
+                    "text_offset": [0, 1],
+                    "token_logprobs": [-0.5, -1.5],
+                    "tokens": ["a", "b"],
+                    "top_logprobs": None,
+                },
+            }
             for i in reversed(range(body["n"]))
-        ]  # fmt: skip
+        ]
         usage = {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
         return web.json_response(
             {
@@ -239,9 +275,13 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
     assert fake.calls[1].startswith("rpc telescope_init_weight_sync")
     # every update is wrapped in pause(keep) / resume, also when the worker raises
     assert fake.calls[2:] == [
-        "/pause?mode=keep&clear_cache=false", "rpc telescope_update_weights ['4']", "/resume",
-        "/pause?mode=keep&clear_cache=false", "rpc telescope_update_weights ['5']", "/resume",
-    ]  # fmt: skip
+        "/pause?mode=keep&clear_cache=false",
+        "rpc telescope_update_weights ['4']",
+        "/resume",
+        "/pause?mode=keep&clear_cache=false",
+        "rpc telescope_update_weights ['5']",
+        "/resume",
+    ]
 
 
 def _serve_fake(fake: FakeVllm):  # type: ignore[no-untyped-def]
@@ -281,8 +321,10 @@ def test_vllm_client_checks_every_tp_worker_received_the_same_weights() -> None:
     assert tensors == ["w"]
     # the server is resumed after every update, also the rejected ones
     assert fake.calls[-3:] == [
-        "/pause?mode=keep&clear_cache=false", "rpc telescope_update_weights ['8']", "/resume",
-    ]  # fmt: skip
+        "/pause?mode=keep&clear_cache=false",
+        "rpc telescope_update_weights ['8']",
+        "/resume",
+    ]
 
 
 def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -> None:

@@ -91,9 +91,12 @@ def test_weights_load_inside_vllms_config_context_and_layerwise_reload(
     worker = _worker(fake.events)
     out = worker.telescope_update_weights("1", "true")
     assert fake.events == [
-        "config VC enter", "initialize_layerwise_reload", "load_weights ['w']", "finalize_layerwise_reload MC",
+        "config VC enter",
+        "initialize_layerwise_reload",
+        "load_weights ['w']",
+        "finalize_layerwise_reload MC",
         "config VC exit",
-    ]  # fmt: skip
+    ]
     assert out["applied"] is True and out["version"] == 1
     with pytest.raises(ValueError, match="apply='True'; send the string 'true' or 'false'"):
         worker.telescope_update_weights("2", "True")
@@ -129,8 +132,12 @@ def test_vllm_update_without_applying_keeps_the_served_version(monkeypatch: pyte
         assert [float(d["w"][0]) for d in loaded] == [1.0, 3.0]
     # only applied updates pause the server (nothing changes for in-flight requests otherwise)
     assert fake.calls == [
-        "/pause", "rpc telescope_update_weights ['1'] {'apply': 'true'}", "/resume",
+        "/pause",
+        "rpc telescope_update_weights ['1'] {'apply': 'true'}",
+        "/resume",
         "rpc telescope_update_weights ['2'] {'apply': 'false'}",
         "rpc telescope_weight_version [] {}",
-        "/pause", "rpc telescope_update_weights ['3'] {'apply': 'true'}", "/resume",
-    ]  # fmt: skip
+        "/pause",
+        "rpc telescope_update_weights ['3'] {'apply': 'true'}",
+        "/resume",
+    ]

@@ -98,9 +98,13 @@ def test_kill_minus_nine_then_resume_loses_and_repeats_nothing(tmp_path: Path, l
 
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     fields = settings(
-        run_dir, number_of_steps=6, checkpoint_every=2, max_async_rollout=2, max_off_policy_steps=100,
+        run_dir,
+        number_of_steps=6,
+        checkpoint_every=2,
+        max_async_rollout=2,
+        max_off_policy_steps=100,
         lora_rank=lora_rank,
-    )  # fmt: skip
+    )
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(fields))
     proc = _launch(config, log)

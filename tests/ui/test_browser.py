@@ -37,8 +37,10 @@ def live(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
         log_step(hub, step)
     logs = tmp_path / "runs" / "done" / "logs"
     logs.mkdir(exist_ok=True)
-    (logs / "telescope.log").write_text("2026-01-01 10:00:00,001 INFO telescope.runtime started\n"
-                                        "2026-01-01 10:00:01,001 WARNING telescope.runtime slow\n")  # fmt: skip
+    (logs / "telescope.log").write_text(
+        "2026-01-01 10:00:00,001 INFO telescope.runtime started\n"
+        "2026-01-01 10:00:01,001 WARNING telescope.runtime slow\n"
+    )
     (tmp_path / "runs" / "empty").mkdir()  # a run that died before logging anything
     (tmp_path / "runs" / "empty" / "run.json").write_text('{"schema_version": 2, "status": "running"}')
     srv = ServerThread(Workspace([tmp_path / "runs"])).start()
@@ -111,13 +113,26 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
     assert p.evaluate(title % "timing_forward_total") == "timing_forward_total (s)"
     assert p.evaluate(title % "entropy") == "entropy"
     units = {
-        "timing_step_total": "s", "perf/step_time_s": "s", "e2e_request_latency_seconds_mean": "s",
-        "perf/tokens_per_s": "tokens/s", "memory/peak_rss_gb": "GB", "weight_sync/bytes": "bytes",
-        "discarded/max_async/pct": "%", "gpu/*/gpu_utilization_percent": "%", "gpu/*/gpu_power_w": "W",
-        "gpu/*/gpu_temperature_c": "°C", "gpu/*/gpu_clock_sm_mhz": "MHz", "tokens/completion/mean": "tokens",
-        "batch/num_tokens": "tokens", "loss_tokens": "tokens", "prompt_tokens_total": "tokens",
-        "kv_cache_usage_perc": "", "reward/mean": "", "learning_rate": "", "sample_metrics/tokens_ok/mean": "",
-    }  # fmt: skip
+        "timing_step_total": "s",
+        "perf/step_time_s": "s",
+        "e2e_request_latency_seconds_mean": "s",
+        "perf/tokens_per_s": "tokens/s",
+        "memory/peak_rss_gb": "GB",
+        "weight_sync/bytes": "bytes",
+        "discarded/max_async/pct": "%",
+        "gpu/*/gpu_utilization_percent": "%",
+        "gpu/*/gpu_power_w": "W",
+        "gpu/*/gpu_temperature_c": "°C",
+        "gpu/*/gpu_clock_sm_mhz": "MHz",
+        "tokens/completion/mean": "tokens",
+        "batch/num_tokens": "tokens",
+        "loss_tokens": "tokens",
+        "prompt_tokens_total": "tokens",
+        "kv_cache_usage_perc": "",
+        "reward/mean": "",
+        "learning_rate": "",
+        "sample_metrics/tokens_ok/mean": "",
+    }
     got = p.evaluate(
         "async keys => { const { unitOf } = await import('/static/common.js'); return keys.map(unitOf); }",
         list(units),
@@ -348,11 +363,19 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
     srv, _ = live
     system = srv.workspace.get("done").path / "system.jsonl"
     records = [
-        {"time": 100.0 + i, "node": "n1", "source": "system",
-         "metrics": {"cpu_utilization_percent": 50.0, "gpu/0/gpu_utilization_percent": 10.0 * i,
-                     "gpu/1/gpu_utilization_percent": 5.0 * i, "gpu/0/gpu_power_w": 300.0}}
+        {
+            "time": 100.0 + i,
+            "node": "n1",
+            "source": "system",
+            "metrics": {
+                "cpu_utilization_percent": 50.0,
+                "gpu/0/gpu_utilization_percent": 10.0 * i,
+                "gpu/1/gpu_utilization_percent": 5.0 * i,
+                "gpu/0/gpu_power_w": 300.0,
+            },
+        }
         for i in range(3)
-    ] + [{"time": 101.0, "source": "vllm", "server": 0, "metrics": {"num_requests_running": 4.0}}]  # fmt: skip
+    ] + [{"time": 101.0, "source": "vllm", "server": 0, "metrics": {"num_requests_running": 4.0}}]
     append_jsonl(system, *records)
     tab = Page(browser, srv.url)
     p = tab.open("infra?runs=done")
@@ -400,7 +423,15 @@ def test_dashboard_follows_a_real_quickstart_run(browser: Any, tmp_path: Path) -
     run_dir = tmp_path / "runs" / "quickstart"
     run_dir.parent.mkdir()
     exe = Path(sys.executable).parent / "telescope"
-    cmd = [str(exe), "train", str(root / "examples" / "quickstart.yaml"), "--number_of_steps", "12", "--run_dir", str(run_dir)]  # fmt: skip
+    cmd = [
+        str(exe),
+        "train",
+        str(root / "examples" / "quickstart.yaml"),
+        "--number_of_steps",
+        "12",
+        "--run_dir",
+        str(run_dir),
+    ]
     with open(tmp_path / "train.out", "w") as out:
         proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
     srv = ServerThread(Workspace([run_dir.parent])).start()

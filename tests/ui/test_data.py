@@ -54,8 +54,12 @@ def test_metrics_catalog_sections_and_declared_ranges(finished_run: Path) -> Non
 
 
 def test_declared_ranges_union_and_per_env() -> None:
-    info = {"environments": [{"name": "a", "reward_min": 0, "reward_max": 2, "metrics_ranges": {"m": {"min": 0, "max": 5}}},
-                             {"name": "b", "reward_min": -1, "reward_max": 1}]}  # fmt: skip
+    info = {
+        "environments": [
+            {"name": "a", "reward_min": 0, "reward_max": 2, "metrics_ranges": {"m": {"min": 0, "max": 5}}},
+            {"name": "b", "reward_min": -1, "reward_max": 1},
+        ]
+    }
     keys = [
         "reward/mean",
         "reward/a/max",
@@ -64,8 +68,12 @@ def test_declared_ranges_union_and_per_env() -> None:
         "sample_metrics/m/mean",
         "sample_metrics/m/std",
     ]
-    assert declared_ranges(info, keys) == {"reward/mean": [-1, 2], "reward/a/max": [0, 2], "reward/b/min": [-1, 1],
-                                           "sample_metrics/m/mean": [0, 5]}  # fmt: skip
+    assert declared_ranges(info, keys) == {
+        "reward/mean": [-1, 2],
+        "reward/a/max": [0, 2],
+        "reward/b/min": [-1, 1],
+        "sample_metrics/m/mean": [0, 5],
+    }
     # one environment without a declared range: the observed range is used for the overall reward
     info["environments"][1]["reward_max"] = None
     assert "reward/mean" not in declared_ranges(info, keys)
@@ -86,7 +94,8 @@ def test_rollout_filters_and_step_summary(finished_run: Path) -> None:
         run.rollout_query(3, RolloutFilter(outcome="kept", length_min=6))["matched"] == 4
     )  # samples 2, 3 of 2 groups
     assert run.rollout_query(3, RolloutFilter(advantage_max=-0.01, outcome="kept"))["matched"] == sum(
-        1 for r in rows if r["discard_reason"] is None and r["advantage"] <= -0.01)  # fmt: skip
+        1 for r in rows if r["discard_reason"] is None and r["advantage"] <= -0.01
+    )
     assert run.rollout_query(3, RolloutFilter(text="DROW1-2"))["matched"] == 1
     summary = everything["summary"]
     assert summary["outcomes"] == {"kept": 8, "max_async": 2, "off_policy": 1}
@@ -194,8 +203,26 @@ def _v1_run(root: Path) -> None:
     )
     append_jsonl(root / "rollouts.jsonl", *(r.to_dict() for s in (1, 2) for r in step_rows(s)))
     events = [
-        {"type": "generation", "phase": "start", "step": 1, "group_id": 0, "sample_id": 0, "server": 1, "lane": 2, "time": 10.0},
-        {"type": "generation", "phase": "end", "step": 2, "group_id": 0, "sample_id": 0, "server": 1, "lane": 2, "time": 12.0},
+        {
+            "type": "generation",
+            "phase": "start",
+            "step": 1,
+            "group_id": 0,
+            "sample_id": 0,
+            "server": 1,
+            "lane": 2,
+            "time": 10.0,
+        },
+        {
+            "type": "generation",
+            "phase": "end",
+            "step": 2,
+            "group_id": 0,
+            "sample_id": 0,
+            "server": 1,
+            "lane": 2,
+            "time": 12.0,
+        },
         {"type": "reward", "phase": "start", "step": 2, "group_id": 0, "sample_id": 0, "time": 12.0},
         {"type": "reward", "phase": "end", "step": 2, "group_id": 0, "sample_id": 0, "time": 12.5},
         {"type": "trainer", "phase": "start", "name": "train_step", "step": 2, "time": 13.0},
@@ -203,7 +230,7 @@ def _v1_run(root: Path) -> None:
         {"type": "checkpoint", "phase": "instant", "step": 2, "time": 15.5, "attrs": {"path": "x"}},
         {"type": "run", "phase": "instant", "name": "resumed", "step": None, "time": 14.0},
         {"type": "run", "phase": "instant", "name": "outside the window", "step": None, "time": 99.0},
-    ]  # fmt: skip
+    ]
     append_jsonl(root / "events.jsonl", *events)
     append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 3.0, "metrics": {"timing_forward_total": 0.5}})
 
@@ -220,8 +247,9 @@ def test_schema_1_single_files_and_timeline(tmp_path: Path) -> None:
     assert by_type["generation"]["row"] == "server 1 / lane 2" == by_type["reward"]["row"]
     assert (by_type["trainer"]["start"], by_type["trainer"]["end"]) == (13.0, 15.0)
     assert [(i["type"], i["name"], i["row"]) for i in tl["instants"]] == [
-        ("checkpoint", None, "checkpoints"), ("run", "resumed", "run")
-    ]  # fmt: skip
+        ("checkpoint", None, "checkpoints"),
+        ("run", "resumed", "run"),
+    ]
 
 
 def test_timeline_derives_trainer_phases_from_timing_metrics(finished_run: Path) -> None:
@@ -265,9 +293,13 @@ def test_logs_filter_by_component_level_text_and_follow(finished_run: Path) -> N
     store = RunData(finished_run, "run").logs
     got = store.query()
     assert [(e["component"], e["level"]) for e in got["entries"]] == [
-        ("driver", "INFO"), ("TrainerWorker pid 12", "WARNING"), ("server 0", "INFO"), ("driver", "ERROR"), ("driver", "ERROR"),
+        ("driver", "INFO"),
+        ("TrainerWorker pid 12", "WARNING"),
+        ("server 0", "INFO"),
         ("driver", "ERROR"),
-    ]  # fmt: skip
+        ("driver", "ERROR"),
+        ("driver", "ERROR"),
+    ]
     assert [e["text"] for e in store.query(level="ERROR")["entries"]][1:] == [
         "Traceback (most recent call last):",
         "  ValueError: x",
@@ -336,14 +368,21 @@ def test_binary_search_finds_the_same_lines_as_the_index(tmp_path: Path, seed: i
 def test_timeline_reads_only_the_event_blocks_near_its_steps(tmp_path: Path) -> None:
     root = tmp_path / "long"
     root.mkdir()
-    meta = {"schema_version": 2, "status": "finished", "created_at": 1000.0,
-            "layout": {"rollout_block_size": 500, "event_block_duration_seconds": 10.0}}  # fmt: skip
+    meta = {
+        "schema_version": 2,
+        "status": "finished",
+        "created_at": 1000.0,
+        "layout": {"rollout_block_size": 500, "event_block_duration_seconds": 10.0},
+    }
     (root / "run.json").write_text(json.dumps(meta))
     for s in range(1, 10):  # step s runs in [1000 + 10 s, 1000 + 10 s + 9]: its events are in block s
         t = 1000.0 + 10 * s
         ids = {"type": "generation", "group_id": s, "sample_id": 0, "server": 0, "lane": 0}
-        append_jsonl(root / "events" / f"block_{s:06d}.jsonl",
-                     {**ids, "phase": "start", "step": s, "time": t + 1}, {**ids, "phase": "end", "step": s, "time": t + 5})  # fmt: skip
+        append_jsonl(
+            root / "events" / f"block_{s:06d}.jsonl",
+            {**ids, "phase": "start", "step": s, "time": t + 1},
+            {**ids, "phase": "end", "step": s, "time": t + 5},
+        )
         append_jsonl(root / "metrics.jsonl", {"step": s, "time": t + 9, "metrics": {"entropy": 1.0}})
     # a generation of step 8 that started during step 7 (async): in block 7, still found
     ids = {"type": "generation", "group_id": 80, "sample_id": 0, "server": 0, "lane": 1}
@@ -441,10 +480,17 @@ def _columns(records: list[dict], label: str) -> dict[str, list]:
 def test_system_series_aligns_metrics_per_source_and_is_computed_once_per_change(finished_run: Path) -> None:
     # metrics that appear late, stop, or are not numbers; two sources interleaved
     records = [
-        {"time": float(i), "node": "n1", "source": "system",
-         "metrics": {"cpu": i / 10, **({"gpu": i / 5} if 3 <= i < 7 else {}), "flag": i % 2 == 0}}
+        {
+            "time": float(i),
+            "node": "n1",
+            "source": "system",
+            "metrics": {"cpu": i / 10, **({"gpu": i / 5} if 3 <= i < 7 else {}), "flag": i % 2 == 0},
+        }
         for i in range(10)
-    ] + [{"time": i + 0.5, "source": "torch", "rank": 0, "metrics": {"rss_gb": i / 4, "note": "x"}} for i in range(5)]  # fmt: skip
+    ] + [
+        {"time": i + 0.5, "source": "torch", "rank": 0, "metrics": {"rss_gb": i / 4, "note": "x"}}
+        for i in range(5)
+    ]
     append_jsonl(finished_run / "system.jsonl", *records)
     run = RunData(finished_run, "run")
     series = run.system_series()["series"]

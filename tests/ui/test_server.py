@@ -153,8 +153,12 @@ def test_telescope_ui_command_serves_and_warns_on_public_host(tmp_path: Path) ->
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     exe = Path(sys.executable).parent / "telescope"
-    proc = subprocess.Popen([str(exe), "ui", str(tmp_path / "runs"), "--no-browser", "--port", str(port), "--host", "0.0.0.0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(exe), "ui", str(tmp_path / "runs"), "--no-browser", "--port", str(port), "--host", "0.0.0.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, body = time.monotonic() + 60, b""
         while time.monotonic() < deadline and not body:

@@ -172,12 +172,31 @@ def busy_run(run_dir: Path, steps: int = 10, servers: int = 2, lanes: int = 16) 
             for lane in range(lanes):
                 gid, start = server * lanes + lane, t + 0.1 * lane
                 for phase, at in (("start", start), ("end", start + 4 + lane % 3)):
-                    events.append(dict(type="generation", phase=phase, step=step, group_id=gid, sample_id=0, server=server, lane=lane, time=at))  # fmt: skip
+                    events.append(
+                        dict(
+                            type="generation",
+                            phase=phase,
+                            step=step,
+                            group_id=gid,
+                            sample_id=0,
+                            server=server,
+                            lane=lane,
+                            time=at,
+                        )
+                    )
         events.append(dict(type="trainer", phase="start", name="train_step", step=step, time=t + 7))
         events.append(dict(type="trainer", phase="end", name="train_step", step=step, time=t + 9))
         hub.log_events([TimelineEvent(**e) for e in events])
-        hub.log_step(step, {"entropy": 1.0, "timing_forward_total": 1.5, "timing_backward_total": 1.5,
-                            "timing_loss_computation_total": 0.5, "timing_data_to_device_total": 0.25})  # fmt: skip
+        hub.log_step(
+            step,
+            {
+                "entropy": 1.0,
+                "timing_forward_total": 1.5,
+                "timing_backward_total": 1.5,
+                "timing_loss_computation_total": 0.5,
+                "timing_data_to_device_total": 0.25,
+            },
+        )
         t += 10
     hub.finish("finished")
 
@@ -367,8 +386,17 @@ def test_rollouts_sort_summarise_the_filtered_rows_and_deep_link_a_sample(browse
     mean = p.inner_text("#step-summary table tr:nth-child(2) td:nth-child(2)")
     assert float(mean) == pytest.approx(statistics.mean(kept), abs=1e-4)
     # an outcome name is shown whole
-    rows = [RolloutRecord(step=5, group_id=g, env="reverse_text", sample_id=0, discard_reason="zero_advantage",
-                          completion_ids=[1]) for g in range(40)]  # fmt: skip
+    rows = [
+        RolloutRecord(
+            step=5,
+            group_id=g,
+            env="reverse_text",
+            sample_id=0,
+            discard_reason="zero_advantage",
+            completion_ids=[1],
+        )
+        for g in range(40)
+    ]
     append_jsonl(
         served[0].workspace.get("done").path / "rollouts" / "block_000000.jsonl", *[r.to_dict() for r in rows]
     )
@@ -395,8 +423,17 @@ def test_charts_explain_their_keys_hide_duplicates_count_the_filter_and_share_ho
 ) -> None:
     hub = start_hub(tmp_path / "runs" / "perf")
     for step in (1, 2, 3):
-        hub.log_step(step, {"reward/mean": step / 4, "entropy": 1.0 / step, "async_level": 1.0,
-                            "perf/async_level": 1.0, "perf/step_time_s": 2.0 + step, "grad_norm": 0.5})  # fmt: skip
+        hub.log_step(
+            step,
+            {
+                "reward/mean": step / 4,
+                "entropy": 1.0 / step,
+                "async_level": 1.0,
+                "perf/async_level": 1.0,
+                "perf/step_time_s": 2.0 + step,
+                "grad_norm": 0.5,
+            },
+        )
     hub.finish("finished")
     srv = ServerThread(Workspace([tmp_path / "runs"])).start()
     try:

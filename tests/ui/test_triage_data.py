@@ -40,15 +40,25 @@ def test_the_local_logger_records_the_step_in_progress_and_recent_durations(tmp_
     clock = Clock(1000.0)
     hub = start_hub(tmp_path / "run", clock=clock)
     progress = read_run_meta(tmp_path / "run")["progress"]
-    assert progress == {"step": None, "step_started_at": 1000.0, "last_step": None, "last_step_at": None,
-                        "recent_step_seconds": []}  # fmt: skip
+    assert progress == {
+        "step": None,
+        "step_started_at": 1000.0,
+        "last_step": None,
+        "last_step_at": None,
+        "recent_step_seconds": [],
+    }
     for step, at in ((1, 1030.0), (2, 1032.5), (3, 1036.0)):
         clock.t = at
         log_step(hub, step)
     progress = read_run_meta(tmp_path / "run")["progress"]
     # the first step holds the set-up (30 s): not a step duration
-    assert progress == {"step": 4, "step_started_at": 1036.0, "last_step": 3, "last_step_at": 1036.0,
-                        "recent_step_seconds": [2.5, 3.5]}  # fmt: skip
+    assert progress == {
+        "step": 4,
+        "step_started_at": 1036.0,
+        "last_step": 3,
+        "last_step_at": 1036.0,
+        "recent_step_seconds": [2.5, 3.5],
+    }
     hub.finish("finished")
     # a resume keeps the durations; its first train_step names the step in progress
     clock.t = 2000.0
@@ -71,8 +81,16 @@ def test_recent_durations_keep_the_latest_steps() -> None:
 
 
 def _meta(status: str, started_ago: float, recent: list[float], now: float = 10_000.0) -> dict[str, Any]:
-    return {"status": status, "progress": {"step": 7, "step_started_at": now - started_ago, "last_step": 6,
-                                           "last_step_at": now - started_ago, "recent_step_seconds": recent}}  # fmt: skip
+    return {
+        "status": status,
+        "progress": {
+            "step": 7,
+            "step_started_at": now - started_ago,
+            "last_step": 6,
+            "last_step_at": now - started_ago,
+            "recent_step_seconds": recent,
+        },
+    }
 
 
 @pytest.mark.parametrize(
@@ -118,9 +136,18 @@ def test_every_key_our_loggers_write_has_a_sentence() -> None:
     rows = [r for s in (1, 2) for r in step_rows(s)]
     rows[0].env = "other_env"  # two environments: the per-environment keys too
     keys = set(rollout_metrics(rows)) | set(perf_metrics(2.0, 100, 1))
-    keys |= {"entropy", "kl_divergence_inference", "grad_norm", "learning_rate", "timing_forward_total",
-             "timing_forward_microbatch_mean", "timing_step_total", "totals/discarded_groups/max_async",
-             "totals/reward_errors/reverse_text", "faults/inference_restarts"}  # fmt: skip
+    keys |= {
+        "entropy",
+        "kl_divergence_inference",
+        "grad_norm",
+        "learning_rate",
+        "timing_forward_total",
+        "timing_forward_microbatch_mean",
+        "timing_step_total",
+        "totals/discarded_groups/max_async",
+        "totals/reward_errors/reverse_text",
+        "faults/inference_restarts",
+    }
     assert not [k for k in sorted(keys) if describe(k) is None]
     assert (
         describe("reward/mean")
@@ -187,9 +214,12 @@ def test_layout_store_refuses_names_and_links_that_leave_the_root(tmp_path: Path
 def _request(host: str, content_type: str, peer: str = "127.0.0.1") -> Any:
     transport = mock.Mock()
     transport.get_extra_info.side_effect = lambda name, default=None: {
-        "peername": (peer, 50000), "sockname": ("127.0.0.1", 8005)}.get(name, default)  # fmt: skip
-    return make_mocked_request("PUT", "/api/layout", headers={"Host": host, "Content-Type": content_type},
-                               transport=transport)  # fmt: skip
+        "peername": (peer, 50000),
+        "sockname": ("127.0.0.1", 8005),
+    }.get(name, default)
+    return make_mocked_request(
+        "PUT", "/api/layout", headers={"Host": host, "Content-Type": content_type}, transport=transport
+    )
 
 
 @pytest.mark.parametrize(

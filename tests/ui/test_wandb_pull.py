@@ -86,8 +86,10 @@ def test_pulled_run_reads_like_the_local_one(tmp_path: Path) -> None:
 
 
 def test_run_without_uploaded_records_is_rebuilt_from_history(tmp_path: Path) -> None:
-    history = [{"_step": 1, "_timestamp": 10.0, "reward/mean": 0.5, "rollouts": {"_type": "table"}},
-               {"_step": 2, "_timestamp": 11.0, "reward/mean": 0.75}]  # fmt: skip
+    history = [
+        {"_step": 1, "_timestamp": 10.0, "reward/mean": 0.5, "rollouts": {"_type": "table"}},
+        {"_step": 2, "_timestamp": 11.0, "reward/mean": 0.75},
+    ]
     api = FakeWandbApi([FakeRun("old", [], history)])
     folder = pull_runs("ent/proj/old", root=tmp_path / "cache", api=api)
     run = RunData(folder, "old")

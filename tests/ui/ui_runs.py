@@ -24,17 +24,38 @@ def step_rows(step: int) -> list[RolloutRecord]:
         rs = [r if r is not None else step / 10 for r in rewards]
         mean = sum(rs) / len(rs)
         for i, r in enumerate(rs):
-            rows.append(RolloutRecord(
-                step=step, group_id=gid, env="reverse_text", sample_id=i,
-                prompt_text=f"<|im_start|>user\nreverse word{gid}<|im_end|>\n<|im_start|>assistant\n",
-                prompt_ids=[1, 2, 3], completion_text=f"drow{gid}-{i} <tool_call>{{\"n\": {i}}}</tool_call>",
-                completion_ids=list(range(4 + i)), reward=r, advantage=r - mean,
-                sample_metrics={"correct": float(r > 0.4)}, model_version=step - 1,
-                stop_reason="length" if i == 3 else "stop", server=0, lane=i,
-            ))  # fmt: skip
+            rows.append(
+                RolloutRecord(
+                    step=step,
+                    group_id=gid,
+                    env="reverse_text",
+                    sample_id=i,
+                    prompt_text=f"<|im_start|>user\nreverse word{gid}<|im_end|>\n<|im_start|>assistant\n",
+                    prompt_ids=[1, 2, 3],
+                    completion_text=f'drow{gid}-{i} <tool_call>{{"n": {i}}}</tool_call>',
+                    completion_ids=list(range(4 + i)),
+                    reward=r,
+                    advantage=r - mean,
+                    sample_metrics={"correct": float(r > 0.4)},
+                    model_version=step - 1,
+                    stop_reason="length" if i == 3 else "stop",
+                    server=0,
+                    lane=i,
+                )
+            )
     for i in range(2):
-        rows.append(RolloutRecord(step=step, group_id=2, env="reverse_text", sample_id=i, prompt_ids=[1],
-                                  completion_ids=[7] * 3, reward=1.0, discard_reason="max_async"))  # fmt: skip
+        rows.append(
+            RolloutRecord(
+                step=step,
+                group_id=2,
+                env="reverse_text",
+                sample_id=i,
+                prompt_ids=[1],
+                completion_ids=[7] * 3,
+                reward=1.0,
+                discard_reason="max_async",
+            )
+        )
     rows.append(
         RolloutRecord(step=step, group_id=3, env="reverse_text", sample_id=0, discard_reason="off_policy")
     )
@@ -46,8 +67,18 @@ def start_hub(run_dir: Path, clock: Callable[[], float] = time.time, **cfg_field
     cfg = make_config(wandb_run_name="uitest", use_wandb=False, **cfg_fields)
     hub = LoggerHub([LocalLogger(clock=clock)])
     hub.start(cfg, run_dir, system_metrics=False, ticker=False)
-    hub.log_info({"environments": [{"name": "reverse_text", "reward_min": 0.0, "reward_max": 1.0,
-                                     "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}}}]})  # fmt: skip
+    hub.log_info(
+        {
+            "environments": [
+                {
+                    "name": "reverse_text",
+                    "reward_min": 0.0,
+                    "reward_max": 1.0,
+                    "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}},
+                }
+            ]
+        }
+    )
     return hub
 
 
@@ -61,8 +92,14 @@ def log_step(hub: LoggerHub, step: int) -> None:
         pass
     hub.log_rollouts(step, rows)
     metrics = rollout_metrics(rows)
-    metrics.update({"entropy": 1.0 / step, "debug/grads/layer_norm": float(step), "timing_forward_total": 0.5,
-                    "timing_backward_total": 0.25})  # fmt: skip
+    metrics.update(
+        {
+            "entropy": 1.0 / step,
+            "debug/grads/layer_norm": float(step),
+            "timing_forward_total": 0.5,
+            "timing_backward_total": 0.25,
+        }
+    )
     hub.log_step(step, metrics)
 
 

@@ -50,8 +50,13 @@ def run_health(meta: dict[str, Any], now: float) -> dict[str, Any]:
     median = statistics.median(recent) if recent else None
     last_at = _number(progress.get("last_step_at"))
     last_ago = now - last_at if last_at is not None else None
-    out: dict[str, Any] = {"step": progress.get("step"), "median_step": median, "last_step": progress.get("last_step"),
-                           "last_step_ago": last_ago, "running_for": None}  # fmt: skip
+    out: dict[str, Any] = {
+        "step": progress.get("step"),
+        "median_step": median,
+        "last_step": progress.get("last_step"),
+        "last_step_ago": last_ago,
+        "running_for": None,
+    }
     last = f"last step {format_duration(last_ago)} ago" if last_ago is not None else "no step logged yet"
     started = _number(progress.get("step_started_at"))
     if status != "running" or started is None:

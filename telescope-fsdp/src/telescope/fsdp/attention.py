@@ -160,10 +160,15 @@ def per_sample_attention(
         sl = slice(start, start + n)
         outs.append(
             F.scaled_dot_product_attention(
-                query[:, :, sl], key[:, :, sl], value[:, :, sl],
-                dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa,
+                query[:, :, sl],
+                key[:, :, sl],
+                value[:, :, sl],
+                dropout_p=dropout,
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=gqa,
             )
-        )  # fmt: skip
+        )
         start += n
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 

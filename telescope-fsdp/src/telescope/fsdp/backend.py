@@ -79,8 +79,12 @@ class FSDPBackend(TrainerBackend):
         )
         counts = parameter_counts(model)
         if self._rank == 0:
-            logger.info("trainable parameters: %d of %d (lora_rank %d)", counts["trainable_parameters"],
-                        counts["total_parameters"], self.cfg.lora_rank)  # fmt: skip
+            logger.info(
+                "trainable parameters: %d of %d (lora_rank %d)",
+                counts["trainable_parameters"],
+                counts["total_parameters"],
+                self.cfg.lora_rank,
+            )
         return {
             "rank": self.rank,
             "world_size": self.world_size,

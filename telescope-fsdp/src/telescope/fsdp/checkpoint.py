@@ -72,8 +72,14 @@ def save(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
         write_hf_meta(st.cfg.model, path / HF_META_DIR)
     dist.barrier()  # every rank's files are written before the description that marks them done
     if rank == 0:
-        meta = {"backend": "fsdp", "base_model": st.cfg.model, "step": step, "training_state": training_state,
-                "world_size": dist.get_world_size(), "model_dtype": st.cfg.model_dtype}  # fmt: skip
+        meta = {
+            "backend": "fsdp",
+            "base_model": st.cfg.model,
+            "step": step,
+            "training_state": training_state,
+            "world_size": dist.get_world_size(),
+            "model_dtype": st.cfg.model_dtype,
+        }
         if st.cfg.lora_rank > 0:  # an adapter-only checkpoint: the base model is meta's base_model
             from telescope.core.weights.lora import lora_config_dict
 
@@ -93,12 +99,17 @@ def load(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
     step = int(trainer_state["step"])
     if training_state:
         if not saved_training_state:
-            logger.warning("%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
-                           "continues at step %d", path, step)  # fmt: skip
+            logger.warning(
+                "%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
+                "continues at step %d",
+                path,
+                step,
+            )
             st.optimizer.state.clear()
         if "scheduler" in trainer_state and restore_optimizer:
-            st.scheduler.load_state_dict({**trainer_state["scheduler"], "lr_lambdas": [None] * len(
-                st.optimizer.param_groups)})  # fmt: skip
+            st.scheduler.load_state_dict(
+                {**trainer_state["scheduler"], "lr_lambdas": [None] * len(st.optimizer.param_groups)}
+            )
         set_scheduler_step(st.scheduler, step)
         st.counters.clear()
         st.counters.update(trainer_state["counters"])
@@ -139,8 +150,13 @@ def _load_weights(st: TrainState, path: Path, *, with_optimizer: bool) -> None:
         state: dict[str, Any] = {"model": _saved_part(st, model_sd), "optimizer": optim_sd}
         dcp.load(state, checkpoint_id=str(path))
         model_sd = state["model"] if lora else _with_aliases(state["model"], aliases)
-        set_state_dict(st.model, st.optimizer, model_state_dict=model_sd, optim_state_dict=state["optimizer"],
-                       options=options)  # fmt: skip
+        set_state_dict(
+            st.model,
+            st.optimizer,
+            model_state_dict=model_sd,
+            optim_state_dict=state["optimizer"],
+            options=options,
+        )
     else:
         state = {"model": _saved_part(st, get_model_state_dict(st.model))}
         dcp.load(state, checkpoint_id=str(path))
@@ -161,11 +177,15 @@ def _check_lora_matches(path: Path, lora: bool) -> None:
     """A LoRA checkpoint resumes only a LoRA run, a full one only a full run (no silent half-loads)."""
     saved = read_trainer_meta(path).get("lora")
     if lora and not saved:
-        raise ValueError(f"{path} is a full-model checkpoint but this run has lora_rank > 0; resume it with "
-                         "lora_rank: 0, or start the LoRA run in a new run directory")  # fmt: skip
+        raise ValueError(
+            f"{path} is a full-model checkpoint but this run has lora_rank > 0; resume it with "
+            "lora_rank: 0, or start the LoRA run in a new run directory"
+        )
     if saved and not lora:
-        raise ValueError(f"{path} is a LoRA checkpoint (rank {saved.get('r')}) but this run has lora_rank: 0; "
-                         f"resume it with lora_rank: {saved.get('r')}")  # fmt: skip
+        raise ValueError(
+            f"{path} is a LoRA checkpoint (rank {saved.get('r')}) but this run has lora_rank: 0; "
+            f"resume it with lora_rank: {saved.get('r')}"
+        )
 
 
 def tied_aliases(model: Any) -> dict[str, str]:

@@ -79,8 +79,15 @@ def build_model(cfg: Any, kwargs: FSDPBackendKwargs, device: torch.device, mesh:
     shard_model(model, cfg.mixed_precision_dtype, kwargs.reshard_after_forward, mesh)
     if world_size > 1:
         broadcast_weights_from_rank0(model, full_state, device, rank)
-    logger.info("loaded %s (%s, attention=%s, checkpointing=%s, lora_rank=%d) on %s", cfg.model, cfg.model_dtype,
-                attn, checkpointing, cfg.lora_rank, device)  # fmt: skip
+    logger.info(
+        "loaded %s (%s, attention=%s, checkpointing=%s, lora_rank=%d) on %s",
+        cfg.model,
+        cfg.model_dtype,
+        attn,
+        checkpointing,
+        cfg.lora_rank,
+        device,
+    )
     return model
 
 

@@ -164,8 +164,12 @@ def load(backend: CheckpointedBackend, directory: str, *, training_state: bool =
     step = int(trainer_state["step"])
     if training_state:
         if not restore_optimizer:
-            logger.warning("%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
-                           "continues at step %d", path, step)  # fmt: skip
+            logger.warning(
+                "%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
+                "continues at step %d",
+                path,
+                step,
+            )
             _fresh_optimizer(st.optimizer)
         st.scheduler_step = step
         st.counters.clear()

@@ -196,18 +196,29 @@ class RunData:
             )
         metrics = last[2] if last else {}
         return {
-            "key": self.key, "path": str(self.path), "name": meta.get("name") or self.path.name,
-            "run_id": meta.get("run_id"), "status": status, "stale": stale, "schema_version": meta.get("schema_version"),
-            "created_at": meta.get("created_at"), "started_at": meta.get("started_at"),
-            "finished_at": meta.get("finished_at"), "starts": meta.get("starts", 1), "last_write": last_write,
-            "step": last[0] if last else None, "steps_logged": len(self.metrics.steps()),
+            "key": self.key,
+            "path": str(self.path),
+            "name": meta.get("name") or self.path.name,
+            "run_id": meta.get("run_id"),
+            "status": status,
+            "stale": stale,
+            "schema_version": meta.get("schema_version"),
+            "created_at": meta.get("created_at"),
+            "started_at": meta.get("started_at"),
+            "finished_at": meta.get("finished_at"),
+            "starts": meta.get("starts", 1),
+            "last_write": last_write,
+            "step": last[0] if last else None,
+            "steps_logged": len(self.metrics.steps()),
             "number_of_steps": cfg.get("number_of_steps"),
-            "reward": metrics.get("reward/mean"), "highlights": highlights, "health": health,
-            "reward_trend": self._reward_trend(), "eta_s": _eta(health, last[0] if last else None,
-                                                                 cfg.get("number_of_steps")),
+            "reward": metrics.get("reward/mean"),
+            "highlights": highlights,
+            "health": health,
+            "reward_trend": self._reward_trend(),
+            "eta_s": _eta(health, last[0] if last else None, cfg.get("number_of_steps")),
             "failure": ((meta.get("info") or {}).get("failure") or {}).get("reason"),
             "read": self.read_health(),
-        }  # fmt: skip
+        }
 
     def _reward_trend(self) -> list[float | None]:
         values = self.metrics.series(["reward/mean"])["values"].get("reward/mean") or []
@@ -233,10 +244,16 @@ class RunData:
         keys = without_duplicates(sorted(self.metrics.keys))
         ranges = declared_ranges(self.meta.get("info") or {}, keys)
         items = [
-            {"key": k, "section": m.section, "group": m.group, "metric": m.metric, "range": ranges.get(k),
-             "description": describe(k)}
+            {
+                "key": k,
+                "section": m.section,
+                "group": m.group,
+                "metric": m.metric,
+                "range": ranges.get(k),
+                "description": describe(k),
+            }
             for k, m in ((k, self.metrics.keys[k]) for k in keys)
-        ]  # fmt: skip
+        ]
         return {"keys": items, "revision": self.metrics.revision}
 
     def metric_series(self, keys: list[str]) -> dict[str, Any]:
@@ -343,10 +360,14 @@ class RunData:
         self.refresh()
         last = self.metrics.last()
         return {
-            "metrics": self.metrics.revision, "system": self.system.revision, "evals": self.evals.revision,
-            "step": last[0] if last else None, "status": self.meta.get("status"), "last_write": self.last_write(),
+            "metrics": self.metrics.revision,
+            "system": self.system.revision,
+            "evals": self.evals.revision,
+            "step": last[0] if last else None,
+            "status": self.meta.get("status"),
+            "last_write": self.last_write(),
             "health": run_health(self.meta, time.time()),
-        }  # fmt: skip
+        }
 
 
 def _eta(health: dict[str, Any], step: int | None, total: Any) -> float | None:

@@ -122,8 +122,14 @@ class LogStore:
                 log.head["level"] = "ERROR"
         component = parsed.actor if parsed.actor and log.component == "stdout" else log.component
         self.seq += 1
-        entry = {"seq": self.seq, "file": log.rel, "component": component, "level": log.level,
-                 "time": log.time, "text": parsed.text}  # fmt: skip
+        entry = {
+            "seq": self.seq,
+            "file": log.rel,
+            "component": component,
+            "level": log.level,
+            "time": log.time,
+            "text": parsed.text,
+        }
         log.entries.append(entry)
         if parsed.level is not None:
             log.head = entry
@@ -134,8 +140,15 @@ class LogStore:
             | {log.component for log in self._files.values()}
         )
 
-    def query(self, *, components: list[str] | None = None, level: str | None = None, text: str | None = None,
-              after: int = 0, limit: int = 500) -> dict[str, Any]:  # fmt: skip
+    def query(
+        self,
+        *,
+        components: list[str] | None = None,
+        level: str | None = None,
+        text: str | None = None,
+        after: int = 0,
+        limit: int = 500,
+    ) -> dict[str, Any]:
         """The newest ``limit`` entries matching the filters (with ``seq > after``), oldest first."""
         self.refresh()
         floor = LEVELS.index(level) if level in LEVELS else 0

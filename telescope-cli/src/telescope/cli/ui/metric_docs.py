@@ -99,8 +99,14 @@ METRIC_DOCS: tuple[tuple[str, str], ...] = (
     ("timing_*", "Trainer timing breakdown, in seconds."),
 )
 
-_STAT_WORDS = {"mean": "mean", "std": "std (population)", "min": "minimum", "max": "maximum", "count": "count",
-               "pct": "% of finished rollouts"}  # fmt: skip
+_STAT_WORDS = {
+    "mean": "mean",
+    "std": "std (population)",
+    "min": "minimum",
+    "max": "maximum",
+    "count": "count",
+    "pct": "% of finished rollouts",
+}
 
 #: Keys that repeat another key's value: hidden when the other one is present.
 DUPLICATE_OF: dict[str, str] = {"async_level": "perf/async_level"}

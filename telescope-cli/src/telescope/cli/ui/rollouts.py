@@ -25,11 +25,29 @@ __all__ = ["RolloutFilter", "RolloutStore", "outcome_of", "step_summary"]
 PREVIEW_CHARS = 240
 #: Fields of a list row besides the previews (token id lists stay on disk).
 LIST_FIELDS = (
-    "step", "group_id", "sample_id", "env", "reward", "raw_reward", "advantage", "kept", "discard_reason",
-    "zero_advantage_kind", "stop_reason", "prompt_tokens", "completion_tokens", "model_version",
-    "off_policy_steps", "server", "lane", "num_turns", "sample_metrics", "prompt_idx", "sample_tags",
+    "step",
+    "group_id",
+    "sample_id",
+    "env",
+    "reward",
+    "raw_reward",
+    "advantage",
+    "kept",
+    "discard_reason",
+    "zero_advantage_kind",
+    "stop_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "model_version",
+    "off_policy_steps",
+    "server",
+    "lane",
+    "num_turns",
+    "sample_metrics",
+    "prompt_idx",
+    "sample_tags",
     "env_stop_reason",
-)  # fmt: skip
+)
 #: Reasons a rollout was stopped in flight; every other reason is a discard of a finished one
 #: (``max_async``, ``zero_advantage``, and whatever a newer runtime or a plugin writes).
 CANCEL_REASONS = ("off_policy", "eval_drain")

@@ -172,21 +172,30 @@ async def metrics(request: web.Request) -> web.Response:
 
 def _filter(request: web.Request) -> RolloutFilter:
     return RolloutFilter(
-        env=request.query.get("env") or None, outcome=request.query.get("outcome") or None,
-        reward_min=_float(request, "reward_min"), reward_max=_float(request, "reward_max"),
-        advantage_min=_float(request, "adv_min"), advantage_max=_float(request, "adv_max"),
-        length_min=_int(request, "len_min"), length_max=_int(request, "len_max"),
-        text=request.query.get("q") or None, group_id=_int(request, "group"), tag=request.query.get("tag") or None,
-    )  # fmt: skip
+        env=request.query.get("env") or None,
+        outcome=request.query.get("outcome") or None,
+        reward_min=_float(request, "reward_min"),
+        reward_max=_float(request, "reward_max"),
+        advantage_min=_float(request, "adv_min"),
+        advantage_max=_float(request, "adv_max"),
+        length_min=_int(request, "len_min"),
+        length_max=_int(request, "len_max"),
+        text=request.query.get("q") or None,
+        group_id=_int(request, "group"),
+        tag=request.query.get("tag") or None,
+    )
 
 
 async def rollouts(request: web.Request) -> web.Response:
     def query() -> Any:
         run = _run(request)
         out = run.rollout_query(
-            _int(request, "step"), _filter(request), limit=_int(request, "limit", 200) or 200,
-            offset=_int(request, "offset", 0) or 0, sort=request.query.get("sort", ""),
-        )  # fmt: skip
+            _int(request, "step"),
+            _filter(request),
+            limit=_int(request, "limit", 200) or 200,
+            offset=_int(request, "offset", 0) or 0,
+            sort=request.query.get("sort", ""),
+        )
         out["steps"] = run.rollout_steps()
         return out
 
@@ -258,7 +267,7 @@ async def logs(request: web.Request) -> web.Response:
             text=request.query.get("q") or None,
             after=_int(request, "after", 0) or 0,
             limit=_int(request, "limit", 500) or 500,
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -362,9 +371,12 @@ WARM_CHUNK = 2 * 1024 * 1024
 
 
 def warm_indexes(
-    workspace: Workspace, lock: threading.Lock, stop: threading.Event, delay_s: float = 0.5,
+    workspace: Workspace,
+    lock: threading.Lock,
+    stop: threading.Event,
+    delay_s: float = 0.5,
     activity: Activity | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Index every run's rollout and event files in the background, one chunk per lock hold, so
     the first Rollouts or Timeline request of a big run finds its step already indexed; each
     chunk waits until no request is in flight (``activity``), so pages are answered first."""
@@ -427,10 +439,18 @@ def build_app(workspace: Workspace, *, warm: bool = True) -> web.Application:
     app.router.add_post("/api/layout/export", layout_export)
     app.router.add_post("/api/layout/import", layout_import)
     for name, handler in (
-        ("config", config), ("catalog", catalog), ("metrics", metrics), ("rollouts", rollouts),
-        ("sample", sample), ("group", group), ("timeline", timeline), ("system", system),
-        ("evals", evals), ("eval_samples", eval_samples), ("logs", logs),
-    ):  # fmt: skip
+        ("config", config),
+        ("catalog", catalog),
+        ("metrics", metrics),
+        ("rollouts", rollouts),
+        ("sample", sample),
+        ("group", group),
+        ("timeline", timeline),
+        ("system", system),
+        ("evals", evals),
+        ("eval_samples", eval_samples),
+        ("logs", logs),
+    ):
         app.router.add_get(f"/api/runs/{{run}}/{name}", handler)
     return app
 

@@ -102,9 +102,14 @@ def _span(start: dict[str, Any], end: dict[str, Any] | None, newest: float) -> d
     t0 = float(start.get("time") or 0.0)
     t1 = float(end.get("time") or 0.0) if end is not None else newest
     out = _fields(start)
-    out.update(row=lane_of(start), start=t0, end=max(t1, t0), open=end is None,
-               end_step=end.get("step") if end is not None else None,
-               attrs={**(start.get("attrs") or {}), **((end or {}).get("attrs") or {})})  # fmt: skip
+    out.update(
+        row=lane_of(start),
+        start=t0,
+        end=max(t1, t0),
+        open=end is None,
+        end_step=end.get("step") if end is not None else None,
+        attrs={**(start.get("attrs") or {}), **((end or {}).get("attrs") or {})},
+    )
     return out
 
 
@@ -120,17 +125,30 @@ def trainer_phases(spans: list[dict[str, Any]], metrics_of: Any) -> list[dict[st
         if span["type"] != "trainer" or span["name"] != "train_step" or span["step"] is None:
             continue
         metrics = metrics_of(int(span["step"])) or {}
-        phases = [(name, key, float(v)) for name, key in TRAINER_PHASES
-                  if isinstance(v := metrics.get(key), int | float) and v > 0]  # fmt: skip
+        phases = [
+            (name, key, float(v))
+            for name, key in TRAINER_PHASES
+            if isinstance(v := metrics.get(key), int | float) and v > 0
+        ]
         total = sum(seconds for _, _, seconds in phases)
         length = span["end"] - span["start"]
         scale = min(1.0, length / total) if total > 0 else 1.0
         t = span["start"]
         for name, key, seconds in phases:
             drawn = seconds * scale
-            out.append({"type": "trainer_phase", "name": name, "step": span["step"], "row": "trainer phases",
-                        "start": t, "end": min(t + drawn, span["end"]), "open": False, "derived": True,
-                        "attrs": {"metric": key, "seconds": seconds, "scale": scale}})  # fmt: skip
+            out.append(
+                {
+                    "type": "trainer_phase",
+                    "name": name,
+                    "step": span["step"],
+                    "row": "trainer phases",
+                    "start": t,
+                    "end": min(t + drawn, span["end"]),
+                    "open": False,
+                    "derived": True,
+                    "attrs": {"metric": key, "seconds": seconds, "scale": scale},
+                }
+            )
             t += drawn
     return out
 

@@ -65,9 +65,15 @@ def _parse(target: str) -> tuple[str, str, str | None]:
 def _synthesize(run: Any, folder: Path) -> None:
     """run.json, config.yaml and metrics.jsonl from the W&B run itself (runs without uploaded records)."""
     if not (folder / RUN_FILE).exists():
-        meta = {"schema_version": SCHEMA_VERSION, "run_id": run.id, "name": run.name,
-                "status": _STATUS.get(str(run.state), str(run.state)), "created_at": _created_at(run),
-                "starts": 1, "info": {"wandb": {"path": "/".join(run.path)}}}  # fmt: skip
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run.id,
+            "name": run.name,
+            "status": _STATUS.get(str(run.state), str(run.state)),
+            "created_at": _created_at(run),
+            "starts": 1,
+            "info": {"wandb": {"path": "/".join(run.path)}},
+        }
         write_json_atomic(folder / RUN_FILE, meta)
     if not (folder / CONFIG_FILE).exists():
         (folder / CONFIG_FILE).write_text(

@@ -120,8 +120,10 @@ def convert_checkpoint(
     limit = parse_size(max_shard_size)
     backend = _check_source(src)
     if merge and not read_trainer_meta(src).get("lora"):
-        raise ConversionError(f"--merge merges LoRA adapters into the base model, but {src} is a full-model "
-                              "checkpoint (trained with lora_rank: 0); convert it without --merge")  # fmt: skip
+        raise ConversionError(
+            f"--merge merges LoRA adapters into the base model, but {src} is a full-model "
+            "checkpoint (trained with lora_rank: 0); convert it without --merge"
+        )
     if out.exists() and not overwrite:
         raise ConversionError(f"{out} already exists; choose another --out or pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)

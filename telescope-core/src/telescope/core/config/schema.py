@@ -437,8 +437,10 @@ def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
             "(set one of them accordingly)"
         )
     if cfg.lora_target_modules is not None and not cfg.lora_target_modules:
-        problems.append("lora_target_modules: [] names no module; list module names (e.g. [q_proj, v_proj]) "
-                        "or set null for the architecture's attention and MLP projections")  # fmt: skip
+        problems.append(
+            "lora_target_modules: [] names no module; list module names (e.g. [q_proj, v_proj]) "
+            "or set null for the architecture's attention and MLP projections"
+        )
     for i, env in enumerate(cfg.environments):
         if env.reward_min is not None and env.reward_max is not None and env.reward_min >= env.reward_max:
             problems.append(

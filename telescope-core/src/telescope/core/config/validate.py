@@ -25,12 +25,18 @@ def default_advantage_norm(raw: dict[str, Any], registry: Registry) -> str | Non
 def registry_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     """Every problem of ``cfg`` that needs the registry to see (empty when valid)."""
     problems = _model_problems(cfg.model) + _algorithm_problems(cfg, registry)
-    problems += component_problems(registry, "trainer_backend", cfg.train_backend, "train_backend",
-                                    cfg.train_backend_kwargs)  # fmt: skip
+    problems += component_problems(
+        registry, "trainer_backend", cfg.train_backend, "train_backend", cfg.train_backend_kwargs
+    )
     problems += _lora_problems(cfg, registry)
     if cfg.inference_engine != "auto":
-        problems += component_problems(registry, "inference_engine", cfg.inference_engine, "inference_engine",
-                                        cfg.inference_engine_kwargs)  # fmt: skip
+        problems += component_problems(
+            registry,
+            "inference_engine",
+            cfg.inference_engine,
+            "inference_engine",
+            cfg.inference_engine_kwargs,
+        )
     for i, env in enumerate(cfg.environments):
         problems += _entry_problems(registry, ("environment",), env.name, env.kwargs, f"environments[{i}]")
     for i, ev in enumerate(cfg.evals):
@@ -44,8 +50,10 @@ def _logger_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
     for comp in registry.components("logger"):
         field = comp.meta.get("enabled_by")
         if field and getattr(cfg, field, False) and not comp.available:
-            problems.append(f"{field}: true but the '{comp.name}' logger is unavailable ({comp.unavailable}); "
-                            f"install it or set {field}: false")  # fmt: skip
+            problems.append(
+                f"{field}: true but the '{comp.name}' logger is unavailable ({comp.unavailable}); "
+                f"install it or set {field}: false"
+            )
     return problems
 
 

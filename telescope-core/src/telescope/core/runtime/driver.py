@@ -252,8 +252,11 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
         return fetchers[id(trainers)]()
 
     session = sessions[-1]
-    counts: dict[str, Any] = {k: session.trainer_info[0][k] for k in ("trainable_parameters", "total_parameters")
-              if session.trainer_info and k in session.trainer_info[0]}  # fmt: skip
+    counts: dict[str, Any] = {
+        k: session.trainer_info[0][k]
+        for k in ("trainable_parameters", "total_parameters")
+        if session.trainer_info and k in session.trainer_info[0]
+    }
     hook.telescope_run_info(
         info={"torch_threads": torch_thread_info(session.trainer_info, session.servers), **counts}
     )

@@ -23,9 +23,16 @@ import xxhash
 from telescope.core.weights.verify import compare_fingerprints
 
 __all__ = [
-    "DIGESTS", "algorithm_of", "compare_fingerprints", "digest", "digest_for_device", "fingerprint",
-    "format_fingerprint", "sum64_digest", "sum64_tensor",
-]  # fmt: skip
+    "DIGESTS",
+    "algorithm_of",
+    "compare_fingerprints",
+    "digest",
+    "digest_for_device",
+    "fingerprint",
+    "format_fingerprint",
+    "sum64_digest",
+    "sum64_tensor",
+]
 
 DIGESTS = ("xxh3", "sum64")
 

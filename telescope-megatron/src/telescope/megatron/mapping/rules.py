@@ -31,8 +31,13 @@ from telescope.megatron.mapping.fuse import (
 from telescope.megatron.mapping.spec import ModelSpec
 
 __all__ = [
-    "EXPERT_LAYOUTS", "ExpertLayout", "Rule", "conversion_rules", "detect_expert_layout", "inference_expert_layout",
-]  # fmt: skip
+    "EXPERT_LAYOUTS",
+    "ExpertLayout",
+    "Rule",
+    "conversion_rules",
+    "detect_expert_layout",
+    "inference_expert_layout",
+]
 
 Tensors = list[torch.Tensor]
 

@@ -75,10 +75,16 @@ class GenerationEngine:
         # prompt_tokens: every admitted prompt's tokens; prompt_tokens_computed: those the model
         # computed (the others were copied from the same prompt held for a running sequence).
         self.counters: dict[str, int] = {
-            "prompt_tokens": 0, "generation_tokens": 0, "decode_steps": 0, "decode_rows": 0,
-            "prefill_batches": 0, "sequences_finished": 0, "sequences_aborted": 0, "max_running": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "decode_steps": 0,
+            "decode_rows": 0,
+            "prefill_batches": 0,
+            "sequences_finished": 0,
+            "sequences_aborted": 0,
+            "max_running": 0,
             "prompt_tokens_computed": 0,
-        }  # fmt: skip
+        }
         self._generator = torch.Generator().manual_seed(options.seed)
         self._seq_generators: dict[int, torch.Generator] = {}
         self._prompts: dict[PromptKey, SharedPrompt] = {}
@@ -289,10 +295,12 @@ class GenerationEngine:
             return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
 
         layers = [
-            (torch.cat([left_padded(p.layers[n][0]) for p in shared]),
-             torch.cat([left_padded(p.layers[n][1]) for p in shared]))
+            (
+                torch.cat([left_padded(p.layers[n][0]) for p in shared]),
+                torch.cat([left_padded(p.layers[n][1]) for p in shared]),
+            )
             for n in range(len(shared[0].layers))
-        ]  # fmt: skip
+        ]
         mask = torch.zeros(len(distinct), width, dtype=torch.long, device=self.device)
         for row, key in enumerate(distinct):  # left padding: every prompt ends in the last column
             mask[row, width - len(key[1]) :] = 1

@@ -34,10 +34,20 @@ class TransformersEngine(InferenceEngine):
     def server_command(self, index: int, host: str, port: int, config_path: str) -> ServerCommand:
         """``python -m telescope.core.inference.transformers_engine.server`` with the resolved config file."""
         argv = [
-            sys.executable, "-m", "telescope.core.inference.transformers_engine.server",
-            "--config", config_path, "--engine-kwargs", self.kwargs.model_dump_json(),
-            "--index", str(index), "--host", host, "--port", str(port),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "telescope.core.inference.transformers_engine.server",
+            "--config",
+            config_path,
+            "--engine-kwargs",
+            self.kwargs.model_dump_json(),
+            "--index",
+            str(index),
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         return ServerCommand(argv=argv, env={"PYTHONUNBUFFERED": "1"}, url=local_url(host, port))
 
 

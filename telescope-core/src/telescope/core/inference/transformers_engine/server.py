@@ -120,8 +120,12 @@ def load_server_state(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs, in
         simulated_decode_step_s=kwargs.simulated_decode_step_s,
     )
     engine = GenerationEngine(model, options)
-    sync = ServerWeightSync(engine, verify=cfg.weight_sync_verify, adapter_only=cfg.lora_rank > 0,
-                            skip_versions=kwargs.fault_skip_weight_syncs)  # fmt: skip
+    sync = ServerWeightSync(
+        engine,
+        verify=cfg.weight_sync_verify,
+        adapter_only=cfg.lora_rank > 0,
+        skip_versions=kwargs.fault_skip_weight_syncs,
+    )
     return ServerState(engine, tokenizer, options, sync, cfg.model, int(model.config.vocab_size))
 
 

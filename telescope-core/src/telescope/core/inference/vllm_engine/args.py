@@ -14,8 +14,13 @@ from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.weights.settings import serving_dtype
 
 __all__ = [
-    "MANAGED_FLAGS", "WORKER_EXTENSION", "build_vllm_args", "build_vllm_env", "check_vllm_config", "otlp_endpoint",
-]  # fmt: skip
+    "MANAGED_FLAGS",
+    "WORKER_EXTENSION",
+    "build_vllm_args",
+    "build_vllm_env",
+    "check_vllm_config",
+    "otlp_endpoint",
+]
 
 log = logging.getLogger("telescope.inference")
 
@@ -23,11 +28,25 @@ WORKER_EXTENSION = "telescope.core.inference.vllm_engine.worker.TelescopeWeightS
 
 #: Flags Telescope sets itself; ``extra_args`` may not repeat them.
 MANAGED_FLAGS = (
-    "--host", "--port", "--served-model-name", "--tensor-parallel-size", "--gpu-memory-utilization",
-    "--max-model-len", "--scheduling-policy", "--dtype", "--seed", "--logprobs-mode", "--worker-extension-cls",
-    "--generation-config", "--enable-prefix-caching", "--no-enable-prefix-caching", "--otlp-traces-endpoint",
-    "--max-num-seqs", "--max-num-batched-tokens", "--disable-uvicorn-access-log",
-)  # fmt: skip
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--tensor-parallel-size",
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--scheduling-policy",
+    "--dtype",
+    "--seed",
+    "--logprobs-mode",
+    "--worker-extension-cls",
+    "--generation-config",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--otlp-traces-endpoint",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--disable-uvicorn-access-log",
+)
 
 
 def check_vllm_config(cfg: Any, kwargs: VllmEngineKwargs) -> None:
@@ -56,25 +75,37 @@ def build_vllm_args(
     port: int,
     otlp_endpoint: str | None = None,
 ) -> list[str]:
-    """Arguments after ``vllm serve`` for server ``index``; ``otlp_endpoint`` None = no tracing."""  # fmt: skip
+    """Arguments after ``vllm serve`` for server ``index``; ``otlp_endpoint`` None = no tracing."""
     args = [
         model_path,
-        "--host", host,
-        "--port", str(port),
-        "--served-model-name", cfg.model,
-        "--tensor-parallel-size", str(cfg.inference_tensor_parallel_size),
-        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-        "--max-model-len", str(cfg.max_model_len),
-        "--scheduling-policy", cfg.vllm_scheduling_policy,
-        "--dtype", serving_dtype(cfg),
-        "--seed", str(cfg.seed + index),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        cfg.model,
+        "--tensor-parallel-size",
+        str(cfg.inference_tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(cfg.gpu_memory_utilization),
+        "--max-model-len",
+        str(cfg.max_model_len),
+        "--scheduling-policy",
+        cfg.vllm_scheduling_policy,
+        "--dtype",
+        serving_dtype(cfg),
+        "--seed",
+        str(cfg.seed + index),
         # Sampled-token logprobs after temperature: the trainer's definition (top_p is checked above).
-        "--logprobs-mode", "processed_logprobs",
-        "--worker-extension-cls", WORKER_EXTENSION,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
         # Sampling defaults come from our requests only, never from the model's generation_config.json.
-        "--generation-config", "vllm",
+        "--generation-config",
+        "vllm",
         "--enable-prefix-caching" if kwargs.enable_prefix_caching else "--no-enable-prefix-caching",
-    ]  # fmt: skip
+    ]
     if not cfg.inference_access_log:  # a line per request buries the server's own log lines
         args.append("--disable-uvicorn-access-log")
     if otlp_endpoint is not None:

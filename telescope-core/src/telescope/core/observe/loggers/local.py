@@ -60,8 +60,13 @@ def next_progress(progress: dict[str, Any], step: int, now: float) -> dict[str, 
     recent = list(progress.get("recent_step_seconds") or [])
     if progress.get("last_step_at") is not None and progress.get("step_started_at") is not None:
         recent = [*recent, round(now - float(progress["step_started_at"]), 3)][-RECENT_STEPS:]
-    return {"step": step + 1, "step_started_at": now, "last_step": step, "last_step_at": now,
-            "recent_step_seconds": recent}  # fmt: skip
+    return {
+        "step": step + 1,
+        "step_started_at": now,
+        "last_step": step,
+        "last_step_at": now,
+        "recent_step_seconds": recent,
+    }
 
 
 def model_info(cfg: TelescopeConfig) -> dict[str, str]:
@@ -140,9 +145,14 @@ class LocalLogger(Logger):
             "info": {**previous.get("info", {}), "reward_ranges": reward_ranges(cfg), **model_info(cfg)},
             # run health is recorded, not inferred from file writes: the step in progress and
             # since when (the dashboard and `runs show` read it); durations survive a resume
-            "progress": {"step": None, "step_started_at": now, "last_step": None, "last_step_at": None,
-                         "recent_step_seconds": (previous.get("progress") or {}).get("recent_step_seconds", [])},
-        }  # fmt: skip
+            "progress": {
+                "step": None,
+                "step_started_at": now,
+                "last_step": None,
+                "last_step_at": None,
+                "recent_step_seconds": (previous.get("progress") or {}).get("recent_step_seconds", []),
+            },
+        }
         write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         self._open_writers(cfg)
         self._attach_log_files(self.run_dir / LOGS_DIR)
