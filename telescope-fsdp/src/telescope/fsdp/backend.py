@@ -7,7 +7,7 @@ import resource
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,9 @@ from telescope.fsdp import checkpoint
 from telescope.fsdp.model import build_model
 from telescope.fsdp.options import FSDPBackendKwargs
 from telescope.fsdp.steps import TrainState, run_minibatches
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["FSDPBackend", "create_fsdp_backend", "parameter_counts"]
 
@@ -37,7 +40,7 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 
 def create_fsdp_backend(
-    kwargs: FSDPBackendKwargs | None = None, *, cfg: Any, registry: Any = None
+    kwargs: FSDPBackendKwargs | None = None, *, cfg: TelescopeConfig, registry: Any = None
 ) -> FSDPBackend:
     """Registry factory: ``registry.create("trainer_backend", "fsdp", kwargs, cfg=cfg)``."""
     return FSDPBackend(cfg, kwargs, registry=registry)
@@ -46,7 +49,9 @@ def create_fsdp_backend(
 class FSDPBackend(TrainerBackend):
     """One trainer rank. Build with the run config, then call ``init()`` on every rank."""
 
-    def __init__(self, cfg: Any, kwargs: FSDPBackendKwargs | None = None, *, registry: Any = None) -> None:
+    def __init__(
+        self, cfg: TelescopeConfig, kwargs: FSDPBackendKwargs | None = None, *, registry: Any = None
+    ) -> None:
         if not cfg.temperature > 0:
             raise ValueError(
                 f"temperature is {cfg.temperature!r}: training logprobs use logits / temperature, so the "

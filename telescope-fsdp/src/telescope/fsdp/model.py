@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from telescope.fsdp.attention import flash_attn_problem, register_packed_sdpa
 from telescope.fsdp.options import FSDPBackendKwargs
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["DTYPES", "build_model", "pick_attn_implementation", "shard_model"]
 
@@ -44,7 +47,9 @@ def _flash_attn_found() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def build_model(cfg: Any, kwargs: FSDPBackendKwargs, device: torch.device, mesh: Any) -> nn.Module:
+def build_model(
+    cfg: TelescopeConfig, kwargs: FSDPBackendKwargs, device: torch.device, mesh: Any
+) -> nn.Module:
     """``from_pretrained(cfg.model)`` in ``cfg.model_dtype``, prepared for packed training, sharded.
 
     Only rank 0 reads the checkpoint; the other ranks build the model on the meta device and

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from telescope.core.training.timing import StepTimer
 from telescope.fsdp.microbatch import packed_logits
 from telescope.fsdp.options import FSDPBackendKwargs
 
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
+
 __all__ = ["TrainState", "run_minibatches"]
 
 logger = logging.getLogger(__name__)
@@ -34,7 +37,7 @@ logger = logging.getLogger(__name__)
 class TrainState:
     """Everything a step needs; built by ``FSDPBackend.init``."""
 
-    cfg: Any
+    cfg: TelescopeConfig
     kwargs: FSDPBackendKwargs
     model: nn.Module
     optimizer: torch.optim.Optimizer

@@ -187,7 +187,7 @@ class MegatronBackend(TrainerBackend):
 
         st = self.require_state()
         stream = MegatronToHFStream(st.built.spec, te_spec=st.use_te, expert_layout=expert_layout)
-        free = bool(getattr(self.cfg, "weight_broadcast_free_grad_buffers", False))
+        free = bool(self.cfg.weight_broadcast_free_grad_buffers)
         with grad_buffers_freed(st.built.chunks, free):
             t0 = time.perf_counter()
             for gname, tensor in iter_full_megatron_params(st.built, dtype):

@@ -13,7 +13,10 @@ On the wire and in exported adapters, tensors carry PEFT's file names (what
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = [
     "ADAPTER_NAME",
@@ -31,7 +34,7 @@ _PEFT_PREFIX = "base_model.model."
 _MARKERS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.")
 
 
-def lora_config_dict(cfg: Any) -> dict[str, Any]:
+def lora_config_dict(cfg: TelescopeConfig) -> dict[str, Any]:
     """The run's adapter settings as ``peft.LoraConfig`` keyword arguments.
 
     ``lora_target_modules: null`` is peft's ``all-linear``: every linear layer of the decoder
@@ -48,7 +51,7 @@ def lora_config_dict(cfg: Any) -> dict[str, Any]:
     }
 
 
-def lora_config(cfg: Any) -> Any:
+def lora_config(cfg: TelescopeConfig) -> Any:
     """``peft.LoraConfig`` of the run (``lora_rank`` must be > 0)."""
     from peft import LoraConfig
 
@@ -57,7 +60,7 @@ def lora_config(cfg: Any) -> Any:
     return LoraConfig(**lora_config_dict(cfg))
 
 
-def inject_lora(model: Any, cfg: Any) -> Any:
+def inject_lora(model: Any, cfg: TelescopeConfig) -> Any:
     """Inject the run's adapters into ``model`` in place and freeze everything else; returns ``model``.
 
     Fails naming ``lora_target_modules`` when none of its names matches a module of the model.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_broadcast_host", "serving_dtype"]
 
@@ -18,11 +21,11 @@ __all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_bro
 DIRECT_TENSOR_BYTES = 4 << 20
 
 
-def serving_dtype(cfg: Any) -> str:
+def serving_dtype(cfg: TelescopeConfig) -> str:
     """The dtype servers run in and weights travel in: ``inference_dtype``, else the trainer's
     compute dtype (``mixed_precision_dtype``, else ``model_dtype``). Master weights stay in
     ``model_dtype`` on the trainer."""
-    return str(getattr(cfg, "inference_dtype", None) or cfg.mixed_precision_dtype or cfg.model_dtype)
+    return str(cfg.inference_dtype or cfg.mixed_precision_dtype or cfg.model_dtype)
 
 
 class WeightSyncSettings(BaseModel):
@@ -61,7 +64,7 @@ class WeightSyncSettings(BaseModel):
         return min(DIRECT_TENSOR_BYTES, self.bucket_bytes)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> WeightSyncSettings:
+    def from_config(cls, cfg: TelescopeConfig) -> WeightSyncSettings:
         """Read the settings from a ``TelescopeConfig`` (or anything with the same attributes)."""
         return cls(
             mode=cfg.weight_broadcast_mode,

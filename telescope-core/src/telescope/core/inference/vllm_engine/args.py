@@ -8,10 +8,13 @@ in a fresh interpreter and silently ignored user settings: see the module docstr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.weights.settings import serving_dtype
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = [
     "MANAGED_FLAGS",
@@ -49,7 +52,7 @@ MANAGED_FLAGS = (
 )
 
 
-def check_vllm_config(cfg: Any, kwargs: VllmEngineKwargs) -> None:
+def check_vllm_config(cfg: TelescopeConfig, kwargs: VllmEngineKwargs) -> None:
     """Reject settings the vllm engine cannot honour (message names the field, the value and the fix)."""
     if cfg.top_p is not None and cfg.top_p < 1:
         raise ValueError(
@@ -66,7 +69,7 @@ def check_vllm_config(cfg: Any, kwargs: VllmEngineKwargs) -> None:
 
 
 def build_vllm_args(
-    cfg: Any,
+    cfg: TelescopeConfig,
     kwargs: VllmEngineKwargs,
     *,
     model_path: str,
@@ -117,7 +120,7 @@ def build_vllm_args(
     return args + list(kwargs.extra_args)
 
 
-def otlp_endpoint(cfg: Any, driver_host: str) -> str | None:
+def otlp_endpoint(cfg: TelescopeConfig, driver_host: str) -> str | None:
     """The OTLP traces URL of the driver's receiver, or None when tracing is off or cannot run here.
 
     vLLM refuses to start with ``--otlp-traces-endpoint`` unless the OpenTelemetry SDK and the
@@ -134,7 +137,7 @@ def otlp_endpoint(cfg: Any, driver_host: str) -> str | None:
     return f"http://{driver_host}:{cfg.otlp_receiver_port}/v1/traces"
 
 
-def build_vllm_env(cfg: Any, *, tracing: bool | None = None) -> dict[str, str]:
+def build_vllm_env(cfg: TelescopeConfig, *, tracing: bool | None = None) -> dict[str, str]:
     """Environment of a vLLM server process (``tracing`` defaults to ``enable_vllm_tracing``)."""
     env = {
         # /pause, /resume, /abort_requests and /collective_rpc exist only in dev mode.

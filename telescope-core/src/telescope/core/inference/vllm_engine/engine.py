@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.core.inference.launcher import InferenceEngine, ServerCommand
 from telescope.core.inference.settings import VllmEngineKwargs
@@ -20,6 +20,9 @@ from telescope.core.inference.vllm_engine.args import (
     check_vllm_config,
     otlp_endpoint,
 )
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["VllmEngine", "create_vllm_engine", "vllm_executable"]
 
@@ -51,7 +54,7 @@ class VllmEngine(InferenceEngine):
 
     name = "vllm"
 
-    def __init__(self, cfg: Any, kwargs: VllmEngineKwargs) -> None:
+    def __init__(self, cfg: TelescopeConfig, kwargs: VllmEngineKwargs) -> None:
         check_vllm_config(cfg, kwargs)
         super().__init__(cfg, kwargs)
 
@@ -96,6 +99,6 @@ class VllmEngine(InferenceEngine):
         return VllmClient(url, **options)
 
 
-def create_vllm_engine(*, kwargs: VllmEngineKwargs, cfg: Any) -> VllmEngine:
+def create_vllm_engine(*, kwargs: VllmEngineKwargs, cfg: TelescopeConfig) -> VllmEngine:
     """Registry factory: ``registry.create("inference_engine", "vllm", {}, cfg=cfg)``."""
     return VllmEngine(cfg, kwargs)
