@@ -147,6 +147,7 @@ def test_stale_rollouts_are_cancelled_and_aborted_on_the_server(tokenizer: Any) 
     assert time.time() - start < 20, "the slow group should have been cancelled, not awaited"
     assert counts.discarded["off_policy"] == 1 and counts.cancelled_samples == 4
     assert sorted(client.aborted) == sorted(f"g0-s{i}-v0" for i in range(4))
+    assert counts.aborted_requests == 4  # what the server said it aborted, not what was asked
     assert all(g.group_id != 0 for b in trainer.batches for g in b.groups)
     assert any(g.discard_reason == "off_policy" for _, g in observer.groups)
 

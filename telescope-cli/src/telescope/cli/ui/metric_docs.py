@@ -79,6 +79,7 @@ METRIC_DOCS: tuple[tuple[str, str], ...] = (
     ),
     ("totals/discarded_groups/<reason>", "Groups discarded as {reason} since the run started."),
     ("totals/cancelled_samples", "Samples cancelled since the run started."),
+    ("totals/aborted_requests", "Requests of cancelled samples the servers confirmed aborting."),
     ("totals/rollout_errors", "Failed requests since the run started."),
     ("totals/reward_errors/<env>", "Rewards of {env} that raised or timed out since the run started."),
     ("faults/inference_restarts", "Inference servers restarted after they died, since the run started."),

@@ -341,7 +341,7 @@ class Orchestrator:
             self._discard(group.cancelled(self.counts.model_version, reason, len(ids)))
         if ids:
             try:
-                await self.clients[group.server].abort(ids)
+                self.counts.aborted_requests += await self.clients[group.server].abort(ids)
             except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
                 log.debug("abort of %s failed: %s", ids, exc)
 

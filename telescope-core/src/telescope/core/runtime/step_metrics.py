@@ -27,6 +27,8 @@ class Counts:
     """Samples whose reward raised or timed out, per environment."""
     inference_restarts: int = 0
     """Inference servers restarted after they died."""
+    aborted_requests: int = 0
+    """Cancelled samples' requests the servers confirmed aborting (vLLM: connections closed)."""
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready counters (a checkpoint's ``orchestrator_state.json``)."""
@@ -39,6 +41,7 @@ class Counts:
             "rollout_errors": self.rollout_errors,
             "reward_errors": dict(self.reward_errors),
             "inference_restarts": self.inference_restarts,
+            "aborted_requests": self.aborted_requests,
         }
 
     @classmethod
@@ -55,6 +58,7 @@ class Counts:
             rollout_errors=int(state["rollout_errors"]),
             reward_errors=Counter(state.get("reward_errors", {})),
             inference_restarts=int(state.get("inference_restarts", 0)),
+            aborted_requests=int(state.get("aborted_requests", 0)),
         )
 
 
@@ -77,6 +81,7 @@ def step_metrics(
     out["timing_step_active"] = timing["timing_step_total"] - timing["timing_waiting_for_data"]
     out["async_level"] = float(counts.inference_step - counts.model_version)
     out["totals/cancelled_samples"] = float(counts.cancelled_samples)
+    out["totals/aborted_requests"] = float(counts.aborted_requests)
     out["totals/rollout_errors"] = float(counts.rollout_errors)
     out["faults/inference_restarts"] = float(counts.inference_restarts)
     for env, n in counts.reward_errors.items():
