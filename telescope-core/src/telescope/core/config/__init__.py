@@ -83,5 +83,7 @@ def load_config(
 
 
 def config_to_yaml(cfg: TelescopeConfig) -> str:
-    """The resolved config as YAML, in schema order."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+    """The resolved config as YAML, in schema order, secrets redacted (``config.secrets``)."""
+    from telescope.core.config.secrets import redact_secrets
+
+    return yaml.safe_dump(redact_secrets(cfg.to_dict()), sort_keys=False, default_flow_style=False)

@@ -56,5 +56,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def config_to_dict(cfg: TelescopeConfig) -> dict[str, Any]:
-    """The resolved config as plain data (what config.yaml and the loggers' params hold)."""
-    return cfg.to_dict()
+    """The resolved config as plain data (what config.yaml and the loggers' params hold), secrets
+    redacted (``telescope.core.config.secrets``)."""
+    from telescope.core.config.secrets import redact_secrets
+
+    result: dict[str, Any] = redact_secrets(cfg.to_dict())
+    return result
