@@ -100,16 +100,19 @@ def _check_forward_and_export(kind: str, model_dir: str, tp: int) -> None:
     stream = MegatronToHFStream(spec)
     exported = dict(stream.convert_all(iter_full_megatron_params(built)))
     if dist.get_rank() == 0:
-        expected = {
-            k: v
-            for k, v in hf.state_dict().items()
-            if not (spec.tie_word_embeddings and k == "lm_head.weight")
-        }
+        expected = _hf_params_exported(hf, spec)
         assert set(exported) == set(expected)
         for name, tensor in expected.items():
             assert torch.equal(exported[name], tensor), name
     else:
         assert exported == {}
+
+
+def _hf_params_exported(hf: Any, spec: Any) -> dict[str, Any]:
+    """The HF state dict an export must reproduce (no ``lm_head.weight`` when it is tied)."""
+    return {
+        k: v for k, v in hf.state_dict().items() if not (spec.tie_word_embeddings and k == "lm_head.weight")
+    }
 
 
 def _check_load_and_export(kind: str, model_dir: str, pp: int, ep: int) -> None:
@@ -122,11 +125,7 @@ def _check_load_and_export(kind: str, model_dir: str, pp: int, ep: int) -> None:
     built = BuiltModel([gpt], gpt, gpt.config, spec, hf.config, spec.padded_vocab_size(128, 1))
     exported = dict(MegatronToHFStream(spec).convert_all(iter_full_megatron_params(built)))
     if dist.get_rank() == 0:
-        expected = {
-            k: v
-            for k, v in hf.state_dict().items()
-            if not (spec.tie_word_embeddings and k == "lm_head.weight")
-        }
+        expected = _hf_params_exported(hf, spec)
         assert set(exported) == set(expected)
         assert all(torch.equal(exported[k], v) for k, v in expected.items())
     else:

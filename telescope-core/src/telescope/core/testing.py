@@ -16,7 +16,14 @@ if TYPE_CHECKING:
     from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent
     from telescope.core.rollouts.groups import RolloutGroup
 
-__all__ = ["RunRecorder", "make_config", "recording_hooks", "recording_plugin_manager", "registry_with"]
+__all__ = [
+    "RunRecorder",
+    "make_config",
+    "recording_hooks",
+    "recording_plugin_manager",
+    "registry_with",
+    "smallest_run_settings",
+]
 
 
 def make_config(**overrides: Any) -> TelescopeConfig:
@@ -26,6 +33,36 @@ def make_config(**overrides: Any) -> TelescopeConfig:
     """
     overrides.setdefault("environments", [{"name": "reverse_text"}])
     return TelescopeConfig.model_validate(overrides)
+
+
+def smallest_run_settings(**overrides: Any) -> dict[str, Any]:
+    """Config settings of the smallest real run: 1 FSDP rank, 1 transformers server, the built-in tiny
+    model on ``reverse_text``, local Ray, no wandb and no evals; ``overrides`` applied last."""
+    return {
+        "model": "telescope/tiny",
+        "model_dtype": "float32",
+        "mixed_precision_dtype": None,
+        "environments": [{"name": "reverse_text"}],
+        "inference_engine": "transformers",
+        "inference_num_workers": 1,
+        "trainer_num_workers": 1,
+        "ray_inference_cpus_per_worker": 0.5,
+        "ray_trainer_cpus_per_worker": 0.5,
+        "ray_address": "local",
+        "group_size": 4,
+        "prompts_batch_size_for_trainer": 2,
+        "max_async_rollout": 1,
+        "max_tokens": 8,
+        "seq_len": 256,
+        "pad_to_multiple_of": 8,
+        "learning_rate": 1e-3,
+        "discard_group_zero_advantage": False,
+        "use_wandb": False,
+        "eval_before_training": False,
+        "eval_after_training": False,
+        "seed": 5,
+        **overrides,
+    }
 
 
 def registry_with(*plugins: tuple[str, object], builtins: bool = True) -> tuple[PluginSet, Registry]:
