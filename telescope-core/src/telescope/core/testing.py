@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RunRecorder",
+    "discarded_rows",
+    "kept_group_rows",
     "make_config",
     "recording_hooks",
     "recording_plugin_manager",
@@ -63,6 +66,49 @@ def smallest_run_settings(**overrides: Any) -> dict[str, Any]:
         "seed": 5,
         **overrides,
     }
+
+
+def kept_group_rows(
+    step: int, group_id: int, rewards: list[float], per_sample: Callable[[int, float], dict[str, Any]]
+) -> list[RolloutRecord]:
+    """Synthetic rollout records of one trained ``reverse_text`` group, as loggers receive them.
+
+    Sample ``i`` has reward ``rewards[i]`` and its advantage against the group's mean, ran on server 0
+    lane ``i`` with the weights of ``step - 1``, and stopped on ``length`` when ``i == 3`` (else
+    ``stop``); ``per_sample(i, reward)`` gives its other fields (texts, completion ids, metrics).
+    """
+    from telescope.core.observe.rundir.records import RolloutRecord
+
+    mean = sum(rewards) / len(rewards)
+    return [
+        RolloutRecord(
+            step=step,
+            group_id=group_id,
+            env="reverse_text",
+            sample_id=i,
+            prompt_ids=[1, 2, 3],
+            reward=r,
+            advantage=r - mean,
+            model_version=step - 1,
+            stop_reason="length" if i == 3 else "stop",
+            server=0,
+            lane=i,
+            **per_sample(i, r),
+        )
+        for i, r in enumerate(rewards)
+    ]
+
+
+def discarded_rows(step: int, group_id: int, reason: str, n: int = 1, **fields: Any) -> list[RolloutRecord]:
+    """Synthetic records of ``n`` ``reverse_text`` rollouts of one group discarded for ``reason``."""
+    from telescope.core.observe.rundir.records import RolloutRecord
+
+    return [
+        RolloutRecord(
+            step=step, group_id=group_id, env="reverse_text", sample_id=i, discard_reason=reason, **fields
+        )
+        for i in range(n)
+    ]
 
 
 def registry_with(*plugins: tuple[str, object], builtins: bool = True) -> tuple[PluginSet, Registry]:
