@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RunRecorder",
     "discarded_rows",
+    "heavy_imports_after",
     "kept_group_rows",
     "make_config",
     "recording_hooks",
@@ -109,6 +113,16 @@ def discarded_rows(step: int, group_id: int, reason: str, n: int = 1, **fields: 
         )
         for i in range(n)
     ]
+
+
+def heavy_imports_after(code: str, heavy: Sequence[str]) -> list[str]:
+    """Which of the ``heavy`` modules a fresh interpreter has imported once it ran ``code``: a
+    plugin module must import light (``[]``), its heavy dependencies only when a run needs them.
+    ``code`` failing raises ``subprocess.CalledProcessError``."""
+    probe = f"{code}\nimport json as _json, sys as _sys\n"
+    probe += f"print(_json.dumps([m for m in {list(heavy)!r} if m in _sys.modules]))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def registry_with(*plugins: tuple[str, object], builtins: bool = True) -> tuple[PluginSet, Registry]:
