@@ -28,30 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BASE: dict[str, Any] = {
-    "model": "telescope/tiny",
-    "model_dtype": "float32",
-    "mixed_precision_dtype": None,
-    "environments": [{"name": "reverse_text"}],
-    "inference_engine": "transformers",
-    "inference_num_workers": 1,
-    "trainer_num_workers": 1,
-    "ray_inference_cpus_per_worker": 0.5,
-    "ray_trainer_cpus_per_worker": 0.5,
-    "ray_address": "local",
-    "group_size": 2,
-    "prompts_batch_size_for_trainer": 2,
-    "max_async_rollout": 1,
-    "max_tokens": 6,
-    "seq_len": 256,
-    "pad_to_multiple_of": 8,
-    "learning_rate": 1e-3,
-    "discard_group_zero_advantage": False,
-    "use_wandb": False,
-    "eval_before_training": False,
-    "eval_after_training": False,
-    "seed": 5,
-}
+from telescope.core.testing import smallest_run_settings
+
+BASE: dict[str, Any] = smallest_run_settings(group_size=2, max_tokens=6)
 TWO_ENVS = [{"name": "reverse_text", "weight": 1.0}, {"name": "countdown", "weight": 4.0}]
 
 

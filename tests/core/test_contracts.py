@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from telescope.core import hookimpl, hookspecs
 from telescope.core.plugins import get_plugin_manager, load_plugins
 from telescope.core.registry import KINDS
+from telescope.core.testing import heavy_imports_after
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = sorted(n for n, f in vars(hookspecs).items() if n.startswith("telescope_") and inspect.isfunction(f))
@@ -160,15 +158,12 @@ def test_every_hook_is_called() -> None:
 
 def test_core_and_plugin_modules_import_light() -> None:
     code = (
-        "import sys, json\n"
         "import telescope.core, telescope.core.config, telescope.core.plugins, telescope.core.testing\n"
         "from telescope.core.plugins import load_plugins\n"
         "pset, reg = load_plugins()\n"
         "import telescope.cli.app\n"
-        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    assert heavy_imports_after(code, HEAVY) == []
 
 
 def test_namespace_package_has_no_init() -> None:

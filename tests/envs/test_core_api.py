@@ -23,15 +23,13 @@ from telescope.core.env import (
     pass_at_k,
     pass_pow_k,
 )
+from telescope.core.testing import heavy_imports_after
 
 
 def test_env_api_imports_without_heavy_deps() -> None:
-    code = (
-        "import sys, telescope.core.env, telescope.envs.plugin, telescope.envs.kwargs\n"
-        "heavy = [m for m in ('torch', 'transformers', 'math_verify', 'datasets', 'ray', 'sympy') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    code = "import telescope.core.env, telescope.envs.plugin, telescope.envs.kwargs"
+    heavy = ("torch", "transformers", "math_verify", "datasets", "ray", "sympy")
+    assert heavy_imports_after(code, heavy) == []
 
 
 def run(coro):

@@ -40,16 +40,15 @@ def _free_port() -> int:
 def _build(kind: str, model_dir: str, tp: int, pp: int = 1, ep: int = 1) -> tuple[Any, Any, Any]:
     """(HF model, Megatron GPTModel with our weights, ModelSpec) on this rank."""
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
     from megatron_helpers import build_tiny_hf as build_hf
 
     from telescope.core.testing import make_config
     from telescope.megatron.mapping import model_spec_from_hf_config
-    from telescope.megatron.model import _layer_spec, load_hf_weights, materialize
+    from telescope.megatron.model import gpt_with_hf_weights, materialize
     from telescope.megatron.options import MegatronBackendKwargs
     from telescope.megatron.parallel import resolve_parallel_layout
-    from telescope.megatron.settings import gpt_model_kwargs, transformer_config_kwargs
+    from telescope.megatron.settings import transformer_config_kwargs
 
     hf = build_hf(kind)
     cfg = make_config(
@@ -72,14 +71,7 @@ def _build(kind: str, model_dir: str, tp: int, pp: int = 1, ep: int = 1) -> tupl
         kw.update(moe_token_dispatcher_type="allgather", variable_seq_lengths=False)
     tc = TransformerConfig(**kw)
     padded = spec.padded_vocab_size(128, tp)
-    gpt = GPTModel(
-        config=tc,
-        transformer_layer_spec=_layer_spec(spec, tc, False),
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-        **gpt_model_kwargs(spec, cfg, padded),
-    )
-    load_hf_weights(gpt, cfg, spec, False, padded)
+    gpt = gpt_with_hf_weights(spec, cfg, tc, False, padded)
     return hf, gpt.eval(), spec
 
 
@@ -100,16 +92,19 @@ def _check_forward_and_export(kind: str, model_dir: str, tp: int) -> None:
     stream = MegatronToHFStream(spec)
     exported = dict(stream.convert_all(iter_full_megatron_params(built)))
     if dist.get_rank() == 0:
-        expected = {
-            k: v
-            for k, v in hf.state_dict().items()
-            if not (spec.tie_word_embeddings and k == "lm_head.weight")
-        }
+        expected = _hf_params_exported(hf, spec)
         assert set(exported) == set(expected)
         for name, tensor in expected.items():
             assert torch.equal(exported[name], tensor), name
     else:
         assert exported == {}
+
+
+def _hf_params_exported(hf: Any, spec: Any) -> dict[str, Any]:
+    """The HF state dict an export must reproduce (no ``lm_head.weight`` when it is tied)."""
+    return {
+        k: v for k, v in hf.state_dict().items() if not (spec.tie_word_embeddings and k == "lm_head.weight")
+    }
 
 
 def _check_load_and_export(kind: str, model_dir: str, pp: int, ep: int) -> None:
@@ -122,11 +117,7 @@ def _check_load_and_export(kind: str, model_dir: str, pp: int, ep: int) -> None:
     built = BuiltModel([gpt], gpt, gpt.config, spec, hf.config, spec.padded_vocab_size(128, 1))
     exported = dict(MegatronToHFStream(spec).convert_all(iter_full_megatron_params(built)))
     if dist.get_rank() == 0:
-        expected = {
-            k: v
-            for k, v in hf.state_dict().items()
-            if not (spec.tie_word_embeddings and k == "lm_head.weight")
-        }
+        expected = _hf_params_exported(hf, spec)
         assert set(exported) == set(expected)
         assert all(torch.equal(exported[k], v) for k, v in expected.items())
     else:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
-import subprocess
 import sys
 
 import pytest
 
 from telescope.core.config.validate import registry_problems
-from telescope.core.testing import make_config, registry_with
+from telescope.core.testing import heavy_imports_after, make_config, registry_with
 from telescope.megatron import plugin
 from telescope.megatron.availability import unavailable_reason
 from telescope.megatron.options import MegatronBackendKwargs
@@ -75,12 +74,8 @@ def test_installed_entry_point_registers_megatron() -> None:
 
 
 def test_plugin_import_is_light() -> None:
-    code = (
-        "import sys, telescope.megatron.plugin, telescope.megatron.parallel; "
-        "heavy = [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]; "
-        "assert not heavy, heavy"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    code = "import telescope.megatron.plugin, telescope.megatron.parallel"
+    assert heavy_imports_after(code, ("torch", "megatron", "transformers")) == []
 
 
 def test_kwargs_model_rejects_unknown_fields() -> None:

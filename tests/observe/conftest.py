@@ -12,7 +12,7 @@ import pytest
 
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
 from telescope.core.observe.loggers.local import LocalLogger
-from telescope.core.testing import make_config
+from telescope.core.testing import discarded_rows, kept_group_rows, make_config
 
 
 def synthetic_rows(step: int) -> list[RolloutRecord]:
@@ -20,56 +20,31 @@ def synthetic_rows(step: int) -> list[RolloutRecord]:
     rows = []
     rewards = {0: [1.0, 0.0, 0.0, float(step % 2)], 1: [0.5, 0.0, 0.25, 1.0]}
     for gid, rs in rewards.items():
-        mean = sum(rs) / len(rs)
-        for i, r in enumerate(rs):
-            rows.append(
-                RolloutRecord(
-                    step=step,
-                    group_id=gid,
-                    env="reverse_text",
-                    sample_id=i,
-                    prompt_text=f"reverse: word{gid}",
-                    prompt_ids=[1, 2, 3],
-                    completion_text=f"<{gid}:{i}> drow",
-                    completion_ids=list(range(5 + i)),
-                    reward=r,
-                    advantage=r - mean,
-                    sample_metrics={"correct": float(r > 0)},
-                    model_version=step - 1,
-                    stop_reason="length" if i == 3 else "stop",
-                    server=0,
-                    lane=i,
-                )
-            )
-    for i in range(2):
-        rows.append(
-            RolloutRecord(
-                step=step,
-                group_id=2,
-                env="reverse_text",
-                sample_id=i,
-                prompt_ids=[1],
-                completion_ids=[7] * 3,
-                reward=1.0,
-                discard_reason="max_async",
-            )
+        rows += kept_group_rows(
+            step,
+            gid,
+            rs,
+            lambda i, r, gid=gid: {
+                "prompt_text": f"reverse: word{gid}",
+                "completion_text": f"<{gid}:{i}> drow",
+                "completion_ids": list(range(5 + i)),
+                "sample_metrics": {"correct": float(r > 0)},
+            },
         )
-        rows.append(
-            RolloutRecord(
-                step=step,
-                group_id=3,
-                env="reverse_text",
-                sample_id=i,
-                prompt_ids=[1],
-                completion_ids=[7],
-                reward=0.0,
-                discard_reason="zero_advantage",
-                zero_advantage_kind="all_zero",
-            )
-        )
-    rows.append(
-        RolloutRecord(step=step, group_id=4, env="reverse_text", sample_id=0, discard_reason="off_policy")
+    max_async = discarded_rows(step, 2, "max_async", 2, prompt_ids=[1], completion_ids=[7] * 3, reward=1.0)
+    zero_advantage = discarded_rows(
+        step,
+        3,
+        "zero_advantage",
+        2,
+        prompt_ids=[1],
+        completion_ids=[7],
+        reward=0.0,
+        zero_advantage_kind="all_zero",
     )
+    for pair in zip(max_async, zero_advantage, strict=True):
+        rows += pair
+    rows += discarded_rows(step, 4, "off_policy")
     return rows
 
 

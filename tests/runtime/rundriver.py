@@ -13,6 +13,8 @@ from typing import Any
 
 from ports import free_port_block
 
+from telescope.core.testing import smallest_run_settings
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -24,34 +26,9 @@ def run_meta(run_dir: Path) -> dict[str, Any]:
 
 def settings(run_dir: Path, **overrides: Any) -> dict[str, Any]:
     """1 FSDP rank, 1 transformers server, the built-in tiny model: the smallest real run."""
-    return {
-        "model": "telescope/tiny",
-        "model_dtype": "float32",
-        "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text"}],
-        "inference_engine": "transformers",
-        "inference_num_workers": 1,
-        "trainer_num_workers": 1,
-        "ray_inference_cpus_per_worker": 0.5,
-        "ray_trainer_cpus_per_worker": 0.5,
-        "ray_address": "local",
-        "inference_base_port": free_port_block(1),
-        "group_size": 4,
-        "prompts_batch_size_for_trainer": 2,
-        "max_async_rollout": 1,
-        "max_tokens": 8,
-        "seq_len": 256,
-        "pad_to_multiple_of": 8,
-        "learning_rate": 1e-3,
-        "discard_group_zero_advantage": False,
-        "use_wandb": False,
-        "eval_before_training": False,
-        "eval_after_training": False,
-        "seed": 5,
-        "number_of_steps": 2,
-        "run_dir": str(run_dir),
-        **overrides,
-    }
+    return smallest_run_settings(
+        inference_base_port=free_port_block(1), number_of_steps=2, run_dir=str(run_dir), **overrides
+    )
 
 
 def launch(config: Path, log: Path, *extra: str, prelude: str = "") -> subprocess.Popen[bytes]:

@@ -31,9 +31,8 @@ class FakeEvalRunner:
         return [EvalResult(e.name, step, {"score": float(step)}) for e in entries]
 
 
-def make(
-    tokenizer: Any, seconds: float, **overrides: Any
-) -> tuple[Any, Any, FakeEvalRunner, list[Any], list[Any]]:
+def build_with_evals(tokenizer: Any, **overrides: Any) -> tuple[Any, Any, list[Any]]:
+    """A 6-step run on 3 servers with the ``toy`` eval every 2 steps; its orchestrator, trainer and clients."""
     clients = [FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(3)]
     for i, c in enumerate(clients):
         c.index = i  # type: ignore[attr-defined]
@@ -46,6 +45,13 @@ def make(
         **overrides,
     }
     orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward, n=40), clients, **fields)
+    return orch, trainer, clients
+
+
+def make(
+    tokenizer: Any, seconds: float, **overrides: Any
+) -> tuple[Any, Any, FakeEvalRunner, list[Any], list[Any]]:
+    orch, trainer, clients = build_with_evals(tokenizer, **overrides)
     runner = FakeEvalRunner(orch.cfg, seconds)
     logged: list[tuple[int, list[Any]]] = []
     controller = EvalController(
@@ -102,17 +108,7 @@ def test_a_plugin_failing_on_periodic_eval_results_ends_the_run_naming_the_hook(
         if step == 2:
             raise RuntimeError("plugin bug in eval_end")
 
-    clients = [FakeClient(varied_reply(tokenizer), delay=lambda rid: 0.01) for _ in range(3)]
-    for i, c in enumerate(clients):
-        c.index = i  # type: ignore[attr-defined]
-    fields = {
-        "number_of_steps": 6,
-        "max_async_rollout": 1,
-        "discard_group_zero_advantage": False,
-        "inference_num_workers": 3,
-        "evals": [{"name": "toy", "eval_every": 2}],
-    }
-    orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward, n=40), clients, **fields)
+    orch, trainer, clients = build_with_evals(tokenizer)
     controller = EvalController(orch.cfg, FakeEvalRunner(orch.cfg, 0.0), clients, report)
     orch.hooks.append(controller)
 

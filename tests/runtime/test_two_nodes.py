@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from ports import free_port_block
 
+from telescope.core.testing import smallest_run_settings
+
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
@@ -149,35 +151,21 @@ def run(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
 
     folder = tmp_path_factory.mktemp("two-nodes")
     run_dir, out, log = folder / "run", folder / "seen.json", folder / "driver.log"
-    settings = {
-        "model": "telescope/tiny",
-        "model_dtype": "float32",
-        "mixed_precision_dtype": None,
-        "environments": [{"name": "reverse_text"}],
-        "inference_engine": "transformers",
-        "inference_num_workers": 1,
-        "trainer_num_workers": 1,
-        "inference_host": "0.0.0.0",
-        "ray_inference_cpus_per_worker": 1.5,
-        "ray_trainer_cpus_per_worker": 1.0,
-        "ray_address": cluster,
-        "ray_auto_start_local": False,
-        "ray_shutdown_on_exit": False,
-        "enable_vllm_tracing": False,
-        "inference_base_port": free_port_block(1),
-        "group_size": 4,
-        "prompts_batch_size_for_trainer": 2,
-        "number_of_steps": 2,
-        "max_async_rollout": 0,
-        "max_tokens": 8,
-        "seq_len": 512,
-        "pad_to_multiple_of": 8,
-        "learning_rate": 1e-3,
-        "discard_group_zero_advantage": False,
-        "use_wandb": False,
-        "run_dir": str(run_dir),
-        "seed": 3,
-    }
+    settings = smallest_run_settings(
+        inference_host="0.0.0.0",
+        ray_inference_cpus_per_worker=1.5,
+        ray_trainer_cpus_per_worker=1.0,
+        ray_address=cluster,
+        ray_auto_start_local=False,
+        ray_shutdown_on_exit=False,
+        enable_vllm_tracing=False,
+        inference_base_port=free_port_block(1),
+        number_of_steps=2,
+        max_async_rollout=0,
+        seq_len=512,
+        run_dir=str(run_dir),
+        seed=3,
+    )
     with log.open("wb") as sink:
         driver = subprocess.run(
             [sys.executable, "-c", RUN_ON_CLUSTER, json.dumps(settings), str(out)],

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +54,17 @@ def contained(
 def test_cannot_connect_to_host_loopback(
     local_provider: Any, marked_config: SandboxConfig, marker: str
 ) -> None:
-    server, thread, accepted = _host_listener()
-    port = server.getsockname()[1]
-    source = (
-        "import socket\n"
-        "s = socket.socket(); s.settimeout(1)\n"
-        f"try:\n    s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
-        "except OSError as e:\n    print('refused', e)\n"
+    result, accepted = _contained_against_host_listener(
+        local_provider,
+        marked_config,
+        marker,
+        lambda port: (
+            "import socket\n"
+            "s = socket.socket(); s.settimeout(1)\n"
+            f"try:\n    s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
+            "except OSError as e:\n    print('refused', e)\n"
+        ),
     )
-    result = contained(local_provider, marked_config, marker, source)
-    thread.join()
-    server.close()
     assert "CONNECTED" not in result.stdout and "refused" in result.stdout
     assert accepted == [None]
 
@@ -75,24 +76,37 @@ def test_network_access_is_outbound_only_never_the_hosts_loopback(
     (and through Ray's job API, root). Now it gets its own namespace behind slirp4netns."""
     if shutil.which("slirp4netns") is None:
         pytest.skip("slirp4netns is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
-    server, thread, accepted = _host_listener()
-    port = server.getsockname()[1]
-    source = (
-        "import socket\n"
-        "print('interfaces', sorted(name for _, name in socket.if_nameindex()))\n"
-        f"for host in ('127.0.0.1', '10.0.2.2'):  # this namespace's loopback; slirp4netns's gateway\n"
-        "    s = socket.socket(); s.settimeout(1)\n"
-        f"    try:\n        s.connect((host, {port})); print('CONNECTED', host)\n"
-        "    except OSError as e:\n        print('refused', host, e)\n"
+    result, accepted = _contained_against_host_listener(
+        local_provider,
+        marked_config.model_copy(update={"network_access": True}),
+        marker,
+        lambda port: (
+            "import socket\n"
+            "print('interfaces', sorted(name for _, name in socket.if_nameindex()))\n"
+            f"for host in ('127.0.0.1', '10.0.2.2'):  # this namespace's loopback; slirp4netns's gateway\n"
+            "    s = socket.socket(); s.settimeout(1)\n"
+            f"    try:\n        s.connect((host, {port})); print('CONNECTED', host)\n"
+            "    except OSError as e:\n        print('refused', host, e)\n"
+        ),
     )
-    config = marked_config.model_copy(update={"network_access": True})
-    result = contained(local_provider, config, marker, source)
-    thread.join()
-    server.close()
     assert "interfaces ['lo', 'tap0']" in result.stdout, result.stdout + result.stderr
     assert "CONNECTED" not in result.stdout
     assert "refused 127.0.0.1" in result.stdout and "refused 10.0.2.2" in result.stdout
     assert accepted == [None]
+
+
+def _contained_against_host_listener(
+    provider: Any, config: SandboxConfig, marker: str, source: Callable[[int], str]
+) -> tuple[ExecResult, list[Any]]:
+    """Runs ``source(port)`` contained while a listener on the host's 127.0.0.1:port records what it
+    accepted (``[None]``: nothing within 4 s); the result and that record."""
+    server, thread, accepted = _host_listener()
+    try:
+        result = contained(provider, config, marker, source(server.getsockname()[1]))
+        thread.join()
+    finally:
+        server.close()
+    return result, accepted
 
 
 def _host_listener() -> tuple[socket.socket, threading.Thread, list[Any]]:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from pydantic import ValidationError
 
 from telescope.core.plugins import load_plugins
 from telescope.core.sandbox import SandboxConfig
+from telescope.core.testing import heavy_imports_after
 from telescope.sandboxes.local import LocalSandboxKwargs, LocalSandboxProvider
 
 from .conftest import run
@@ -52,13 +50,9 @@ def test_missing_sdk_makes_a_provider_unavailable_with_the_fix(monkeypatch: pyte
 
 @pytest.mark.daytona  # also in .venv-daytona, where Daytona's SDK is installed
 def test_plugin_import_is_light() -> None:
-    code = (
-        "import sys, telescope.sandboxes.plugin, telescope.core.sandbox\n"
-        "heavy = [m for m in ('torch', 'ray', 'transformers', 'e2b', 'modal', 'daytona', 'prime_sandboxes') if m in sys.modules]\n"
-        "print(heavy)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    code = "import telescope.sandboxes.plugin, telescope.core.sandbox"
+    heavy = ("torch", "ray", "transformers", "e2b", "modal", "daytona", "prime_sandboxes")
+    assert heavy_imports_after(code, heavy) == []
 
 
 @pytest.fixture

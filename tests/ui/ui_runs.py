@@ -11,7 +11,7 @@ from typing import Any
 
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
 from telescope.core.observe.loggers.local import LocalLogger
-from telescope.core.testing import make_config
+from telescope.core.testing import discarded_rows, kept_group_rows, make_config
 
 #: Rewards of the two kept groups of every step (group 1's last sample depends on the step).
 GROUP_REWARDS = {0: [1.0, 0.0, 0.0, 1.0], 1: [0.5, 0.0, 0.25, None]}
@@ -22,43 +22,19 @@ def step_rows(step: int) -> list[RolloutRecord]:
     rows = []
     for gid, rewards in GROUP_REWARDS.items():
         rs = [r if r is not None else step / 10 for r in rewards]
-        mean = sum(rs) / len(rs)
-        for i, r in enumerate(rs):
-            rows.append(
-                RolloutRecord(
-                    step=step,
-                    group_id=gid,
-                    env="reverse_text",
-                    sample_id=i,
-                    prompt_text=f"<|im_start|>user\nreverse word{gid}<|im_end|>\n<|im_start|>assistant\n",
-                    prompt_ids=[1, 2, 3],
-                    completion_text=f'drow{gid}-{i} <tool_call>{{"n": {i}}}</tool_call>',
-                    completion_ids=list(range(4 + i)),
-                    reward=r,
-                    advantage=r - mean,
-                    sample_metrics={"correct": float(r > 0.4)},
-                    model_version=step - 1,
-                    stop_reason="length" if i == 3 else "stop",
-                    server=0,
-                    lane=i,
-                )
-            )
-    for i in range(2):
-        rows.append(
-            RolloutRecord(
-                step=step,
-                group_id=2,
-                env="reverse_text",
-                sample_id=i,
-                prompt_ids=[1],
-                completion_ids=[7] * 3,
-                reward=1.0,
-                discard_reason="max_async",
-            )
+        rows += kept_group_rows(
+            step,
+            gid,
+            rs,
+            lambda i, r, gid=gid: {
+                "prompt_text": f"<|im_start|>user\nreverse word{gid}<|im_end|>\n<|im_start|>assistant\n",
+                "completion_text": f'drow{gid}-{i} <tool_call>{{"n": {i}}}</tool_call>',
+                "completion_ids": list(range(4 + i)),
+                "sample_metrics": {"correct": float(r > 0.4)},
+            },
         )
-    rows.append(
-        RolloutRecord(step=step, group_id=3, env="reverse_text", sample_id=0, discard_reason="off_policy")
-    )
+    rows += discarded_rows(step, 2, "max_async", 2, prompt_ids=[1], completion_ids=[7] * 3, reward=1.0)
+    rows += discarded_rows(step, 3, "off_policy")
     return rows
 
 

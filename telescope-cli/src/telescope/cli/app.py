@@ -10,6 +10,7 @@ from telescope.cli.commands import eval as eval_cmd
 from telescope.cli.commands import plugins as plugins_cmd
 from telescope.cli.commands import train as train_cmd
 from telescope.cli.commands import ui as ui_cmd
+from telescope.cli.options import CONTEXT
 from telescope.cli.style import new_app
 
 __all__ = ["app", "main"]
@@ -51,8 +52,8 @@ def _root(
     """Telescope: RL post-training for reasoning and agents."""
 
 
-app.command("train", context_settings=train_cmd.CONTEXT)(train_cmd.train)
-app.command("eval", context_settings=eval_cmd.CONTEXT)(eval_cmd.eval_command)
+app.command("train", context_settings=CONTEXT)(train_cmd.train)
+app.command("eval", context_settings=CONTEXT)(eval_cmd.eval_command)
 app.command("ui")(ui_cmd.ui)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(plugins_cmd.app, name="plugins")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +20,17 @@ if TYPE_CHECKING:
     from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent
     from telescope.core.rollouts.groups import RolloutGroup
 
-__all__ = ["RunRecorder", "make_config", "recording_hooks", "recording_plugin_manager", "registry_with"]
+__all__ = [
+    "RunRecorder",
+    "discarded_rows",
+    "heavy_imports_after",
+    "kept_group_rows",
+    "make_config",
+    "recording_hooks",
+    "recording_plugin_manager",
+    "registry_with",
+    "smallest_run_settings",
+]
 
 
 def make_config(**overrides: Any) -> TelescopeConfig:
@@ -26,6 +40,89 @@ def make_config(**overrides: Any) -> TelescopeConfig:
     """
     overrides.setdefault("environments", [{"name": "reverse_text"}])
     return TelescopeConfig.model_validate(overrides)
+
+
+def smallest_run_settings(**overrides: Any) -> dict[str, Any]:
+    """Config settings of the smallest real run: 1 FSDP rank, 1 transformers server, the built-in tiny
+    model on ``reverse_text``, local Ray, no wandb and no evals; ``overrides`` applied last."""
+    return {
+        "model": "telescope/tiny",
+        "model_dtype": "float32",
+        "mixed_precision_dtype": None,
+        "environments": [{"name": "reverse_text"}],
+        "inference_engine": "transformers",
+        "inference_num_workers": 1,
+        "trainer_num_workers": 1,
+        "ray_inference_cpus_per_worker": 0.5,
+        "ray_trainer_cpus_per_worker": 0.5,
+        "ray_address": "local",
+        "group_size": 4,
+        "prompts_batch_size_for_trainer": 2,
+        "max_async_rollout": 1,
+        "max_tokens": 8,
+        "seq_len": 256,
+        "pad_to_multiple_of": 8,
+        "learning_rate": 1e-3,
+        "discard_group_zero_advantage": False,
+        "use_wandb": False,
+        "eval_before_training": False,
+        "eval_after_training": False,
+        "seed": 5,
+        **overrides,
+    }
+
+
+def kept_group_rows(
+    step: int, group_id: int, rewards: list[float], per_sample: Callable[[int, float], dict[str, Any]]
+) -> list[RolloutRecord]:
+    """Synthetic rollout records of one trained ``reverse_text`` group, as loggers receive them.
+
+    Sample ``i`` has reward ``rewards[i]`` and its advantage against the group's mean, ran on server 0
+    lane ``i`` with the weights of ``step - 1``, and stopped on ``length`` when ``i == 3`` (else
+    ``stop``); ``per_sample(i, reward)`` gives its other fields (texts, completion ids, metrics).
+    """
+    from telescope.core.observe.rundir.records import RolloutRecord
+
+    mean = sum(rewards) / len(rewards)
+    return [
+        RolloutRecord(
+            step=step,
+            group_id=group_id,
+            env="reverse_text",
+            sample_id=i,
+            prompt_ids=[1, 2, 3],
+            reward=r,
+            advantage=r - mean,
+            model_version=step - 1,
+            stop_reason="length" if i == 3 else "stop",
+            server=0,
+            lane=i,
+            **per_sample(i, r),
+        )
+        for i, r in enumerate(rewards)
+    ]
+
+
+def discarded_rows(step: int, group_id: int, reason: str, n: int = 1, **fields: Any) -> list[RolloutRecord]:
+    """Synthetic records of ``n`` ``reverse_text`` rollouts of one group discarded for ``reason``."""
+    from telescope.core.observe.rundir.records import RolloutRecord
+
+    return [
+        RolloutRecord(
+            step=step, group_id=group_id, env="reverse_text", sample_id=i, discard_reason=reason, **fields
+        )
+        for i in range(n)
+    ]
+
+
+def heavy_imports_after(code: str, heavy: Sequence[str]) -> list[str]:
+    """Which of the ``heavy`` modules a fresh interpreter has imported once it ran ``code``: a
+    plugin module must import light (``[]``), its heavy dependencies only when a run needs them.
+    ``code`` failing raises ``subprocess.CalledProcessError``."""
+    probe = f"{code}\nimport json as _json, sys as _sys\n"
+    probe += f"print(_json.dumps([m for m in {list(heavy)!r} if m in _sys.modules]))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def registry_with(*plugins: tuple[str, object], builtins: bool = True) -> tuple[PluginSet, Registry]:

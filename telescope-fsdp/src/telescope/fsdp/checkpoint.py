@@ -24,21 +24,18 @@ optimizer (warned). Atomic naming is ``CheckpointManager``'s job.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
-from telescope.core.checkpoint.hf_meta import write_hf_meta
 from telescope.core.checkpoint.layout import (
-    HF_META_DIR,
-    TRAINER_META,
     TRAINER_STATE,
     read_trainer_meta,
     read_trainer_state,
+    weights_only_warning,
+    write_trainer_files,
 )
 from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
 
@@ -64,15 +61,15 @@ def save(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
         dcp.save({"model": _saved_part(st, get_model_state_dict(st.model))}, checkpoint_id=str(path))
     save_rng_states(path, rank)
     step = int(st.scheduler.last_epoch)
-    if rank == 0:
-        trainer_state: dict[str, Any] = {"step": step, "counters": dict(st.counters)}
+
+    def trainer_state() -> dict[str, Any]:
+        state: dict[str, Any] = {"step": step, "counters": dict(st.counters)}
         if training_state:
-            trainer_state["scheduler"] = st.scheduler.state_dict()
-        torch.save(trainer_state, path / TRAINER_STATE)
-        write_hf_meta(st.cfg.model, path / HF_META_DIR)
-    dist.barrier()  # every rank's files are written before the description that marks them done
-    if rank == 0:
-        meta = {
+            state["scheduler"] = st.scheduler.state_dict()
+        return state
+
+    def meta() -> dict[str, Any]:
+        described: dict[str, Any] = {
             "backend": "fsdp",
             "base_model": st.cfg.model,
             "step": step,
@@ -83,9 +80,10 @@ def save(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
         if st.cfg.lora_rank > 0:  # an adapter-only checkpoint: the base model is meta's base_model
             from telescope.core.weights.lora import lora_config_dict
 
-            meta["lora"] = lora_config_dict(st.cfg)
-        (path / TRAINER_META).write_text(json.dumps(meta, indent=2))
-    dist.barrier()
+            described["lora"] = lora_config_dict(st.cfg)
+        return described
+
+    write_trainer_files(path, rank, st.cfg.model, trainer_state, meta)
 
 
 def load(st: TrainState, directory: str, rank: int, *, training_state: bool = True) -> dict[str, Any]:
@@ -99,12 +97,7 @@ def load(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
     step = int(trainer_state["step"])
     if training_state:
         if not saved_training_state:
-            logger.warning(
-                "%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
-                "continues at step %d",
-                path,
-                step,
-            )
+            logger.warning(weights_only_warning(path, step))
             st.optimizer.state.clear()
         if "scheduler" in trainer_state and restore_optimizer:
             st.scheduler.load_state_dict(

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from telescope.core.algorithms.base import Algorithm, LossInputs
+from telescope.core.algorithms.base import Algorithm
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
 from telescope.core.algorithms.metrics import StepMetrics, kl_divergence_sum
 from telescope.core.packing import minibatch_groups
 from telescope.core.training.aggregate import count, global_loss_counts, step_metrics
-from telescope.core.training.tensors import DeviceMicroBatch
+from telescope.core.training.tensors import DeviceMicroBatch, loss_inputs
 from telescope.core.training.timing import StepTimer
 from telescope.fsdp.microbatch import packed_logits
 from telescope.fsdp.options import FSDPBackendKwargs
@@ -77,18 +77,7 @@ def micro_batch_backward(
     with timer.track("compute_kl", micro_batch=True):
         kl_sum = kl_divergence_sum(logprobs, mb.inference_logprobs, mb.loss_mask)
     with timer.track("loss_computation", micro_batch=True):  # a second interval of the same phase
-        inputs = LossInputs(
-            logprobs=logprobs,
-            inference_logprobs=mb.inference_logprobs,
-            advantages=mb.advantages,
-            loss_mask=mb.loss_mask,
-            position_ids=mb.target_position_ids,
-            num_loss_tokens=counts[0],
-            num_samples=counts[1],
-            old_logprobs=old,
-            entropy=entropy,
-            kl_sum=kl_sum,
-        )
+        inputs = loss_inputs(mb, logprobs, counts, old_logprobs=old, entropy=entropy, kl_sum=kl_sum)
         out = st.algorithm.policy_loss(inputs, cfg)
     with timer.track("backward", micro_batch=True):
         # FSDP averages gradients over ranks; the loss shares must be summed instead.

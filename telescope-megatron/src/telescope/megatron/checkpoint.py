@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from telescope.core.checkpoint.hf_meta import write_hf_meta
 from telescope.core.checkpoint.layout import (
-    HF_META_DIR,
     TRAINER_META,
     TRAINER_STATE,
     read_trainer_meta,
     read_trainer_state,
+    weights_only_warning,
+    write_trainer_files,
 )
 from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
 from telescope.megatron.mapping.rules import ExpertLayout
@@ -84,14 +84,13 @@ def save(backend: CheckpointedBackend, directory: str, *, training_state: bool =
     save_rng_states(path, rank, extra={"tracker": tensor_parallel.get_cuda_rng_tracker().get_states()})
     if backend.kwargs.checkpoint_hf_weights:
         save_hf_weights(backend, path / "hf")
-    if rank == 0:
-        torch.save({"step": st.scheduler_step, "counters": dict(st.counters)}, path / TRAINER_STATE)
-        write_hf_meta(st.cfg.model, path / HF_META_DIR)
-    dist.barrier()
-    if rank == 0:
-        meta = {**_meta(backend), "step": st.scheduler_step, "training_state": training_state}
-        (path / TRAINER_META).write_text(json.dumps(meta, indent=2))
-    dist.barrier()
+    write_trainer_files(
+        path,
+        rank,
+        st.cfg.model,
+        lambda: {"step": st.scheduler_step, "counters": dict(st.counters)},
+        lambda: {**_meta(backend), "step": st.scheduler_step, "training_state": training_state},
+    )
 
 
 def _meta(backend: CheckpointedBackend) -> dict[str, Any]:
@@ -164,12 +163,7 @@ def load(backend: CheckpointedBackend, directory: str, *, training_state: bool =
     step = int(trainer_state["step"])
     if training_state:
         if not restore_optimizer:
-            logger.warning(
-                "%s is a weights-only checkpoint: optimizer state starts fresh, LR schedule "
-                "continues at step %d",
-                path,
-                step,
-            )
+            logger.warning(weights_only_warning(path, step))
             _fresh_optimizer(st.optimizer)
         st.scheduler_step = step
         st.counters.clear()

@@ -30,7 +30,7 @@ from telescope.megatron.settings import ddp_config_kwargs, gpt_model_kwargs, tra
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
-__all__ = ["BuiltModel", "build_model", "rank_offsets"]
+__all__ = ["BuiltModel", "build_model", "gpt_with_hf_weights", "rank_offsets"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +119,7 @@ def build_model(
     """GPTModel for this rank with the HF weights loaded, in Float16Module and Megatron DDP."""
     from transformers import AutoConfig
 
-    from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.module import Float16Module
 
@@ -130,14 +128,7 @@ def build_model(
     use_te = bool(cfg.megatron_use_transformer_engine)
     tc = TransformerConfig(**materialize(transformer_config_kwargs(spec, cfg, layout, kwargs)))
     padded_vocab = spec.padded_vocab_size(kwargs.vocab_divisible_by, layout.tensor)
-    gpt = GPTModel(
-        config=tc,
-        transformer_layer_spec=_layer_spec(spec, tc, use_te),
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-        **gpt_model_kwargs(spec, cfg, padded_vocab),
-    )
-    load_hf_weights(gpt, cfg, spec, use_te, padded_vocab)
+    gpt = gpt_with_hf_weights(spec, cfg, tc, use_te, padded_vocab)
     gpt.to(device)
     module = Float16Module(tc, gpt) if (tc.bf16 or tc.fp16) else gpt
     ddp = DistributedDataParallel(tc, DistributedDataParallelConfig(**ddp_config_kwargs(cfg)), module)
@@ -165,6 +156,24 @@ def _wire_grad_sync(tc: Any, ddp: Any, cfg: TelescopeConfig) -> None:
 
 
 @torch.no_grad()
+def gpt_with_hf_weights(
+    spec: ModelSpec, cfg: TelescopeConfig, tc: Any, use_te: bool, padded_vocab: int
+) -> Any:
+    """This pipeline stage's ``GPTModel`` holding the HF checkpoint ``cfg.model``'s weights."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    gpt = GPTModel(
+        config=tc,
+        transformer_layer_spec=_layer_spec(spec, tc, use_te),
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        **gpt_model_kwargs(spec, cfg, padded_vocab),
+    )
+    load_hf_weights(gpt, cfg, spec, use_te, padded_vocab)
+    return gpt
+
+
 def load_hf_weights(gpt: Any, cfg: TelescopeConfig, spec: ModelSpec, use_te: bool, padded_vocab: int) -> None:
     """Copy this rank's part of the HF checkpoint into ``gpt`` (every local parameter is set)."""
     from transformers import AutoModelForCausalLM

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from telescope.core.algorithms.base import Algorithm, LossInputs
+from telescope.core.algorithms.base import Algorithm
 from telescope.core.algorithms.logprobs import token_entropy, token_logprobs
 from telescope.core.algorithms.metrics import StepMetrics
 from telescope.core.packing import MicroBatch, minibatch_groups
 from telescope.core.training.aggregate import count, global_loss_counts, step_metrics
-from telescope.core.training.tensors import DeviceMicroBatch, to_device
+from telescope.core.training.tensors import DeviceMicroBatch, loss_inputs, to_device
 from telescope.core.training.timing import StepTimer
 from telescope.megatron.model import BuiltModel
 from telescope.megatron.packed import packed_boundaries, pad_row, split_segments, to_packed_seq_params
@@ -102,18 +102,7 @@ def _loss(
     """Megatron calls ``loss_func(output)``; ``_forward_step`` bound ``item``, ``run_minibatch`` the rest."""
     logits = output[0, :-1]  # [L-1, V_local] predicting the next token
     logprobs, entropy = _logprobs_entropy(st, logits, item.mb.targets)
-    mb = item.mb
-    inputs = LossInputs(
-        logprobs=logprobs,
-        inference_logprobs=mb.inference_logprobs,
-        advantages=mb.advantages,
-        loss_mask=mb.loss_mask,
-        position_ids=mb.target_position_ids,
-        num_loss_tokens=counts[0],
-        num_samples=counts[1],
-        old_logprobs=item.old,
-        entropy=entropy,
-    )
+    inputs = loss_inputs(item.mb, logprobs, counts, old_logprobs=item.old, entropy=entropy)
     out = st.algorithm.policy_loss(inputs, st.cfg)
     return out.loss * scale, {k: v.detach() for k, v in out.metrics.items()}
 

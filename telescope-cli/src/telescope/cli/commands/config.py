@@ -9,18 +9,18 @@ import yaml
 
 from telescope.cli.context import load_run
 from telescope.cli.errors import user_errors
+from telescope.cli.options import CONTEXT, PLUGINS, RUN_YAML
 from telescope.cli.style import new_app
 from telescope.core.config import config_to_yaml
 
 app = new_app(help="Show or validate a run configuration.", no_args_is_help=True)
-CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 @app.command("show", context_settings=CONTEXT)
 @user_errors
 def show(
     ctx: typer.Context,
-    run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
+    run_yaml: Path = RUN_YAML,
     sources: bool = typer.Option(False, "--sources", help="Show which layer set each value."),
 ) -> None:
     """Print the merged config (defaults -> RUN_YAML -> --field value overrides; --debug is the
@@ -39,10 +39,8 @@ def show(
 @user_errors
 def validate(
     ctx: typer.Context,
-    run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
-    plugins: list[str] = typer.Option(
-        [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
-    ),
+    run_yaml: Path = RUN_YAML,
+    plugins: list[str] = PLUGINS,
 ) -> None:
     """Validate a run config against the schema and the installed plugins."""
     run = load_run(run_yaml, list(ctx.args), plugins)

@@ -10,9 +10,7 @@ import typer
 
 from telescope.cli.errors import err_console, run_reporting_failures, say, user_errors
 
-__all__ = ["CONTEXT", "eval_command"]
-
-CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+__all__ = ["eval_command"]
 
 
 def _summary(ref: Any, results: list[Any]) -> None:

@@ -9,17 +9,14 @@ import typer
 
 from telescope.cli.context import load_run
 from telescope.cli.errors import run_reporting_failures, say, user_errors
-
-CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+from telescope.cli.options import PLUGINS, RUN_YAML
 
 
 @user_errors
 def train(
     ctx: typer.Context,
-    run_yaml: Path = typer.Argument(..., help="Run config YAML.", dir_okay=False),
-    plugins: list[str] = typer.Option(
-        [], "--plugin", "-p", help="Load plugins from this Python file or module too (repeatable)."
-    ),
+    run_yaml: Path = RUN_YAML,
+    plugins: list[str] = PLUGINS,
     dry_run: bool = typer.Option(
         False,
         "--dry_run",

@@ -17,6 +17,7 @@ Torch-free.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ __all__ = [
     "read_trainer_meta",
     "read_trainer_state",
     "rng_file",
+    "weights_only_warning",
+    "write_trainer_files",
 ]
 
 TRAINER_STATE = "trainer_state.pt"
@@ -99,3 +102,35 @@ def checkpoint_backend(path: str | Path) -> str:
             f"{path} is not a Telescope checkpoint (no {TRAINER_META}); give a step_<N> folder written by training"
         )
     return str(meta["backend"])
+
+
+def weights_only_warning(path: str | Path, step: int) -> str:
+    """What a trainer logs when it resumes training from a weights-only checkpoint."""
+    return f"{path} is a weights-only checkpoint: optimizer state starts fresh, LR schedule continues at step {step}"
+
+
+def write_trainer_files(
+    path: Path,
+    rank: int,
+    base_model: str,
+    trainer_state: Callable[[], dict[str, Any]],
+    meta: Callable[[], dict[str, Any]],
+) -> None:
+    """The end of a trainer backend's save, once each rank wrote its own files (collective).
+
+    Rank 0 writes ``trainer_state.pt`` (``trainer_state()``) and ``hf_meta/`` (``base_model``'s), then,
+    when every rank is there, ``trainer_meta.json`` (``meta()``): the description that marks the
+    trainer's files done.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from telescope.core.checkpoint.hf_meta import write_hf_meta
+
+    if rank == 0:
+        torch.save(trainer_state(), path / TRAINER_STATE)
+        write_hf_meta(base_model, path / HF_META_DIR)
+    dist.barrier()  # every rank's files are written before the description that marks them done
+    if rank == 0:
+        (path / TRAINER_META).write_text(json.dumps(meta(), indent=2))
+    dist.barrier()

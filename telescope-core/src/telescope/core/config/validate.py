@@ -89,14 +89,7 @@ def component_problems(
     problems = _selectable(registry, kind, name, field)
     if problems:
         return problems
-    component = registry.get(kind, name)
-    try:
-        component.validate_kwargs(kwargs)
-    except ValidationError as exc:
-        return kwargs_problems(component, exc, f"{field}_kwargs.")
-    except TypeError as exc:
-        return [f"{field}_kwargs: {exc}"]
-    return []
+    return _invalid_kwargs(registry.get(kind, name), kwargs, f"{field}_kwargs")
 
 
 def kwargs_problems(component: Any, exc: ValidationError, prefix: str) -> list[str]:
@@ -109,6 +102,17 @@ def kwargs_problems(component: Any, exc: ValidationError, prefix: str) -> list[s
             hint = did_you_mean(str(e["loc"][0]), fields)
             problems = [p + hint if p == line else p for p in problems]
     return problems
+
+
+def _invalid_kwargs(component: Any, kwargs: dict[str, Any], label: str) -> list[str]:
+    """What is wrong with ``kwargs`` for ``component``, each line prefixed with ``label`` (none: [])."""
+    try:
+        component.validate_kwargs(kwargs)
+    except ValidationError as exc:
+        return kwargs_problems(component, exc, f"{label}.")
+    except TypeError as exc:
+        return [f"{label}: {exc}"]
+    return []
 
 
 def _lora_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
@@ -167,12 +171,9 @@ def _entry_problems(
         return [f"{where}.name: {msg}"]
     if not component.available:
         return [f"{where}.name: '{name}' is installed but unavailable: {component.unavailable}"]
-    try:
-        component.validate_kwargs(kwargs)
-    except ValidationError as exc:
-        return kwargs_problems(component, exc, f"{where}.kwargs.")
-    except TypeError as exc:
-        return [f"{where}.kwargs: {exc}"]
+    problems = _invalid_kwargs(component, kwargs, f"{where}.kwargs")
+    if problems:
+        return problems
     from telescope.core.env.resolve import environment_component_problems
 
     return [f"{where}: {p}" for p in environment_component_problems(component, kwargs, registry)]

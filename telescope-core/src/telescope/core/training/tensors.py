@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from telescope.core.algorithms.inputs import LossInputs
 from telescope.core.packing import MicroBatch
 
-__all__ = ["DeviceMicroBatch", "move_to_device", "prepare_tensors", "to_device"]
+__all__ = ["DeviceMicroBatch", "loss_inputs", "move_to_device", "prepare_tensors", "to_device"]
 
 
 @dataclass
@@ -29,6 +30,31 @@ class DeviceMicroBatch:
     advantages: torch.Tensor
     num_samples: int
     num_loss_tokens: int
+
+
+def loss_inputs(
+    mb: DeviceMicroBatch,
+    logprobs: torch.Tensor,
+    counts: tuple[float, float],
+    *,
+    old_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    kl_sum: torch.Tensor | None = None,
+) -> LossInputs:
+    """``mb``'s ``LossInputs`` with the trainer's ``logprobs``; ``counts`` are the whole minibatch's
+    (loss tokens, samples), the losses' denominators."""
+    return LossInputs(
+        logprobs=logprobs,
+        inference_logprobs=mb.inference_logprobs,
+        advantages=mb.advantages,
+        loss_mask=mb.loss_mask,
+        position_ids=mb.target_position_ids,
+        num_loss_tokens=counts[0],
+        num_samples=counts[1],
+        old_logprobs=old_logprobs,
+        entropy=entropy,
+        kl_sum=kl_sum,
+    )
 
 
 def prepare_tensors(mb: MicroBatch) -> dict[str, torch.Tensor]:
