@@ -26,9 +26,8 @@ def run_meta(run_dir: Path) -> dict[str, Any]:
 
 def settings(run_dir: Path, **overrides: Any) -> dict[str, Any]:
     """1 FSDP rank, 1 transformers server, the built-in tiny model: the smallest real run."""
-    return smallest_run_settings(
-        inference_base_port=free_port_block(1), number_of_steps=2, run_dir=str(run_dir), **overrides
-    )
+    defaults = {"inference_base_port": free_port_block(1), "number_of_steps": 2, "run_dir": str(run_dir)}
+    return smallest_run_settings(**{**defaults, **overrides})
 
 
 def launch(config: Path, log: Path, *extra: str, prelude: str = "") -> subprocess.Popen[bytes]:
