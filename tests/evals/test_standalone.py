@@ -14,7 +14,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from telescope.cli.commands.eval import CONTEXT, eval_command
+from telescope.cli.commands.eval import eval_command
+from telescope.cli.options import CONTEXT
 from telescope.core.config import ConfigError
 from telescope.core.evals.standalone import discover_checkpoints
 from telescope.core.evals.standalone_config import EvalRunConfig, load_eval_run_config, training_config
