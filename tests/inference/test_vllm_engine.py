@@ -18,6 +18,8 @@ from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg
 
+GROUP = "telescope-weights-" + "7" * 32
+
 
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
@@ -254,7 +256,7 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
                 out = await client.complete([1, 2], n=2, max_tokens=2)
                 metrics = await client.metrics()
                 await client.init_weight_sync(
-                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=3, rank=1)
+                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=3, rank=1, group_name=GROUP)
                 )
                 update = await client.update_weights(4)
                 fake.fail_rpc = True
@@ -336,7 +338,7 @@ def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -
         try:
             async with InferenceClient(url) as client:  # the transformers engine's weight API
                 await client.init_weight_sync(
-                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=2, rank=1)
+                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=2, rank=1, group_name=GROUP)
                 )
         finally:
             await runner.cleanup()

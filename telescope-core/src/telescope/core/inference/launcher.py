@@ -90,9 +90,16 @@ def check_port_free(url: str) -> None:
 
 
 class ServerProcess:
-    """A running server process (its own session, so stopping it stops its children)."""
+    """A running server process (its own session, so stopping it stops its children).
+
+    It inherits this process's environment, the run's secret included (made here when this process
+    has none: the server then answers this process's clients only); the secret is never an argument.
+    """
 
     def __init__(self, command: ServerCommand, log_path: str | os.PathLike[str]) -> None:
+        from telescope.core.cluster.run_secret import ensure_run_secret
+
+        ensure_run_secret()
         check_port_free(command.url)
         self.command = command
         self.url = command.url

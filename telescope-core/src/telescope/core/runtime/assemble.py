@@ -123,13 +123,16 @@ def sync_backend(trainer_gpus: float, inference_gpus: float) -> str:
 def sync_group_spec(
     cfg: TelescopeConfig, host: str, port: int, world_size: int, backend: str
 ) -> dict[str, Any]:
-    """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
-    the rendezvous and every collective)."""
+    """``GroupSpec`` fields of a new weight-sync group (``ray_broadcast_init_timeout_s`` bounds the
+    rendezvous and every collective), under a freshly drawn name (``new_group_name``)."""
+    from telescope.core.weights.settings import new_group_name
+
     return {
         "host": host,
         "port": port,
         "world_size": world_size,
         "backend": backend,
+        "group_name": new_group_name(),
         "timeout_s": float(cfg.ray_broadcast_init_timeout_s),
     }
 
