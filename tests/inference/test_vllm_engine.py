@@ -13,6 +13,7 @@ from telescope.core.inference.protocol import WeightSyncInitRequest
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.args import WORKER_EXTENSION, build_vllm_args, build_vllm_env
 from telescope.core.inference.vllm_engine.engine import VllmEngine
+from telescope.core.inference.vllm_engine.guard import RPC_PATH
 from telescope.core.weights import WeightSyncMismatchError
 from telescope.core.weights.group import free_port
 
@@ -70,7 +71,8 @@ def test_launch_args_come_from_the_resolved_config() -> None:
     assert "--enable-prefix-caching" in args and args[-1] == "--enforce-eager"
     assert "--max-num-batched-tokens" not in args
     env = build_vllm_env(cfg)
-    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["VLLM_SERVER_DEV_MODE"] == "0" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert flag(args, "--middleware") == "telescope.core.inference.vllm_engine.guard.TelescopeGuard"
 
 
 def test_defaults_follow_the_seed_table_and_tracing_off_drops_the_endpoint() -> None:
@@ -168,7 +170,7 @@ class FakeVllm:
         app.router.add_get("/metrics", self.metrics)
         for path in ("/pause", "/resume", "/abort_requests"):
             app.router.add_post(path, self.control)
-        app.router.add_post("/collective_rpc", self.rpc)
+        app.router.add_post(RPC_PATH, self.rpc)
         return app
 
     async def completions(self, request: web.Request) -> web.Response:

@@ -1,7 +1,7 @@
 """``VllmClient``: the inference client of vllm-engine servers.
 
 Completions, pause and metrics are the shared protocol (``InferenceClient``); weight syncs go
-through vLLM's dev-mode ``/collective_rpc`` to Telescope's worker extension
+through ``/telescope/collective_rpc`` (served by ``vllm_engine.guard``, no dev mode) to Telescope's worker extension
 (``vllm_engine.worker``), one result per tensor-parallel worker. What differs from the
 transformers engine, each checked against vLLM's source by the contract tests
 (tests/inference/test_vllm_contract.py):
@@ -25,6 +25,7 @@ from typing import Any
 
 from telescope.core.inference.client import Completion, InferenceClient, InferenceServerError
 from telescope.core.inference.protocol import ENDPOINTS, WeightSyncInitRequest, WeightUpdateResponse
+from telescope.core.inference.vllm_engine.guard import RPC_PATH
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
 from telescope.core.weights.verify import compare_fingerprints
 
@@ -38,7 +39,7 @@ def matches_request(request_id: str, sent_id: str) -> bool:
 
 
 class VllmClient(InferenceClient):
-    """``InferenceClient`` for ``vllm serve``: weight syncs through ``/collective_rpc``, abort by disconnect."""
+    """``InferenceClient`` for ``vllm serve``: weight syncs through ``/telescope/collective_rpc``, abort by disconnect."""
 
     def __init__(
         self,
@@ -138,13 +139,14 @@ class VllmClient(InferenceClient):
         return int((await self._rpc("telescope_weight_version"))[0])
 
     async def _rpc(self, method: str, *args: str, **kwargs: str) -> list[Any]:
-        """vLLM dev-mode ``POST /collective_rpc``: one result per worker. vLLM passes only strings
-        (``args: list[str]``, ``kwargs: dict[str, str]``); the worker extension parses them."""
+        """``POST /telescope/collective_rpc`` (served by ``vllm_engine.guard``): one result per worker.
+        Only strings travel (``args: list[str]``, ``kwargs: dict[str, str]``); the worker extension parses
+        them."""
         body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs, "timeout": None}
-        raw = await self._request("POST", "/collective_rpc", json=body)
+        raw = await self._request("POST", RPC_PATH, json=body)
         results = raw.get("results") if isinstance(raw, dict) else None
         if not results:
-            raise InferenceServerError(200, f"/collective_rpc {method} returned no worker results: {raw!r}")
+            raise InferenceServerError(200, f"{RPC_PATH} {method} returned no worker results: {raw!r}")
         return list(results)
 
 
