@@ -87,10 +87,13 @@ def refusal(
     bound_host: str = "",
     open_paths: Iterable[str] = ("/health",),
     what: str = "this server",
+    content_types: Iterable[str] = ("application/json",),
 ) -> Refusal | None:
     """The refusal of one request, or None when it may be served.
 
     ``header(name)`` returns a request header (case-insensitive) or None; ``path`` is without query.
+    ``content_types``: what a POST/PUT/PATCH may carry (never one a web page can send ``no-cors``:
+    ``text/plain``, forms).
     """
     host = header("Host")
     if not host_allowed(host, bound_host):
@@ -108,10 +111,12 @@ def refusal(
             f"clients of the run that started {what} do; a process outside the run cannot)",
         )
     content_type = (header("Content-Type") or "").split(";", 1)[0].strip().lower()
-    if method.upper() in BODY_METHODS and content_type != "application/json":
+    accepted = tuple(content_types)
+    if method.upper() in BODY_METHODS and content_type not in accepted:
         return Refusal(
             415,
             f"{method} {path} with content type {content_type or 'none'!r} refused: send "
-            "'Content-Type: application/json' (also for an empty body: {})",
+            f"'Content-Type: {accepted[0]}' (also for an empty body: {{}})"
+            + (f"; accepted: {', '.join(accepted)}" if len(accepted) > 1 else ""),
         )
     return None

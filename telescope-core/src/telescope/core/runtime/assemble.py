@@ -188,7 +188,9 @@ async def build_orchestrator(
     hook.telescope_run_info(info={"environments": environment_info(envs, cfg)})
     await prepare_environments(envs)
     engine = inference_engine(cfg, registry)
-    clients: list[ServerClient] = [engine.client(url) for url in session.servers.urls]
+    # vLLM's request spans are kept only for the requests the run sends (OtlpReceiver.expect)
+    traced = {"on_request": session.traces.expect} if session.traces is not None else {}
+    clients: list[ServerClient] = [engine.client(url, **traced) for url in session.servers.urls]
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from telescope.core.inference.client import Completion, InferenceClient, InferenceServerError
@@ -47,11 +48,15 @@ class VllmClient(InferenceClient):
         *,
         pause_clear_cache: bool = False,
         per_request_seed: bool = False,
+        on_request: Callable[[str], None] | None = None,
         **options: Any,
     ) -> None:
+        """``on_request(request_id)`` runs before each completion with an id is sent (the run's OTLP
+        receiver keeps only the spans of ids it was told about: ``OtlpReceiver.expect``)."""
         super().__init__(base_url, **options)
         self.pause_clear_cache = pause_clear_cache
         self.per_request_seed = per_request_seed
+        self.on_request = on_request
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
         """Request id -> the task awaiting its completion (cancelling it closes the connection)."""
         # The prefix-cache namespace: new at every applied sync (and per client, so a restarted
@@ -70,6 +75,8 @@ class VllmClient(InferenceClient):
             params.pop("seed", None)
         params["cache_salt"] = self.cache_salt
         request_id = params.get("request_id")
+        if request_id is not None and self.on_request is not None:
+            self.on_request(str(request_id))
         task = asyncio.current_task()
         if request_id is None or task is None:
             return await super().complete(prompt, **params)
