@@ -144,3 +144,18 @@ def test_weights_init_joins_only_a_group_the_driver_named(server: SimpleNamespac
         )
         assert status == 400, text
         assert "group_name" in text and "nonce" in text
+
+
+def test_a_server_process_without_the_run_secret_refuses_to_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """It would otherwise serve open: it stops before loading the model, naming the variable."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != run_secret.ENV_VAR}
+    config = tmp_path / "run.json"
+    config.write_text("{}")
+    argv = [sys.executable, "-m", "telescope.core.inference.transformers_engine.server"]
+    argv += ["--config", str(config), "--host", "127.0.0.1", "--port", str(free_port())]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "MissingRunSecretError: TELESCOPE_RUN_SECRET is not set" in done.stderr
