@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
 import os
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.algorithms import get_algorithm
+from telescope.core.cluster.gc_tuning import driver_gc
 from telescope.core.env.chat import ChatOptions
 from telescope.core.inference.client import Completion
 from telescope.core.observe import LoggerHub
@@ -176,12 +178,14 @@ class Figures:
         return self.cpu_s / self.samples * 1e6
 
 
-def run(rig: Rig, on_step: Callable[[int], None] | None = None) -> Figures:
-    """Run the driver to its last step; wall and CPU time of the whole run."""
+def run(rig: Rig, on_step: Callable[[int], None] | None = None, tuned_gc: bool = True) -> Figures:
+    """Run the driver to its last step; wall and CPU time of the whole run (``tuned_gc``: with
+    the driver's collector settings, ``cluster.gc_tuning``, else CPython's defaults)."""
     if on_step is not None:
         rig.orchestrator.hooks.append(_StepProbe(on_step))
     cpu0, t0 = time.process_time(), time.perf_counter()
-    counts = asyncio.run(rig.orchestrator.run())
+    with driver_gc() if tuned_gc else contextlib.nullcontext():  # as the driver runs (runtime.driver)
+        counts = asyncio.run(rig.orchestrator.run())
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     rig.hub.finish()
     samples = sum(s.requests for s in rig.servers)
@@ -240,16 +244,19 @@ def sweep(tokenizer: Any, servers: list[int], concurrency: list[int], steps: int
         f"\n## Sweep: {steps} steps each, groups of {GROUP_SIZE}, {COMPLETION_TOKENS} tokens per completion"
     )
     print(
-        f"{'servers':>7} {'per server':>10} {'samples':>8} {'samples/s':>10} {'CPU µs/sample':>14}  machine"
+        f"{'servers':>7} {'per server':>10} {'gc':>8} {'samples':>8} {'samples/s':>10} "
+        f"{'CPU µs/sample':>14}  machine"
     )
     for n in servers:
         for c in concurrency:
-            with tempfile.TemporaryDirectory() as tmp:
-                gc.collect()
-                figures = run(build(tokenizer, Path(tmp), n, c, steps))
-            print(
-                f"{n:>7} {c:>10} {figures.samples:>8} {figures.per_s:>10.0f} {figures.cpu_us:>14.0f}  {load_average()}"
-            )
+            for tuned in (False, True):  # CPython's collector defaults, then the driver's (gc_tuning)
+                with tempfile.TemporaryDirectory() as tmp:
+                    gc.collect()
+                    figures = run(build(tokenizer, Path(tmp), n, c, steps), tuned_gc=tuned)
+                print(
+                    f"{n:>7} {c:>10} {'driver' if tuned else 'default':>8} {figures.samples:>8} "
+                    f"{figures.per_s:>10.0f} {figures.cpu_us:>14.0f}  {load_average()}"
+                )
 
 
 def profile(tokenizer: Any, servers: int, per_server: int, steps: int) -> None:
