@@ -109,7 +109,7 @@ def test_token_level_turns_join_one_sequence_with_tool_tokens_masked(server: Any
     assert torch.allclose(torch.tensor(sample.inference_logprobs)[trained], reference[trained], atol=1e-5)
 
 
-def test_a_chat_agent_with_tool_results_is_captured_turn_by_turn(server: Any) -> None:
+def test_a_chat_agent_with_tool_results_trains_one_sequence_of_its_sampled_ids(server: Any) -> None:
     async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
         messages: list[dict[str, Any]] = [{"role": "user", "content": sample.prompt}]
         for i in range(2):
@@ -127,11 +127,16 @@ def test_a_chat_agent_with_tool_results_is_captured_turn_by_turn(server: Any) ->
         [{"role": "user", "content": "reverse: abc"}], tokenize=False, add_generation_prompt=True
     )
     assert turns[0]["prompt_ids"] == tokenizer(first, add_special_tokens=False)["input_ids"]
-    segments = [sample] + sample.extra_segments
-    # every call is trained exactly once, in one segment or another, with its own logprobs
-    trained = sum(sum(s.loss_mask) for s in segments)
-    assert trained == sum(len(t["completion_ids"]) for t in turns)
-    assert sample.sample_metrics["agent/prefix_breaks"] == len(sample.extra_segments)
+    # the agent sent back text; the gateway put the sampled ids back: one sequence, nothing broken
+    assert sample.sample_metrics["agent/prefix_breaks"] == 0 and sample.extra_segments == []
+    sequence = sample.prompt_ids + sample.completion_ids
+    for turn in turns:
+        assert sequence[: len(turn["prompt_ids"])] == turn["prompt_ids"]
+    glue = tokenizer.decode(
+        [t for t, m in zip(sample.completion_ids, sample.loss_mask, strict=True) if not m]
+    )
+    assert glue.count("<|im_start|>tool\nok<|im_end|>") == 2  # the tool results, masked out of the loss
+    assert sum(sample.loss_mask) == sum(len(t["completion_ids"]) for t in turns)
     for turn in turns:
         reference = sampled_logprobs(
             server.state.engine.model, turn["prompt_ids"], turn["completion_ids"], 1.0

@@ -35,6 +35,14 @@ class AgentGateway:
     capture: CaptureRegistry
     call_timeout_s: float = 600.0
     """HTTP timeout of one call of the agent's client."""
+    site: Any = None
+    """The running gateway (an ``aiohttp.web.AppRunner``) when this handle owns it."""
+
+    async def close(self) -> None:
+        """Stop the gateway this handle owns."""
+        if self.site is not None:
+            await self.site.cleanup()
+            self.site = None
 
 
 def _openai_client(gateway: AgentGateway, key: str) -> Any:

@@ -28,7 +28,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from telescope.core.cluster.run_secret import authorized
 from telescope.core.env.chat import ChatOptions
 from telescope.core.inference.client import Completion, InferenceServerError
-from telescope.core.inference.gateway.capture import CapturedCall, CaptureRegistry, CaptureSession
+from telescope.core.inference.gateway.capture import (
+    CapturedCall,
+    CaptureRegistry,
+    CaptureSession,
+    reuse_sampled_ids,
+)
 from telescope.core.inference.gateway.chat import ToolCallParser, parse_message, render_chat
 from telescope.core.inference.gateway.errors import BadRequest, GatewayError, error_body
 from telescope.core.inference.gateway.schema import ChatCompletionsBody, CompletionsBody, _Sampling
@@ -58,6 +63,17 @@ class GatewaySettings(BaseModel):
     """Default ``enable_thinking`` passed to the chat template."""
     chat_template: str | None = None
     """A Jinja chat template replacing the tokenizer's (a request's ``chat_template`` wins)."""
+
+    @classmethod
+    def from_config(cls, cfg: Any, **fields: Any) -> GatewaySettings:
+        """Settings of a run config (``TelescopeConfig``): its model, context and chat settings; ``fields`` win."""
+        values = {
+            "served_model_name": cfg.model,
+            "max_model_len": cfg.max_model_len,
+            "enable_thinking": cfg.enable_thinking,
+            "chat_template": cfg.chat_template,
+        }
+        return cls(**{**values, **fields})
 
 
 @dataclass
@@ -198,7 +214,9 @@ class Gateway:
                 "decoding); leave it out or use {'type': 'text'}",
                 param="response_format",
             )
-        prompt = await asyncio.to_thread(render_chat, self.tokenizer, body, self._chat)
+        text = await asyncio.to_thread(render_chat, self.tokenizer, body, self._chat)
+        calls = list(session.calls) if session is not None else []
+        prompt = await asyncio.to_thread(reuse_sampled_ids, calls, text, self.tokenizer)
         room = self.settings.max_model_len - len(prompt)
         if room <= 0:
             raise BadRequest(

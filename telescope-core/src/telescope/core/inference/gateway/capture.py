@@ -9,6 +9,12 @@ closed: later calls with its key are refused (403), and unknown keys are refused
 whose prompt extends the previous call's prompt + completion token for token joins the previous
 segment (the tokens in between, tool results and chat-template glue, are masked out of the loss);
 a call that does not (the agent rewrote its history) starts a new segment, and the break is counted.
+
+The chat route keeps this exact: when a rollout's next conversation, rendered by the chat
+template, starts with the text of an earlier call's prompt + completion, the new prompt is that
+call's exact token ids followed by the tokens of the new text only (``reuse_sampled_ids``), so an
+agent that sends back what the model said (and appends tool results) extends its sequence even
+where re-tokenising the model's text would give other ids.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = [
     "RolloutLimits",
     "Segment",
     "assemble",
+    "reuse_sampled_ids",
 ]
 
 #: Every rollout key starts with this, so an unknown one is told apart from a wrong run secret.
@@ -50,6 +57,8 @@ class CapturedCall:
     weight_versions: list[int] | None
     text: str = ""
     """The choice's text as the agent received it (for records; never re-tokenised)."""
+    seen_text: str | None = None
+    """Prompt + completion ids decoded with special tokens (filled by the gateway when first needed)."""
 
 
 @dataclass(frozen=True)
@@ -226,3 +235,18 @@ def assemble(calls: list[CapturedCall]) -> tuple[list[Segment], int]:
         segment.turns.append(call)
         segments.append(segment)
     return segments, breaks
+
+
+def reuse_sampled_ids(calls: list[CapturedCall], text: str, tokenizer: Any) -> list[int]:
+    """The token ids of prompt ``text``: the latest call whose prompt + completion, decoded, starts
+    ``text`` contributes its exact ids, and only the rest of ``text`` is tokenized; else all of it."""
+    for call in reversed(calls):
+        if call.seen_text is None:
+            call.seen_text = str(
+                tokenizer.decode(call.prompt_ids + call.completion_ids, skip_special_tokens=False)
+            )
+        if call.seen_text and text.startswith(call.seen_text):
+            rest = text[len(call.seen_text) :]
+            tail = list(tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else []
+            return call.prompt_ids + call.completion_ids + tail
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,7 +1,8 @@
 """Chat on the gateway: messages to prompt token ids, and the model's text back to an OpenAI message.
 
 Prompts are rendered by the tokenizer's chat template (``env.chat.render_messages``, the same
-renderer the environments use) and tokenized once; tool calls are read out of the sampled text by
+renderer the environments use); the gateway tokenizes the text, reusing a rollout's sampled ids
+where the text continues them (``capture.reuse_sampled_ids``). Tool calls are read out of the sampled text by
 the parsers the tool environments use (``env.tool_calls``): ``xml`` is Hermes/Qwen's
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, ``python`` is ``name(arg=1)`` calls of
 the request's tools.
@@ -71,8 +72,8 @@ def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
     return out
 
 
-def render_chat(tokenizer: Any, body: ChatCompletionsBody, default: ChatOptions) -> list[int]:
-    """The prompt token ids of a chat request (the template's text, tokenized without special tokens)."""
+def render_chat(tokenizer: Any, body: ChatCompletionsBody, default: ChatOptions) -> str:
+    """The prompt text of a chat request (the chat template's output)."""
     kwargs = dict(body.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", body.enable_thinking)
     chat = ChatOptions(
@@ -96,7 +97,7 @@ def render_chat(tokenizer: Any, body: ChatCompletionsBody, default: ChatOptions)
             f"the chat template could not render these messages: {type(exc).__name__}: {exc}",
             param="messages",
         ) from None
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return text
 
 
 @dataclass

@@ -110,13 +110,11 @@ async def serve(
             await asyncio.to_thread(server.wait_ready, engine.kwargs.startup_timeout_s)
             path = resolve_model_path(cfg.model)
             tokenizer = await asyncio.to_thread(lambda: AutoTokenizer.from_pretrained(path))
-            settings = GatewaySettings(
+            settings = GatewaySettings.from_config(
+                cfg,
                 served_model_name=name,
-                max_model_len=cfg.max_model_len,
                 max_tokens=options.max_tokens,
                 tool_call_parser=options.tool_call_parser,
-                enable_thinking=cfg.enable_thinking,
-                chat_template=cfg.chat_template,
             )
             gateway = Gateway(engine.client(server.url), tokenizer, settings, secret=secret)
             runner, url = await start_gateway(gateway, options.host, options.port)
