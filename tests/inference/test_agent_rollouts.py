@@ -214,3 +214,20 @@ def test_calls_after_the_rollout_ended_are_refused(server: Any) -> None:
     with pytest.raises(GatewayError, match="rollout r0 has ended"):
         capture.lookup(kept["key"])
     assert SimpleNamespace
+
+
+def test_the_agent_in_docs_agents_md_runs(server: Any) -> None:
+    """The complete agent of docs/agents.md, as written there, runs a rollout."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    (code,) = [
+        block for block in re.findall(r"```python\n(.*?)```", doc, re.DOTALL) if "AgentEnvironment" in block
+    ]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/agents.md", "exec"), namespace)
+    sample, _ = rollout(server, namespace["Adder"]())
+    assert 1 <= sample.num_turns <= 3 and sample.sample_metrics["agent/calls"] == sample.num_turns
+    assert "agent_error" not in sample.sample_metrics, sample.info["info_turns"]
+    assert sample.raw_reward in (0.0, 1.0) and len(sample.completion_ids) > 0
