@@ -137,6 +137,10 @@ def test_a_chat_agent_with_tool_results_trains_one_sequence_of_its_sampled_ids(s
     )
     assert glue.count("<|im_start|>tool\nok<|im_end|>") == 2  # the tool results, masked out of the loss
     assert sum(sample.loss_mask) == sum(len(t["completion_ids"]) for t in turns)
+    from telescope.cli.ui.conversation import split_messages
+
+    roles = [m["role"] for m in split_messages(sample.completion_text, "assistant")]
+    assert roles == ["assistant", "tool", "assistant", "tool", "assistant"]  # every turn in the view
     for turn in turns:
         reference = sampled_logprobs(
             server.state.engine.model, turn["prompt_ids"], turn["completion_ids"], 1.0

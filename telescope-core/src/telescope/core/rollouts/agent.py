@@ -93,9 +93,12 @@ async def run_agent_rollout(
         finish = main.turns[-1].finish_reason or "stop"
         trained = (main.completion_ids, main.logprobs, [int(m) for m in main.loss_mask], finish)
     times = (t0, t1, time.time())
-    text = "".join(call.text for call in calls)
+    # the records keep the sequence as the model saw it (template markers and all): the dashboard's
+    # conversation view splits it into the turns, tool results included
+    text = runner.decode(trained[0])
     sample = runner._finish(task, *trained, result, text, start_version, times, num_turns=len(calls))
     sample.prompt_ids = list(main_prompt)
+    sample.prompt_text = runner.decode(main_prompt) if segments else task.prompt_text
     sample.extra_segments = segments[1:]
     sample.info["agent_turns"] = [
         {
