@@ -13,7 +13,7 @@ VENV="${TELESCOPE_VENV:-.venv}"
 DAYTONA_VENV="${TELESCOPE_DAYTONA_VENV:-.venv-daytona}"
 TORCH_SPEC="${TELESCOPE_TORCH_SPEC:-torch==2.13.0}"
 EXTRAS="${TELESCOPE_EXTRAS:-}"  # comma-separated: vllm, megatron (docs/gpu.md)
-core_extras="torch,inference,ray,math,wandb,tensorboard,mlflow"  # every logger, so its tests run
+core_extras="torch,inference,ray,math,wandb,tensorboard,mlflow,agents"  # every logger, so its tests run
 megatron_pkg="./telescope-megatron"
 for extra in ${EXTRAS//,/ }; do
   case "$extra" in

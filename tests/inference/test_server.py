@@ -86,6 +86,36 @@ def test_stop_token_ends_the_sample_and_is_kept(server: SimpleNamespace) -> None
     assert out[0].token_ids == greedy[: stop_at + 1] and out[0].finish_reason == "stop"
 
 
+def test_top_logprobs_are_the_k_most_likely_tokens_under_teacher_forcing(server: SimpleNamespace) -> None:
+    out = run(
+        _complete(
+            server.url, PROMPT, max_tokens=6, temperature=0.7, logprobs=3, return_tokens_as_token_ids=True
+        )
+    )[0]
+    assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids)
+    with torch.no_grad():
+        logits = server.model(torch.tensor([PROMPT + out.token_ids])).logits[0].float()
+    expected = torch.log_softmax(logits / 0.7, dim=-1)[len(PROMPT) - 1 : -1].topk(3, dim=-1)
+    for i, alternatives in enumerate(out.top_logprobs):
+        assert list(alternatives) == expected.indices[i].tolist()  # most likely first
+        assert torch.allclose(torch.tensor(list(alternatives.values())), expected.values[i], atol=1e-5)
+        if out.token_ids[i] in alternatives:  # the sampled token's logprob is the same number
+            assert abs(alternatives[out.token_ids[i]] - out.logprobs[i]) < 1e-5
+
+
+def test_stop_string_ends_the_sample_with_the_token_that_completes_it(server: SimpleNamespace) -> None:
+    greedy = run(_complete(server.url, PROMPT, temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    decode = server.tokenizer.decode
+    # a two-character stop string that first appears in the text after token `end` (exclusive)
+    text = decode(greedy.token_ids, skip_special_tokens=True)
+    stop = next(text[i : i + 2] for i in range(2, len(text) - 1) if text[i : i + 2].strip())
+    end = next(k for k in range(1, 13) if stop in decode(greedy.token_ids[:k], skip_special_tokens=True))
+    out = run(
+        _complete(server.url, PROMPT, temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop, "\x00"])
+    )[0]
+    assert out.token_ids == greedy.token_ids[:end] and out.finish_reason == "stop"
+
+
 def test_text_prompt_equals_its_token_ids(server: SimpleNamespace) -> None:
     text = "reverse: hello world"
     ids = server.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -121,8 +151,7 @@ def test_seeded_requests_repeat(server: SimpleNamespace) -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"stop": ["x"]}, "stop_token_ids"),
-        ({"logprobs": 5}, "logprobs: 0"),
+        ({"logprobs": 21}, "less than or equal to 20"),
         ({"prompt": list(range(1, 300)) * 2}, "max_model_len is 512"),
         ({"prompt": [1, 100000]}, "outside"),
         ({"prompt": []}, "empty"),

@@ -8,6 +8,7 @@ from telescope.cli.commands import checkpoint as checkpoint_cmd
 from telescope.cli.commands import config as config_cmd
 from telescope.cli.commands import eval as eval_cmd
 from telescope.cli.commands import plugins as plugins_cmd
+from telescope.cli.commands import serve as serve_cmd
 from telescope.cli.commands import train as train_cmd
 from telescope.cli.commands import ui as ui_cmd
 from telescope.cli.options import CONTEXT
@@ -54,6 +55,7 @@ def _root(
 
 app.command("train", context_settings=CONTEXT)(train_cmd.train)
 app.command("eval", context_settings=CONTEXT)(eval_cmd.eval_command)
+app.command("serve", context_settings=CONTEXT)(serve_cmd.serve)
 app.command("ui")(ui_cmd.ui)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(plugins_cmd.app, name="plugins")

@@ -50,6 +50,17 @@ def _tokenizer(model: str, chat_template: str | None) -> Any:
 
 
 @user_errors
+def _agent_rollout(model: str) -> Any:
+    """Runs an agent environment's rollout against ``model`` served in this process."""
+
+    async def run(env: Any, sample: Any) -> Any:
+        from telescope.core.rollouts.agent_check import try_agent
+
+        return await try_agent(env, sample, model)
+
+    return run
+
+
 def check(
     name: str = typer.Argument(..., help="Environment or eval name (see: telescope envs list)."),
     kwargs: str | None = typer.Option(
@@ -96,6 +107,7 @@ def check(
             chat=chat,
             num_samples=samples,
             as_eval=as_eval,
+            agent_rollout=_agent_rollout(model or (cfg.model if cfg is not None else "telescope/tiny")),
         )
     )
     failed = print_check_lines(lines, width=9)

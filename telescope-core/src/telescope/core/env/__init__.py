@@ -27,7 +27,9 @@ when a prompt is rendered or an answer verified).
 
 from __future__ import annotations
 
+from telescope.core.env.agent import AgentEnvironment, AgentKwargs
 from telescope.core.env.base import (
+    ConversationEnvironment,
     Environment,
     EnvironmentKwargs,
     MultiTurnEnvironment,
@@ -71,6 +73,9 @@ from telescope.core.env.types import (
 )
 
 __all__ = [
+    "AgentEnvironment",
+    "AgentKwargs",
+    "ConversationEnvironment",
     "ChatMessage",
     "ChatOptions",
     "DatasetKwargs",

@@ -21,6 +21,7 @@ from telescope.core.env.types import (
 )
 
 __all__ = [
+    "ConversationEnvironment",
     "Environment",
     "EnvironmentKwargs",
     "MultiTurnEnvironment",
@@ -196,8 +197,11 @@ class Environment(ABC):
         )
 
 
-def _failed_reward(key: str, message: str) -> RewardResult:
-    metrics = {"reward_error": 0.0, "reward_timeout": 0.0}
+def _failed_reward(
+    key: str, message: str, counted: tuple[str, str] = ("reward_error", "reward_timeout")
+) -> RewardResult:
+    """A 0 reward counting the failure ``key`` (one of ``counted``, the other recorded as 0)."""
+    metrics = dict.fromkeys(counted, 0.0)
     metrics[key] = 1.0
     return RewardResult(0.0, metrics, info_turns=[info_turn(key, message, kind="stderr")])
 
@@ -250,20 +254,15 @@ class SingleTurnEnvironment(Environment):
         """Score one completion of ``sample``."""
 
 
-class MultiTurnEnvironment(Environment):
-    """A conversation: the environment answers each model turn until ``is_done``."""
+class ConversationEnvironment(Environment):
+    """An environment whose rollouts are conversations of several model turns (multi-turn, agents)."""
 
-    kwargs_model: ClassVar[type[EnvironmentKwargs]] = MultiTurnKwargs
     is_multi_turn: ClassVar[bool] = True
 
     @property
     def max_turns(self) -> int:
         """Turn limit from the kwargs."""
         return int(getattr(self.kwargs, "max_turns", 10))
-
-    def create_initial_state(self, sample: Sample) -> RolloutState:
-        """A fresh state for one rollout of ``sample``."""
-        return RolloutState(sample=sample, env_name=self.name)
 
     def get_initial_prompt(self, sample: Sample) -> list[ChatMessage]:
         """System prompt (optional), then the sample's prompt as messages."""
@@ -279,6 +278,16 @@ class MultiTurnEnvironment(Environment):
     ) -> str:
         """Render a turn's messages with a generation prompt."""
         return render_messages(tokenizer, messages, chat)
+
+
+class MultiTurnEnvironment(ConversationEnvironment):
+    """A conversation: the environment answers each model turn until ``is_done``."""
+
+    kwargs_model: ClassVar[type[EnvironmentKwargs]] = MultiTurnKwargs
+
+    def create_initial_state(self, sample: Sample) -> RolloutState:
+        """A fresh state for one rollout of ``sample``."""
+        return RolloutState(sample=sample, env_name=self.name)
 
     @abstractmethod
     async def env_response(self, messages: list[ChatMessage], state: RolloutState) -> list[ChatMessage]:

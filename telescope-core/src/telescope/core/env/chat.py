@@ -44,16 +44,21 @@ def render_messages(
     chat: ChatOptions | None = None,
     *,
     continue_final_message: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """Render ``messages`` to the prompt text the model continues.
 
     With ``continue_final_message`` the last (assistant) message stays open, so the model
-    continues it (the thinking-prefix mode); otherwise a generation prompt is added.
+    continues it (the thinking-prefix mode); otherwise a generation prompt is added. ``tools``
+    (OpenAI function schemas) and ``template_kwargs`` go to the template as it takes them.
     """
     if tokenizer is None:
         raise ValueError("rendering a prompt needs a tokenizer (got None)")
     chat = chat or ChatOptions()
-    kwargs: dict[str, Any] = {"enable_thinking": chat.enable_thinking}
+    kwargs: dict[str, Any] = {"enable_thinking": chat.enable_thinking, **(template_kwargs or {})}
+    if tools:
+        kwargs["tools"] = tools
     if chat.chat_template is not None:
         kwargs["chat_template"] = chat.chat_template
     elif getattr(tokenizer, "chat_template", None) is None:

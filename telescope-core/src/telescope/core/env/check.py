@@ -3,17 +3,26 @@
 Builds it through the registry (kwargs validated as in a run), loads a few samples, renders
 their prompts with the run's tokenizer and chat template, calls ``prepare_resources`` (a
 sandboxed environment probes its provider there), scores a reference reply (where the
-environment has one, ``Environment.reference_completion``) and a junk reply, and closes it. Each
+environment has one, ``Environment.reference_completion``) and a junk reply, and closes it. An
+agent environment instead runs one agent rollout through ``run_agent`` (the host gives a model to
+run it against: ``telescope env check`` serves the built-in tiny model behind a gateway). Each
 step is one ``CheckLine``; a failed step says what failed and the lines after it are skipped
 when they need its result.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from telescope.core.env.base import Environment, MultiTurnEnvironment, SingleTurnEnvironment
+from telescope.core.env.agent import AgentEnvironment
+from telescope.core.env.base import (
+    ConversationEnvironment,
+    Environment,
+    MultiTurnEnvironment,
+    SingleTurnEnvironment,
+)
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import RewardResult, Sample
 
@@ -26,7 +35,7 @@ JUNK_REPLY = "zzz qqq"
 @dataclass(frozen=True)
 class CheckLine:
     """One step of a check: ``build``, ``samples``, ``prompts``, ``resources``, ``reference``, ``junk``
-    (and ``close`` when closing fails)."""
+    (an agent environment: ``agent``), and ``close`` when closing fails."""
 
     step: str
     ok: bool
@@ -42,8 +51,10 @@ async def check_environment(
     chat: ChatOptions | None = None,
     num_samples: int = 3,
     as_eval: bool = False,
+    agent_rollout: AgentRollout | None = None,
 ) -> list[CheckLine]:
-    """Check environment (or eval, with ``as_eval``) ``name``; see the module docstring."""
+    """Check environment (or eval, with ``as_eval``) ``name``; see the module docstring.
+    ``agent_rollout(env, sample)`` runs one agent rollout against a model (agent environments)."""
     from telescope.core.env.resolve import create_environment, create_eval
 
     lines: list[CheckLine] = []
@@ -51,7 +62,9 @@ async def check_environment(
         env = (create_eval if as_eval else create_environment)(registry, name, kwargs or {})
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line
         return [_fail("build", exc)]
-    kind = "multi-turn" if env.is_multi_turn else "single-turn"
+    kind = (
+        "agent" if isinstance(env, AgentEnvironment) else "multi-turn" if env.is_multi_turn else "single-turn"
+    )
     lines.append(
         CheckLine(
             "build", True, f"{type(env).__name__} ({kind}), reward range {env.reward_min}..{env.reward_max}"
@@ -80,7 +93,10 @@ async def check_environment(
     except Exception as exc:  # noqa: BLE001
         lines.append(_fail("resources", exc))
     try:
-        lines += await _rewards(env, samples[0], eos)
+        if isinstance(env, AgentEnvironment):
+            lines.append(await _agent(env, samples[0], agent_rollout))
+        else:
+            lines += await _rewards(env, samples[0], eos)
     finally:
         try:
             await env.close()
@@ -89,12 +105,37 @@ async def check_environment(
     return lines
 
 
+AgentRollout = Callable[[AgentEnvironment, Sample], Awaitable[Any]]
+"""Runs one rollout of an agent environment against a model; returns its ``RolloutSample``."""
+
+
+async def _agent(env: AgentEnvironment, sample: Sample, rollout: AgentRollout | None) -> CheckLine:
+    if rollout is None:
+        return CheckLine("agent", True, "no model to run the agent against (skipped)")
+    try:
+        done = await rollout(env, sample)
+    except Exception as exc:  # noqa: BLE001
+        return _fail("agent", exc)
+    metrics = done.sample_metrics
+    for key in ("agent_error", "agent_timeout"):
+        if metrics.get(key):
+            text = "; ".join(str(t.get("info_value", "")) for t in done.info.get("info_turns", []))
+            return CheckLine("agent", False, f"{key}: {text}")
+    sampled = sum(done.loss_mask) if done.loss_mask is not None else len(done.completion_ids)
+    return CheckLine(
+        "agent",
+        True,
+        f"{done.num_turns} call(s), {sampled} sampled tokens, reward {done.raw_reward:g}, "
+        f"prefix breaks {metrics.get('agent/prefix_breaks', 0):g}",
+    )
+
+
 def _fail(step: str, exc: BaseException) -> CheckLine:
     return CheckLine(step, False, f"{type(exc).__name__}: {exc}")
 
 
 def _prompt(env: Environment, sample: Sample, tokenizer: Any, chat: ChatOptions | None) -> str:
-    if isinstance(env, MultiTurnEnvironment):
+    if isinstance(env, ConversationEnvironment):
         return env.format_messages(env.get_initial_prompt(sample), tokenizer, chat)
     assert isinstance(env, SingleTurnEnvironment), f"{type(env).__name__} is neither single- nor multi-turn"
     return env.format_prompt(sample, tokenizer, chat)

@@ -46,6 +46,9 @@ class Completion:
     weight_versions: list[int] | None
     response_id: str | None = None
     """The server's id of the response (vLLM traces name their span after it)."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per token, ``{token id: logprob}`` of its most likely alternatives (requests with ``logprobs`` > 0
+    and ``return_tokens_as_token_ids``; None otherwise)."""
 
 
 def engine_metrics(text: str) -> dict[str, float]:
@@ -240,7 +243,23 @@ def _completion(choice: Any, response_id: str | None = None) -> Completion:
         prompt_token_ids=choice.prompt_token_ids,
         weight_versions=choice.weight_versions,
         response_id=response_id,
+        top_logprobs=_top_ids(choice.logprobs.top_logprobs if choice.logprobs else None),
     )
+
+
+def _top_ids(top: list[dict[str, float] | None] | None) -> list[dict[int, float]] | None:
+    """``top_logprobs`` keyed ``token_id:<id>`` -> keyed by id (None unless every key names an id)."""
+    if not top:
+        return None
+    out: list[dict[int, float]] = []
+    for alternatives in top:
+        row: dict[int, float] = {}
+        for key, value in (alternatives or {}).items():
+            if not key.startswith("token_id:"):
+                return None
+            row[int(key.removeprefix("token_id:"))] = float(value)
+        out.append(row)
+    return out
 
 
 def _error_from(status: int, body: Any) -> Exception:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "ENDPOINTS",
+    "MAX_TOP_LOGPROBS",
     "AbortRequest",
     "CompletionChoice",
     "CompletionRequest",
@@ -52,6 +53,8 @@ GROUP_NAME = re.compile(r"telescope-weights-[0-9a-f]{32}")
 
 #: Largest ``n`` a request may ask for (a GRPO group is rarely above 64; 10^6 once queued a million sequences).
 MAX_N = 1024
+#: Most alternatives a request may ask per token (``logprobs: k``; vLLM's default ``max_logprobs``).
+MAX_TOP_LOGPROBS = 20
 #: Largest seed: seeds are 64-bit and a request's choices use ``seed + choice_index``.
 MAX_SEED = 2**63 - 1
 
@@ -76,11 +79,13 @@ class CompletionRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     """Token ids that end a sample (the stop token is kept in ``token_ids``)."""
     stop: str | list[str] | None = None
-    """Stop strings (vLLM only; the transformers engine rejects them: use stop_token_ids)."""
+    """Stop strings: a sample ends with the token that completes one (the token is kept in
+    ``token_ids``; ``text`` is cut before the string on vLLM, whole on the transformers engine)."""
     ignore_eos: bool = False
     """Keep generating past the model's end-of-sequence token."""
-    logprobs: int | None = Field(default=None, ge=0)
-    """Return the sampled tokens' logprobs (0 = just those; >0 also top alternatives, vLLM only)."""
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Return the sampled tokens' logprobs (0 = just those; k > 0 also the k most likely alternatives
+    per token in ``top_logprobs``, at most ``MAX_TOP_LOGPROBS``)."""
     priority: int = 0
     """Lower is scheduled earlier (needs vllm_scheduling_policy: priority when non-zero)."""
     request_id: str | None = None

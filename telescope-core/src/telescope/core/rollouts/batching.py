@@ -100,6 +100,13 @@ class BatchBuilder:
             TrainSample(s.prompt_ids, s.completion_ids, s.inference_logprobs, s.advantage, s.loss_mask)
             for s in samples
         ]
+        train += [  # an agent's rewritten histories: trained with their rollout's advantage
+            TrainSample(
+                seg.prompt_ids, seg.completion_ids, seg.logprobs, s.advantage, [int(m) for m in seg.loss_mask]
+            )
+            for s in samples
+            for seg in s.extra_segments
+        ]
         packed = self._packer_for(dp_world_size).pack(train)
         per_rank = [RankBatch.from_packed(packed, rank, step) for rank in range(dp_world_size)]
         metrics = dict(packed.metrics())

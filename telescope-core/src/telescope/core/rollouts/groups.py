@@ -60,6 +60,9 @@ class RolloutSample:
     completion_token_texts: list[str] | None = None
     """Each completion token decoded on its own, for the records' token view (None: not kept,
     see ``rollout_token_view_max_tokens``)."""
+    extra_segments: list[Any] = field(default_factory=list)
+    """Further sequences of the same rollout (``inference.gateway.capture.Segment``: an agent that
+    rewrote its history), trained beside this one with the same advantage."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
-from telescope.core.env.base import Environment, MultiTurnEnvironment, SingleTurnEnvironment
+from telescope.core.env.base import ConversationEnvironment, Environment, SingleTurnEnvironment
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import Sample
 from telescope.core.errors import stage_error
@@ -102,7 +102,9 @@ class PromptSource:
     def _prepare(self, item: PromptItem) -> PreparedPrompt:
         env = self.envs[item.env_name]
         sample = env.get_sample(item.sample_idx)
-        if isinstance(env, MultiTurnEnvironment):
+        if isinstance(
+            env, ConversationEnvironment
+        ):  # multi-turn, and agents (their first prompt, as recorded)
             text = env.format_messages(env.get_initial_prompt(sample), self.tokenizer, self.chat)
         else:  # every other environment is single-turn
             text = cast(SingleTurnEnvironment, env).format_prompt(sample, self.tokenizer, self.chat)

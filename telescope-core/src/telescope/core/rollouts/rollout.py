@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.env.agent import AgentEnvironment
 from telescope.core.env.base import Environment, MultiTurnEnvironment
 from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
 from telescope.core.rollouts.groups import RolloutSample, normalize_reward
@@ -21,6 +22,7 @@ from telescope.core.rollouts.tokens import Interleaver
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
     from telescope.core.inference.server_client import ServerClient
+    from telescope.core.rollouts.agent import AgentGateway
 
 __all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "failed_sample", "request_seed"]
 
@@ -88,6 +90,8 @@ class RolloutRunner:
         self.eos_text = tokenizer.eos_token or ""
         self._pieces: dict[int, str] = {}
         """Token id -> its text decoded alone (the token view decodes each id once per run)."""
+        self.agent_gateway: AgentGateway | None = None
+        """Where agent environments' rollouts reach the model (set by the runtime when a run has one)."""
 
     def _params(self, prompt_len: int, turn: int, request_id: str, seed: int | None) -> dict[str, Any] | None:
         room = self.settings.max_model_len - prompt_len
@@ -126,6 +130,15 @@ class RolloutRunner:
         self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         """Generate and score one sample (never raises for model-output problems)."""
+        if isinstance(task.env, AgentEnvironment):
+            from telescope.core.rollouts.agent import run_agent_rollout
+
+            if self.agent_gateway is None:
+                raise RuntimeError(
+                    f"environment {task.env.name!r} is an agent environment but this runner has no gateway "
+                    "(RolloutRunner.agent_gateway); the runtime starts one for runs with agent environments"
+                )
+            return await run_agent_rollout(self, self.agent_gateway, client, task, on_generated)
         if isinstance(task.env, MultiTurnEnvironment):
             return await self._multi_turn(client, task, task.env, on_generated)
         return await self._single_turn(client, task, on_generated)

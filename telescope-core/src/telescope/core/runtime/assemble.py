@@ -175,6 +175,20 @@ def eval_exclusions(cfg: TelescopeConfig, registry: Registry) -> dict[str, froze
     return dict(training_exclusions(cfg, registry))
 
 
+async def start_agent_gateway(cfg: TelescopeConfig, tokenizer: Any, client: ServerClient) -> Any:
+    """The gateway of a run's agent environments: in the driver, on loopback, behind the run secret; each
+    rollout's calls go to its own lane's server (the capture session names it), ``client`` serves the rest."""
+    from telescope.core.cluster.run_secret import ensure_run_secret
+    from telescope.core.inference.gateway.app import Gateway, GatewaySettings
+    from telescope.core.inference.gateway.serve import start_gateway
+    from telescope.core.rollouts.agent import AgentGateway
+
+    settings = GatewaySettings.from_config(cfg, max_tokens=cfg.max_tokens)
+    gateway = Gateway(client, tokenizer, settings, secret=ensure_run_secret())
+    site, url = await start_gateway(gateway, "127.0.0.1", 0)
+    return AgentGateway(url, cfg.model, gateway.capture, site=site)
+
+
 async def build_orchestrator(
     session: RunSession, hook: pluggy.HookRelay
 ) -> tuple[Orchestrator, list[ServerClient]]:
@@ -205,6 +219,8 @@ async def build_orchestrator(
     runner = RolloutRunner(
         tokenizer, GenerationSettings.from_config(cfg, stop_token_ids(tokenizer)), interleaver
     )
+    if any(getattr(env, "is_agent", False) for env in envs.values()):
+        runner.agent_gateway = await start_agent_gateway(cfg, tokenizer, clients[0])
     trainer = RayTrainerGroup.from_info(session.trainers, session.trainer_info, clients, session.servers.urls)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
@@ -273,5 +289,7 @@ async def train_session(session: RunSession, pset: PluginSet) -> None:
         if evals is not None:
             await evals.close()
         await close_environments(orchestrator)
+        if orchestrator.runner.agent_gateway is not None:
+            await orchestrator.runner.agent_gateway.close()
         for client in clients:
             await client.close()

@@ -148,12 +148,6 @@ def _prompts(state: Any, body: CompletionRequest, items: list[Any]) -> list[list
 
 
 def _check_supported(state: Any, body: CompletionRequest) -> None:
-    if body.stop:
-        raise BadRequest("stop strings are not supported by the transformers engine; use stop_token_ids")
-    if body.logprobs:
-        raise BadRequest(
-            "top logprobs (logprobs > 0) are not supported by the transformers engine; use logprobs: 0"
-        )
     if body.priority != 0 and state.options.scheduling_policy != "priority":
         raise BadRequest(
             "priority is set but vllm_scheduling_policy is 'fcfs'; set it to 'priority' or send priority 0"
@@ -190,6 +184,8 @@ async def completions(request: web.Request) -> web.Response:
         stop_token_ids=frozenset(body.stop_token_ids or ()),
         seed=body.seed,
         ignore_eos=body.ignore_eos,
+        top_logprobs=body.logprobs or 0,
+        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
     )
     req.sequences = [
         Sequence(req, p * body.n + i, ids, params) for p, ids in enumerate(prompts) for i in range(body.n)
@@ -226,7 +222,11 @@ def _response(state: Any, body: CompletionRequest, req: RequestState) -> dict[st
             "logprobs": None,
         }
         if body.logprobs is not None:
-            choice["logprobs"] = {"tokens": tokens, "token_logprobs": seq.logprobs, "top_logprobs": None}
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": seq.logprobs,
+                "top_logprobs": _top_logprobs(state, body, seq) if body.logprobs else None,
+            }
         choices.append(choice)
     prompt_tokens = sum(len(s.prompt_ids) for s in req.sequences[:: body.n])
     completion_tokens = sum(len(s.output_ids) for s in req.sequences)
@@ -242,6 +242,21 @@ def _response(state: Any, body: CompletionRequest, req: RequestState) -> dict[st
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def _top_logprobs(state: Any, body: CompletionRequest, seq: Sequence) -> list[dict[str, float]]:
+    """OpenAI's ``top_logprobs``: per token, ``{token: logprob}`` of its most likely alternatives
+    (keys ``token_id:<id>`` with ``return_tokens_as_token_ids``, so no two alternatives collide)."""
+    out = []
+    for alternatives in seq.top_logprobs:
+        ids = [token for token, _ in alternatives]
+        names = (
+            [f"token_id:{t}" for t in ids]
+            if body.return_tokens_as_token_ids
+            else state.tokenizer.convert_ids_to_tokens(ids)
+        )
+        out.append({name: value for name, (_, value) in zip(names, alternatives, strict=True)})
+    return out
 
 
 async def models(request: web.Request) -> web.Response:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from telescope.core.inference.transformers_engine.kv import BatchCache
-from telescope.core.inference.transformers_engine.sampling import sample_next
+from telescope.core.inference.transformers_engine.sampling import sample_next, top_logprobs
 from telescope.core.inference.transformers_engine.scheduler import RequestState, Sequence, WaitQueue
 
 __all__ = ["EngineOptions", "GenerationEngine"]
@@ -60,8 +60,12 @@ class EngineOptions:
 class GenerationEngine:
     """Batched generation with a KV cache; thread-safe ``submit``/``abort``/``pause``/``run_between_steps``."""
 
-    def __init__(self, model: Any, options: EngineOptions) -> None:
+    def __init__(
+        self, model: Any, options: EngineOptions, detokenize: Callable[[list[int]], str] | None = None
+    ) -> None:
         self.model = model.eval()
+        self.detokenize = detokenize
+        """Token ids -> text, for stop strings (a sample with stop strings needs it)."""
         self._cache_kwarg = cache_kwarg(model)
         # Sampling needs the last position only: the LM head over a whole prompt is wasted work.
         self._last_logits = {"logits_to_keep": 1} if accepts(model, "logits_to_keep") else {}
@@ -269,8 +273,8 @@ class GenerationEngine:
                     seq.params.seed + seq.choice_index
                 )
         fresh, logits = self._prefill(new)
-        tokens, logprobs = self._sample(new, logits)
-        keep, finished = self._record(new, tokens, logprobs)
+        tokens, logprobs, tops = self._sample(new, logits)
+        keep, finished = self._record(new, tokens, logprobs, tops)
         if keep:
             fresh.select(keep)
             self.cache.join(fresh)
@@ -351,8 +355,8 @@ class GenerationEngine:
             time.sleep(self.options.simulated_decode_step_s)  # off the GIL, like waiting on a GPU
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(self.running)
-        tokens, logprobs = self._sample(self.running, logits)
-        keep, finished = self._record(self.running, tokens, logprobs)
+        tokens, logprobs, tops = self._sample(self.running, logits)
+        keep, finished = self._record(self.running, tokens, logprobs, tops)
         self.next_tokens = tokens
         if len(keep) != len(self.running):
             self._keep_rows(keep)
@@ -374,17 +378,24 @@ class GenerationEngine:
         cache.absorb(dynamic, mask)
         return out.logits[:, -1, :]
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, list[float], list[list[tuple[int, float]]]]:
         uniforms = torch.rand(len(seqs), generator=self._generator)
         for row, seq in enumerate(seqs):
             own = self._seq_generators.get(id(seq))
             if own is not None:
                 uniforms[row] = torch.rand(1, generator=own)[0]
-        tokens, logprobs = sample_next(logits, [s.params for s in seqs], uniforms)
-        return tokens, logprobs.tolist()
+        params = [s.params for s in seqs]
+        tokens, logprobs = sample_next(logits, params, uniforms)
+        return tokens, logprobs.tolist(), top_logprobs(logits, params)
 
     def _record(
-        self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: list[float]
+        self,
+        seqs: list[Sequence],
+        tokens: torch.Tensor,
+        logprobs: list[float],
+        tops: list[list[tuple[int, float]]],
     ) -> tuple[list[int], list[tuple[Sequence, str]]]:
         """Append each sampled token; return the rows still running and the (sequence, reason) that are done."""
         keep: list[int] = []
@@ -392,6 +403,8 @@ class GenerationEngine:
         for row, (seq, token, logprob) in enumerate(zip(seqs, tokens.tolist(), logprobs, strict=True)):
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
+            if seq.params.top_logprobs:
+                seq.top_logprobs.append(tops[row])
             if seq.weight_versions[-1] != self.weight_version:
                 seq.weight_versions.append(self.weight_version)
             self.counters["generation_tokens"] += 1
@@ -411,9 +424,21 @@ class GenerationEngine:
             not seq.params.ignore_eos and token in self.options.eos_token_ids
         ):
             return "stop"
+        if seq.params.stop and self._stop_string_ends(seq):
+            return "stop"
         if len(seq.output_ids) >= seq.params.max_tokens or seq.total_len >= self.options.max_model_len:
             return "length"
         return None
+
+    def _stop_string_ends(self, seq: Sequence) -> bool:
+        """Whether the text of the last tokens holds a stop string. A token decodes to at least one
+        character (special tokens aside), so a string of L characters that the newest token completed
+        lies within the last L + 1 tokens; a few more cover special tokens in between."""
+        if self.detokenize is None:  # the server always gives one (its app refuses stop strings otherwise)
+            return False
+        window = max(len(s) for s in seq.params.stop) + 4
+        tail = self.detokenize(seq.output_ids[-window:])
+        return any(s in tail for s in seq.params.stop if s)
 
 
 def accepts(model: Any, name: str) -> bool:

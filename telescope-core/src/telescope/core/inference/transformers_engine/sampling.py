@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "sample_next"]
+__all__ = ["SamplingParams", "sample_next", "top_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,10 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     seed: int | None = None
     ignore_eos: bool = False
+    top_logprobs: int = 0
+    """Alternatives reported per sampled token (0: only the sampled token's logprob)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the sample ends with the token that completes one (the token is kept)."""
 
 
 def sample_next(
@@ -36,10 +40,7 @@ def sample_next(
     (per-request seeds, an engine-wide generator otherwise).
     """
     logits = logits.float()
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
-    greedy = temps <= 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-    logprobs = torch.log_softmax(scaled, dim=-1)
+    greedy, logprobs = _scaled_logprobs(logits, params)
     probs = logprobs.exp()
     top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
     if bool((top_p < 1).any()):
@@ -49,6 +50,31 @@ def sample_next(
     sampled = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def _scaled_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(greedy rows [B], log_softmax of the temperature-scaled logits [B, V]; greedy rows unscaled)."""
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    greedy = temps <= 0
+    scaled = logits.float() / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    return greedy, torch.log_softmax(scaled, dim=-1)
+
+
+def top_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> list[list[tuple[int, float]]]:
+    """Per row, the ``params[row].top_logprobs`` most likely tokens and their logprobs (the sampled
+    token's definition: temperature scaled, before top-p), most likely first; empty where 0."""
+    wanted = [row for row, p in enumerate(params) if p.top_logprobs > 0]
+    out: list[list[tuple[int, float]]] = [[] for _ in params]
+    if not wanted:
+        return out
+    rows = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+    _, logprobs = _scaled_logprobs(logits[rows], [params[r] for r in wanted])
+    k = min(max(params[r].top_logprobs for r in wanted), logprobs.shape[-1])
+    values, ids = logprobs.topk(k, dim=-1)
+    for i, row in enumerate(wanted):
+        n = params[row].top_logprobs
+        out[row] = list(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True))
+    return out
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

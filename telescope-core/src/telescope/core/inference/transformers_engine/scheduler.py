@@ -29,6 +29,8 @@ class Sequence:
     params: SamplingParams
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per generated token, its most likely alternatives (filled when ``params.top_logprobs`` > 0)."""
     finish_reason: str | None = None
     weight_versions: list[int] = field(default_factory=list)
     generator_seed: int | None = None

@@ -119,7 +119,9 @@ def load_server_state(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs, in
         eos_token_ids=frozenset(eos_ids),
         simulated_decode_step_s=kwargs.simulated_decode_step_s,
     )
-    engine = GenerationEngine(model, options)
+    engine = GenerationEngine(
+        model, options, detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+    )
     sync = ServerWeightSync(
         engine,
         verify=cfg.weight_sync_verify,

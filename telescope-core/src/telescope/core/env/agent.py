@@ -1,0 +1,89 @@
+"""``AgentEnvironment``: an agent written against the OpenAI API, trained on what it sampled.
+
+The user implements ``load_dataset`` and ``run_agent(client, model, sample) -> RewardResult``;
+``client`` is an ``openai.AsyncOpenAI`` bound to the run's gateway with a key of this rollout only,
+so every call the agent makes (any number, tools run by the agent's own code in between) is
+captured in token ids and logprobs and becomes the sample's trajectory. The agent's own reward is
+returned by ``run_agent``. An agent that raises or runs past ``agent_timeout_s`` scores 0 and is
+counted (``agent_error`` / ``agent_timeout``), never crashing the run; calls past ``max_turns`` or
+``max_rollout_tokens`` are refused by the gateway (HTTP 403, ``openai.PermissionDeniedError``).
+
+A complete agent::
+
+    class Adder(AgentEnvironment):
+        def load_dataset(self, num_samples=-1):
+            return [Sample(prompt=f"{a} + {b}", answer=str(a + b)) for a in range(9) for b in range(9)]
+
+        async def run_agent(self, client, model, sample):
+            messages = [{"role": "user", "content": sample.prompt}]
+            reply = await client.chat.completions.create(model=model, messages=messages)
+            text = reply.choices[0].message.content or ""
+            return RewardResult(float(text.strip() == sample.answer))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from telescope.core.env import reward_log
+from telescope.core.env.base import ConversationEnvironment, EnvironmentKwargs, _failed_reward
+from telescope.core.env.types import RewardResult, Sample
+
+__all__ = ["AgentEnvironment", "AgentKwargs", "agent_failed"]
+
+
+class AgentKwargs(EnvironmentKwargs):
+    """Kwargs of agent environments."""
+
+    max_turns: int = Field(default=10, ge=1)
+    """Most model calls one rollout may make through the gateway (the next is refused)."""
+    max_rollout_tokens: int | None = Field(default=None, ge=1)
+    """Most completion tokens over a rollout's calls (null: only max_tokens per call and the context)."""
+    agent_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds one ``run_agent`` may take; past it the rollout scores 0 (agent_timeout)."""
+
+
+def agent_failed(key: str, message: str) -> RewardResult:
+    """The reward of a rollout whose agent raised (``agent_error``) or timed out (``agent_timeout``)."""
+    return _failed_reward(key, message, ("agent_error", "agent_timeout"))
+
+
+class AgentEnvironment(ConversationEnvironment):
+    """An environment whose rollouts are agents calling the model through the OpenAI API."""
+
+    kwargs_model: ClassVar[type[EnvironmentKwargs]] = AgentKwargs
+    is_agent: ClassVar[bool] = True
+
+    @property
+    def max_rollout_tokens(self) -> int | None:
+        """Completion-token budget of one rollout (None: none)."""
+        return getattr(self.kwargs, "max_rollout_tokens", None)
+
+    @abstractmethod
+    async def run_agent(self, client: Any, model: str, sample: Sample) -> RewardResult:
+        """Run the agent on ``sample`` with ``client`` (``openai.AsyncOpenAI``) and ``model`` (the id to
+        pass as ``model=``); return its reward."""
+
+    async def run(self, client: Any, model: str, sample: Sample) -> RewardResult:
+        """``run_agent`` under ``agent_timeout_s``; never raises (a failure scores 0 and is counted)."""
+        timeout = float(getattr(self.kwargs, "agent_timeout_s", 600.0))
+        token = reward_log.scoring(self)
+        try:
+            return await asyncio.wait_for(self.run_agent(client, model, sample), timeout=timeout)
+        except TimeoutError:
+            message = f"run_agent took longer than {timeout}s (agent_timeout_s)"
+            reward_log.report("run_agent", None, message)
+            return agent_failed("agent_timeout", message)
+        except Exception as exc:  # noqa: BLE001 - an agent never crashes the run, but is logged and counted
+            reward_log.report("run_agent", exc)
+            return agent_failed("agent_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            reward_log.reset(token)
+
+    async def compute_reward(self, *args: Any, **kwargs: Any) -> RewardResult:
+        """Agents score themselves in ``run_agent``; there is no separate reward call."""
+        raise TypeError(f"{type(self).__name__} is an agent environment: its reward comes from run_agent")

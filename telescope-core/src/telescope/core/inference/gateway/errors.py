@@ -1,0 +1,41 @@
+"""The gateway's errors, answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KINDS", "BadRequest", "GatewayError", "error_body"]
+
+#: OpenAI's error type of each status the gateway answers.
+KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",  # no key, a wrong key, an unknown rollout key
+    403: "permission_error",  # a known rollout key that may not call now (ended, or at its limits)
+    404: "not_found_error",  # no such route or model
+    502: "server_error",  # the engine behind the gateway failed or could not be reached
+}
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses, with its HTTP status; the message says what to change."""
+
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body."""
+        return error_body(str(self), KINDS.get(self.status, "server_error"), self.param, self.code)
+
+
+class BadRequest(GatewayError):
+    """HTTP 400: the request is malformed or asks for something the gateway cannot do."""
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """``{"error": {...}}`` as OpenAI answers errors."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,0 +1,237 @@
+"""Agent rollouts: ``AgentEnvironment.run_agent`` with a real ``openai.AsyncOpenAI`` against the gateway in
+front of a real transformers-engine server; the captured calls become the sample (rollouts/agent.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import openai
+import pytest
+import torch
+
+from telescope.core.env import AgentEnvironment, AgentKwargs, RewardResult, Sample
+from telescope.core.inference.client import InferenceClient
+from telescope.core.inference.gateway.app import Gateway, GatewaySettings
+from telescope.core.inference.gateway.serve import start_gateway
+from telescope.core.inference.settings import TransformersEngineKwargs
+from telescope.core.rollouts.agent import AgentGateway
+from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask
+from telescope.core.weights.group import free_port
+
+from .conftest import make_cfg
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path: str) -> Iterator[Any]:
+    from telescope.core.inference.transformers_engine.server import start_in_thread
+
+    srv = start_in_thread(make_cfg(), TransformersEngineKwargs(max_num_seqs=8), port=free_port())
+    yield srv
+    srv.stop()
+
+
+class ScriptedAgent(AgentEnvironment):
+    """Test agent: ``behaviour`` is the coroutine run as ``run_agent``."""
+
+    def __init__(self, behaviour: Any, **kwargs: Any) -> None:
+        super().__init__(AgentKwargs(**kwargs))
+        self.behaviour = behaviour
+
+    def load_dataset(self, num_samples: int = -1) -> list[Sample]:
+        return [Sample(prompt="reverse: abc", answer="cba")]
+
+    async def run_agent(self, client: Any, model: str, sample: Sample) -> RewardResult:
+        return await self.behaviour(client, model, sample)
+
+
+def rollout(server: Any, env: AgentEnvironment, temperature: float = 1.0) -> tuple[Any, Any]:
+    """One rollout of ``env``'s first sample; returns (sample, the gateway's capture registry)."""
+
+    async def go() -> tuple[Any, Any]:
+        tokenizer = server.state.tokenizer
+        async with InferenceClient(server.url) as engine:
+            gateway = Gateway(engine, tokenizer, GatewaySettings(served_model_name="tiny", max_model_len=512))
+            runner_site, url = await start_gateway(gateway)
+            try:
+                settings = GenerationSettings(temperature, None, 8, 512, [2], False)
+                runner = RolloutRunner(tokenizer, settings, None)
+                runner.agent_gateway = AgentGateway(url, "tiny", gateway.capture)
+                task = SampleTask("r0", env, env.get_sample(0), [1, 2], "reverse: abc", None, None)
+                return await runner.run(engine, task, lambda: None), gateway.capture
+            finally:
+                await runner_site.cleanup()
+
+    return asyncio.run(go())
+
+
+def sampled_logprobs(
+    model: Any, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
+    return logp.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)
+
+
+def test_token_level_turns_join_one_sequence_with_tool_tokens_masked(server: Any) -> None:
+    tool_ids = [40, 41, 42]  # the "tool result", rendered by the agent as token ids
+
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        prompt = [5, 17, 42]
+        for _ in range(3):
+            out = await client.completions.create(
+                model=model,
+                prompt=prompt,
+                max_tokens=4,
+                temperature=0.3,
+                extra_body={"return_token_ids": True},
+            )
+            prompt = prompt + out.choices[0].model_extra["token_ids"] + tool_ids
+        return RewardResult(0.75)
+
+    sample, _ = rollout(server, ScriptedAgent(agent), temperature=0.7)
+    turns = sample.info["agent_turns"]
+    assert sample.num_turns == 3 and sample.raw_reward == 0.75
+    assert sample.sample_metrics["agent/prefix_breaks"] == 0 and sample.extra_segments == []
+    assert sample.prompt_ids == [5, 17, 42]
+    expected_ids, expected_mask = [], []
+    for i, turn in enumerate(turns):
+        expected_ids += turn["completion_ids"] + (tool_ids if i < 2 else [])
+        expected_mask += [1] * len(turn["completion_ids"]) + ([0] * 3 if i < 2 else [])
+    assert sample.completion_ids == expected_ids and sample.loss_mask == expected_mask
+    # the run's temperature (0.7), not the agent's (0.3): the logprobs are the trainer's
+    model = server.state.engine.model
+    reference = sampled_logprobs(model, sample.prompt_ids, sample.completion_ids, 0.7)
+    trained = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    assert torch.allclose(torch.tensor(sample.inference_logprobs)[trained], reference[trained], atol=1e-5)
+
+
+def test_a_chat_agent_with_tool_results_trains_one_sequence_of_its_sampled_ids(server: Any) -> None:
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": sample.prompt}]
+        for i in range(2):
+            reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=5)
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+            messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "ok"})
+        final = await client.chat.completions.create(model=model, messages=messages, max_tokens=5)
+        return RewardResult(float(final.choices[0].message.content == sample.answer))
+
+    sample, _ = rollout(server, ScriptedAgent(agent))
+    turns = sample.info["agent_turns"]
+    assert sample.num_turns == 3 and sample.sample_metrics["agent/calls"] == 3
+    tokenizer = server.state.tokenizer
+    first = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "reverse: abc"}], tokenize=False, add_generation_prompt=True
+    )
+    assert turns[0]["prompt_ids"] == tokenizer(first, add_special_tokens=False)["input_ids"]
+    # the agent sent back text; the gateway put the sampled ids back: one sequence, nothing broken
+    assert sample.sample_metrics["agent/prefix_breaks"] == 0 and sample.extra_segments == []
+    sequence = sample.prompt_ids + sample.completion_ids
+    for turn in turns:
+        assert sequence[: len(turn["prompt_ids"])] == turn["prompt_ids"]
+    glue = tokenizer.decode(
+        [t for t, m in zip(sample.completion_ids, sample.loss_mask, strict=True) if not m]
+    )
+    assert glue.count("<|im_start|>tool\nok<|im_end|>") == 2  # the tool results, masked out of the loss
+    assert sum(sample.loss_mask) == sum(len(t["completion_ids"]) for t in turns)
+    from telescope.cli.ui.conversation import split_messages
+
+    roles = [m["role"] for m in split_messages(sample.completion_text, "assistant")]
+    assert roles == ["assistant", "tool", "assistant", "tool", "assistant"]  # every turn in the view
+    for turn in turns:
+        reference = sampled_logprobs(
+            server.state.engine.model, turn["prompt_ids"], turn["completion_ids"], 1.0
+        )
+        assert torch.allclose(torch.tensor(turn["logprobs"]), reference, atol=1e-5)
+
+
+def test_a_rewritten_history_is_a_second_segment_and_counted(server: Any) -> None:
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        await client.completions.create(model=model, prompt=[5, 17, 42], max_tokens=4)
+        await client.completions.create(model=model, prompt=[5, 99, 7], max_tokens=4)  # "summarised"
+        return RewardResult(1.0)
+
+    sample, _ = rollout(server, ScriptedAgent(agent))
+    assert sample.sample_metrics["agent/prefix_breaks"] == 1
+    (extra,) = sample.extra_segments
+    assert sample.prompt_ids == [5, 17, 42] and extra.prompt_ids == [5, 99, 7]
+    assert extra.completion_ids == sample.info["agent_turns"][1]["completion_ids"]
+
+    from telescope.core.algorithms import get_algorithm
+    from telescope.core.plugins import load_plugins
+    from telescope.core.rollouts.batching import BatchBuilder
+    from telescope.core.rollouts.groups import RolloutGroup
+
+    cfg = make_cfg(seq_len=64, pad_to_multiple_of=1)
+    _, registry = load_plugins()
+    batch = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), 0).build(
+        [RolloutGroup(0, "agent", 0, [sample])], 1, 0
+    )
+    assert batch.metrics["batch/num_samples"] == 1.0
+    rows = batch.per_rank[0]
+    trained = sum(sum(mb.loss_mask) for mb in rows.micro_batches)
+    assert trained == len(sample.completion_ids) + len(extra.completion_ids)  # both segments trained
+
+
+def test_an_agent_that_raises_scores_zero_and_late_calls_are_refused(server: Any) -> None:
+    kept: dict[str, Any] = {}
+
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        kept["client"] = client
+        await client.completions.create(model=model, prompt=[5, 17], max_tokens=3)
+        raise ValueError("the agent's own bug")
+
+    sample, _ = rollout(server, ScriptedAgent(agent))
+    assert sample.raw_reward == 0.0 and sample.sample_metrics["agent_error"] == 1.0
+    assert "ValueError: the agent's own bug" in sample.info["info_turns"][0]["info_value"]
+    assert sample.num_turns == 1 and len(sample.completion_ids) > 0  # what it sampled is still a sample
+
+
+def test_max_turns_is_enforced_by_the_gateway(server: Any) -> None:
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        refused = 0
+        for _ in range(5):
+            try:
+                await client.completions.create(model=model, prompt=[5, 17], max_tokens=2)
+            except openai.PermissionDeniedError as exc:
+                assert "made its 2 calls" in str(exc)
+                refused += 1
+        return RewardResult(float(refused))
+
+    sample, capture = rollout(server, ScriptedAgent(agent, max_turns=2))
+    assert sample.num_turns == 2 and sample.raw_reward == 3.0 and len(capture) == 0
+
+
+def test_calls_after_the_rollout_ended_are_refused(server: Any) -> None:
+    kept: dict[str, Any] = {}
+
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        kept["key"] = client.api_key
+        return RewardResult(1.0)
+
+    _, capture = rollout(server, ScriptedAgent(agent))
+    from telescope.core.inference.gateway.errors import GatewayError
+
+    with pytest.raises(GatewayError, match="rollout r0 has ended"):
+        capture.lookup(kept["key"])
+    assert SimpleNamespace
+
+
+def test_the_agent_in_docs_agents_md_runs(server: Any) -> None:
+    """The complete agent of docs/agents.md, as written there, runs a rollout."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    (code,) = [
+        block for block in re.findall(r"```python\n(.*?)```", doc, re.DOTALL) if "AgentEnvironment" in block
+    ]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/agents.md", "exec"), namespace)
+    sample, _ = rollout(server, namespace["Adder"]())
+    assert 1 <= sample.num_turns <= 3 and sample.sample_metrics["agent/calls"] == sample.num_turns
+    assert "agent_error" not in sample.sample_metrics, sample.info["info_turns"]
+    assert sample.raw_reward in (0.0, 1.0) and len(sample.completion_ids) > 0
