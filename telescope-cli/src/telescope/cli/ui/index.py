@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from telescope.cli.ui.tail import READ_CHUNK, FileTail, parse_json_line
+from telescope.core.observe.rundir.tail import READ_CHUNK, open_tail, parse_json_line
 
 __all__ = ["StepIndex", "step_of"]
 
@@ -75,7 +75,7 @@ class StepIndex:
 
     def __init__(self, path: Path, *, epochs: bool = True) -> None:
         self.path = Path(path)
-        self._tail = FileTail(self.path)
+        self._tail = open_tail(self.path)
         self._use_epochs = epochs
         self.offsets = array("q")
         self.lengths = array("i")
@@ -88,6 +88,19 @@ class StepIndex:
     @property
     def torn_tail(self) -> bool:
         return self._tail.torn_tail
+
+    @property
+    def skipped_frames(self) -> int:
+        """Torn or corrupt frames of a compressed file skipped so far."""
+        return self._tail.skipped_frames
+
+    @property
+    def compressed(self) -> bool:
+        return self._tail.compressed
+
+    def read_at(self, spans: list[tuple[int, int]]) -> list[bytes]:
+        """The lines at ``spans`` (from ``spans``/``spans_without_step``)."""
+        return self._tail.read_at(spans)
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from telescope.cli.ui.tail import FileTail
 from telescope.core.observe.rundir.layout import LOGS_DIR
+from telescope.core.observe.rundir.tail import FileTail
 from telescope.core.observe.stdio import strip_ansi
 
 __all__ = ["LEVELS", "LogStore", "parse_line"]
