@@ -188,7 +188,7 @@ class EventBlocks:
 
 
 class StepBlocks:
-    """Records into ``block_{step // block_size}.jsonl``; records of one call share a step."""
+    """Records into ``block_{step // block_size}.jsonl.zst``; records of one call share a step."""
 
     def __init__(self, folder: Path, block_size: int) -> None:
         if block_size < 1:
