@@ -257,3 +257,19 @@ def test_compressed_rollouts_are_several_times_smaller(tmp_path: Path) -> None:
     writer.write_many(rows)
     writer.close()
     assert len(_plain_lines(rows)) >= 4 * path.stat().st_size
+
+
+def test_the_tail_reads_a_big_file_in_bounded_pieces_of_whole_frames(tmp_path: Path) -> None:
+    path = tmp_path / "block_000000.jsonl.zst"
+    steps = [_records(40, step=s) for s in range(30)]
+    path.write_bytes(b"".join(_frame(rows) for rows in steps))
+    limit = 3 * len(_plain_lines(steps[0]))  # about three frames of content per read
+    tail, reads = FrameTail(path), []
+    while True:
+        lines, _ = tail.read_lines(limit=limit)
+        if not lines:
+            break
+        reads.append([json.loads(ln.data) for ln in lines])
+    assert [r for read in reads for r in read] == [r for rows in steps for r in rows]
+    assert len(reads) >= 9 and all(len(read) % 40 == 0 and len(read) <= 4 * 40 for read in reads)
+    assert not tail.pending() and not tail.torn_tail

@@ -1,9 +1,11 @@
 """Where each step's lines are in a block file, found without parsing whole records.
 
-A rollout block holds every rollout of ``rollout_block_size`` steps (hundreds of MB on a big
-run). ``StepIndex`` follows one block file and keeps, per line, only its step, byte offset and
-length (packed arrays: about 16 bytes a line); a query for one step then seeks to that step's
-lines and parses only them. The step is read from the line's first bytes (records start with
+A rollout block holds every rollout of ``rollout_block_size`` steps (hundreds of MB of JSONL on a
+big run). ``StepIndex`` follows one block file through core's record-file reader
+(``telescope.core.observe.rundir.tail``: plain JSONL or zstd frames) and keeps, per line, only
+its step, content offset and length (packed arrays: about 16 bytes a line); a query for one step
+then reads back only that step's lines (of a compressed block, only the frames holding them) and
+parses only them. The step is read from the line's first bytes (records start with
 ``{"step": N`` in the order our writers use), falling back to a full parse for other layouts.
 
 Resumed runs log some steps again. A step number going down within a block marks a new

@@ -109,11 +109,13 @@ class FrameScan:
     """Bytes from ``end`` on are not (yet) a complete frame."""
 
 
-def decode_frames(data: bytes, pos: int = 0) -> FrameScan:
-    """Every complete frame of ``data[pos:]`` (see module doc)."""
+def decode_frames(data: bytes, pos: int = 0, max_content: int | None = None) -> FrameScan:
+    """Every complete frame of ``data[pos:]`` (see module doc); with ``max_content``, stops after
+    the frame that brings the decompressed bytes to it (``end`` is then that frame's end)."""
     scan = FrameScan(end=pos)
     size = len(data)
-    while pos < size:
+    content_bytes = 0
+    while pos < size and (max_content is None or content_bytes < max_content):
         try:
             found = decode_frame(data, pos)
         except zstandard.ZstdError:
@@ -131,6 +133,7 @@ def decode_frames(data: bytes, pos: int = 0) -> FrameScan:
         if content and not content.endswith(b"\n"):
             content += b"\n"  # a foreign writer's frame: keep its last line whole
         scan.frames.append((pos, end - pos, content))
+        content_bytes += len(content)
         pos = end
     scan.end = pos
     return scan

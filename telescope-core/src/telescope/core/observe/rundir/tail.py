@@ -152,8 +152,8 @@ class FrameTail(FileTail):
         self._cache.clear()
 
     def read_chunk(self, limit: int = READ_CHUNK) -> tuple[bytes, int, bool]:
-        """``(content of the complete new frames, its start offset, reset)``; reads about ``limit``
-        compressed bytes (more when not one complete frame fits in them)."""
+        """``(content of the complete new frames, its start offset, reset)``: about ``limit`` bytes
+        of content (a frame is never split)."""
         try:
             st = self.path.stat()
         except FileNotFoundError:
@@ -163,12 +163,13 @@ class FrameTail(FileTail):
         if remaining <= 0:
             self.torn_tail = False
             return b"", self.offset, reset
-        want = min(remaining, limit)
+        # JSONL compresses about 10x: read an eighth of ``limit``, more when no whole frame is in it
+        want = min(remaining, max(limit // 8, 64 * 1024))
         with open(self.path, "rb") as f:
             while True:
                 f.seek(self.file_offset)
                 data = f.read(want)
-                scan = decode_frames(data)
+                scan = decode_frames(data, max_content=limit)
                 if scan.frames or len(data) >= remaining or len(data) < want:
                     break
                 want = min(remaining, want * 4)  # not one whole frame in the bytes read: read more
