@@ -30,7 +30,6 @@ __all__ = [
     "FileTail",
     "FrameTail",
     "Line",
-    "RecordTail",
     "open_tail",
     "parse_json_line",
     "split_lines",
@@ -225,12 +224,8 @@ class FrameTail(FileTail):
         return out
 
 
-RecordTail = FileTail
-"""Either kind (``FrameTail`` is a ``FileTail`` with the same interface)."""
-
-
 def open_tail(path: Path) -> FileTail:
-    """A ``FrameTail`` for ``*.zst``, else a ``FileTail``."""
+    """A ``FrameTail`` for ``*.zst``, else a ``FileTail`` (same interface: ``FrameTail`` is one)."""
     path = Path(path)
     return FrameTail(path) if path.name.endswith(ZSTD_SUFFIX) else FileTail(path)
 
