@@ -273,3 +273,16 @@ def test_the_tail_reads_a_big_file_in_bounded_pieces_of_whole_frames(tmp_path: P
     assert [r for read in reads for r in read] == [r for rows in steps for r in rows]
     assert len(reads) >= 9 and all(len(read) % 40 == 0 and len(read) <= 4 * 40 for read in reads)
     assert not tail.pending() and not tail.torn_tail
+
+
+def test_a_file_the_opener_refuses_is_never_read_nor_pending(tmp_path: Path) -> None:
+    path = tmp_path / "block_000000.jsonl.zst"
+    path.write_bytes(_frame(_records(3, step=1)))
+
+    def refuse(p: Path) -> Any:
+        raise ValueError(f"refused {p}: outside the run")
+
+    tail = FrameTail(path, refuse)
+    assert tail.read_lines() == ([], False) and not tail.pending()
+    assert tail.refused == f"refused {path}: outside the run"
+    assert len(FrameTail(path).read_lines()[0]) == 3  # the default opener reads it

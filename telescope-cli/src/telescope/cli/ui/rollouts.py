@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.cli.ui.confine import open_run_file
 from telescope.cli.ui.index import StepIndex, bisect_step_spans
 from telescope.core.observe.rundir.blocks import block_files, block_index
 from telescope.core.observe.rundir.frames import ZSTD_SUFFIX
@@ -264,7 +265,7 @@ class RolloutStore:
             plain = not path.name.endswith(ZSTD_SUFFIX)  # a compressed block has no byte offsets to bisect
             if plain and self.monotonic and lo == hi and (index is None or index.pending()):
                 spans = bisect_step_spans(path, lo)  # the block is not (fully) indexed yet
-                lines = FileTail(path).read_at(spans) if spans else []
+                lines = FileTail(path, open_run_file).read_at(spans) if spans else []
             else:
                 index = self._index(path)
                 spans = index.spans(lo, hi)

@@ -9,6 +9,10 @@ end (a torn line, a torn frame: the writer is mid-write or died there) is left u
 next time. A file that shrank or was replaced (``events/tail.jsonl.zst`` is rewritten by rename)
 is read again from the start, and the caller is told so through ``reset``. A compressed file's
 torn or corrupt frames followed by good ones are skipped and counted (``skipped_frames``).
+
+Every read opens the file through ``opener`` (default ``open(path, "rb")``): the dashboard passes
+one that refuses a file resolving outside its run directory by raising ``ValueError``; such a
+file is never read and never pending, and ``refused`` says why.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import json
 import os
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from telescope.core.observe.rundir.frames import ZSTD_SUFFIX, decode_frame, decode_frames
 
@@ -30,6 +34,7 @@ __all__ = [
     "FileTail",
     "FrameTail",
     "Line",
+    "Opener",
     "open_tail",
     "parse_json_line",
     "split_lines",
@@ -37,6 +42,13 @@ __all__ = [
 
 #: Upper bound of bytes read per ``read_lines`` call, so one request never reads a whole huge file.
 READ_CHUNK = 16 * 1024 * 1024
+
+#: Opens a record file for reading; raises ``ValueError`` to refuse it (see module doc).
+Opener = Callable[[Path], BinaryIO]
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    return open(path, "rb")
 
 
 @dataclass(frozen=True)
@@ -52,8 +64,11 @@ class FileTail:
 
     compressed = False
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, opener: Opener | None = None) -> None:
         self.path = Path(path)
+        self._opener = opener or _open_binary
+        self.refused = ""
+        """Why the file is not read (the opener refused it), or empty."""
         self.offset = 0
         self.torn_tail = False
         """True while the file ends in an unfinished line."""
@@ -74,6 +89,14 @@ class FileTail:
     def _restart(self) -> None:
         self.offset = 0
 
+    def _open(self) -> BinaryIO | None:
+        """The file opened for reading, None when the opener refuses it (``refused`` says why)."""
+        try:
+            return self._opener(self.path)
+        except ValueError as exc:
+            self.refused = str(exc)
+            return None
+
     def read_chunk(self, limit: int = READ_CHUNK) -> tuple[bytes, int, bool]:
         """``(bytes of complete new lines, their start offset, reset)``; at most ``limit`` bytes."""
         try:
@@ -85,7 +108,10 @@ class FileTail:
             self.torn_tail = False
             return b"", self.offset, reset
         remaining = st.st_size - self.offset
-        with open(self.path, "rb") as f:
+        f = self._open()
+        if f is None:
+            return b"", self.offset, False
+        with f:
             f.seek(self.offset)
             chunks = [f.read(min(remaining, limit))]
             size = len(chunks[0])
@@ -110,6 +136,8 @@ class FileTail:
 
     def pending(self) -> bool:
         """True when the file holds bytes past the offset (more to read, or a torn end)."""
+        if self.refused:
+            return False
         try:
             return self.path.stat().st_size > self.offset
         except FileNotFoundError:
@@ -118,7 +146,10 @@ class FileTail:
     def read_at(self, spans: list[tuple[int, int]]) -> list[bytes]:
         """The bytes at ``(offset, length)`` spans (one open, seeks in offset order)."""
         out: dict[int, bytes] = {}
-        with open(self.path, "rb") as f:
+        f = self._open()
+        if f is None:
+            raise ValueError(self.refused)
+        with f:
             for offset, length in sorted(set(spans)):
                 f.seek(offset)
                 out[offset] = f.read(length)
@@ -137,8 +168,8 @@ class FrameTail(FileTail):
     #: Decompressed frames kept for ``read_at`` (a step's lines usually sit in one or two).
     CACHE_FRAMES = 8
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+    def __init__(self, path: Path, opener: Opener | None = None) -> None:
+        super().__init__(path, opener)
         self.file_offset = 0
         self._content_starts = array("q")
         self._file_offsets = array("q")
@@ -164,7 +195,10 @@ class FrameTail(FileTail):
             return b"", self.offset, reset
         # JSONL compresses about 10x: read an eighth of ``limit``, more when no whole frame is in it
         want = min(remaining, max(limit // 8, 64 * 1024))
-        with open(self.path, "rb") as f:
+        f = self._open()
+        if f is None:
+            return b"", self.offset, False
+        with f:
             while True:
                 f.seek(self.file_offset)
                 data = f.read(want)
@@ -188,6 +222,8 @@ class FrameTail(FileTail):
         return b"".join(contents), base, reset
 
     def pending(self) -> bool:
+        if self.refused:
+            return False
         try:
             return self.path.stat().st_size > self.file_offset
         except FileNotFoundError:
@@ -198,7 +234,10 @@ class FrameTail(FileTail):
         if content is not None:
             self._cache.move_to_end(i)
             return content
-        with open(self.path, "rb") as f:
+        f = self._open()
+        if f is None:
+            raise ValueError(self.refused)
+        with f:
             f.seek(self._file_offsets[i])
             data = f.read(self._file_lengths[i])
         found = decode_frame(data)
@@ -224,10 +263,10 @@ class FrameTail(FileTail):
         return out
 
 
-def open_tail(path: Path) -> FileTail:
+def open_tail(path: Path, opener: Opener | None = None) -> FileTail:
     """A ``FrameTail`` for ``*.zst``, else a ``FileTail`` (same interface: ``FrameTail`` is one)."""
     path = Path(path)
-    return FrameTail(path) if path.name.endswith(ZSTD_SUFFIX) else FileTail(path)
+    return FrameTail(path, opener) if path.name.endswith(ZSTD_SUFFIX) else FileTail(path, opener)
 
 
 def split_lines(data: bytes, base: int) -> Iterator[Line]:
