@@ -5,7 +5,7 @@ Run: ``.venv/bin/python bench/ui.py [--steps 1000] [--rollouts 256] [--repeat 3]
 The server's output goes to ``<dir>-server.log``; a server not answering within
 ``--server-deadline`` seconds (120) stops the benchmark with that log's tail.
 
-Writes (once; reused while the parameters match) a schema-2 run directory of ``steps`` x
+Writes (once; reused while the parameters match) a run directory (compressed blocks, as runs write them) of ``steps`` x
 ``rollouts`` rollout records (token id lists and texts of realistic size, in 500-step blocks),
 four timeline events per rollout plus trainer spans, and one metrics record per step with
 ~120 keys. Then, ``--repeat`` times: starts ``telescope ui`` as its own process, and as soon as
@@ -165,7 +165,10 @@ def _events(step: int, rows: list[dict], t: float) -> list[dict]:
 
 
 def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion_len: int) -> None:
-    stamp = json.dumps([steps, per_step, prompt_len, completion_len, "system"])
+    from telescope.core.observe.rundir.frames import compress_lines
+    from telescope.core.observe.rundir.records import SCHEMA_VERSION
+
+    stamp = json.dumps([steps, per_step, prompt_len, completion_len, "system", "zstd"])
     if (root / "bench.json").exists() and (root / "bench.json").read_text() == stamp:
         return
     shutil.rmtree(root, ignore_errors=True)
@@ -173,7 +176,7 @@ def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion
     (root / "events").mkdir()
     rng, t0 = random.Random(0), time.time() - steps * 3
     run = {
-        "schema_version": 2,
+        "schema_version": SCHEMA_VERSION,
         "run_id": "bench",
         "name": "bench",
         "status": "finished",
@@ -195,10 +198,11 @@ def write_run(root: Path, steps: int, per_step: int, prompt_len: int, completion
                 for g in range(groups)
                 for s in range(per_step // groups)
             ]
-            with open(root / "rollouts" / f"block_{step // BLOCK:06d}.jsonl", "a") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in rows))
-            with open(root / "events" / f"block_{int(3 * step // 1800):06d}.jsonl", "a") as f:
-                f.write("".join(json.dumps(e) + "\n" for e in _events(step, rows, t)))
+            # the blocks as a run writes them: a zstd frame per step
+            with open(root / "rollouts" / f"block_{step // BLOCK:06d}.jsonl.zst", "ab") as f:
+                f.write(compress_lines([(json.dumps(r) + "\n").encode() for r in rows]))
+            with open(root / "events" / f"block_{int(3 * step // 1800):06d}.jsonl.zst", "ab") as f:
+                f.write(compress_lines([(json.dumps(e) + "\n").encode() for e in _events(step, rows, t)]))
             metrics.write(json.dumps({"step": step, "time": t + 3, "metrics": _metrics(step, rng)}) + "\n")
     _write_system(root / "system.jsonl", t0, steps * 3, rng)
     (root / "bench.json").write_text(stamp)
@@ -415,9 +419,9 @@ def main() -> None:
     args = parser.parse_args()
     t = time.perf_counter()
     write_run(args.dir, args.steps, args.rollouts, args.prompt_tokens, args.completion_tokens)
-    size = sum(p.stat().st_size for p in args.dir.rglob("*.jsonl")) / 2**20
+    size = sum(p.stat().st_size for p in args.dir.rglob("*.jsonl*")) / 2**20
     print(
-        f"synthetic run: {args.steps} steps x {args.rollouts} rollouts, {size:,.0f} MiB of JSONL ({time.perf_counter() - t:.1f} s to write or reuse)"
+        f"synthetic run: {args.steps} steps x {args.rollouts} rollouts, {size:,.0f} MiB of records ({time.perf_counter() - t:.1f} s to write or reuse)"
     )
     try:
         from playwright.sync_api import sync_playwright

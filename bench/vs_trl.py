@@ -277,7 +277,7 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
 
 
 def timeline_phases(run_dir: Path, warmup: int) -> dict[str, float]:
-    """Median per-step windows from the run's timeline events (``events/block_*.jsonl``).
+    """Median per-step windows from the run's timeline events (``events/block_*``).
 
     ``tl_generation``: first generation start to last generation end of the step's samples;
     ``tl_reward_tail``: last generation end to last reward end; ``tl_train_call``: the
@@ -286,13 +286,12 @@ def timeline_phases(run_dir: Path, warmup: int) -> dict[str, float]:
     outside these four (driver work between phases: batching, metrics, hooks, dispatch), only
     where they do not overlap (sync mode; in async mode generation overlaps training).
     """
-    from telescope.core.observe.rundir.blocks import block_files
+    from telescope.core.observe.rundir.reader import RunDirReader
 
     events: dict[int, dict[tuple[str, str], list[float]]] = {}
-    for _, path in block_files(run_dir / "events"):
-        for e in map(json.loads, path.read_text().splitlines()):
-            by_kind = events.setdefault(int(e.get("step") or 0), {})
-            by_kind.setdefault((e["type"], e["phase"]), []).append(e["time"])
+    for e in RunDirReader(run_dir).events():
+        by_kind = events.setdefault(int(e.get("step") or 0), {})
+        by_kind.setdefault((e["type"], e["phase"]), []).append(e["time"])
     rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
     metrics = {row["step"]: row["metrics"] for row in rows}
     out: dict[str, list[float]] = {}

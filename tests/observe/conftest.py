@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
 from telescope.core.observe.loggers.local import LocalLogger
@@ -105,7 +106,11 @@ class FakeRun:
         self.logged.append((dict(data), step))
 
     def save(self, path: str, base_path: str, policy: str) -> None:
-        self.saved.append((str(Path(path).relative_to(base_path)), Path(path).read_text(), policy))
+        """Records the file's text as uploaded (a compressed record file decompressed by zstandard itself)."""
+        data = Path(path).read_bytes()
+        if path.endswith(".zst"):
+            data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
+        self.saved.append((str(Path(path).relative_to(base_path)), data.decode("utf-8"), policy))
 
     def log_code(self, **kwargs: Any) -> None:
         raise AssertionError("code upload is off in these tests")

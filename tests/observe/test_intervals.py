@@ -32,24 +32,29 @@ def test_event_blocks_rotate_at_block_duration(tmp_path: Path, clock) -> None:
         clock.at(1000.0 + t)
         hub.event("trainer", step=step)
     hub.finish("finished")
-    blocks = sorted(p.name for p in (tmp_path / "events").glob("block_*.jsonl"))
-    assert blocks == ["block_000000.jsonl", "block_000001.jsonl", "block_000002.jsonl", "block_000003.jsonl"]
-    assert _event_steps(tmp_path / "events" / "block_000000.jsonl") == [0, 1, 2]
-    assert _event_steps(tmp_path / "events" / "block_000001.jsonl") == [3]
-    assert _event_steps(tmp_path / "events" / "block_000003.jsonl") == [5]
+    blocks = sorted(p.name for p in (tmp_path / "events").glob("block_*.jsonl.zst"))
+    assert blocks == [
+        "block_000000.jsonl.zst",
+        "block_000001.jsonl.zst",
+        "block_000002.jsonl.zst",
+        "block_000003.jsonl.zst",
+    ]
+    assert _event_steps(tmp_path / "events" / "block_000000.jsonl.zst") == [0, 1, 2]
+    assert _event_steps(tmp_path / "events" / "block_000001.jsonl.zst") == [3]
+    assert _event_steps(tmp_path / "events" / "block_000003.jsonl.zst") == [5]
     assert [e["step"] for e in RunDirReader(tmp_path).events()] == [0, 1, 2, 3, 4, 5]
 
 
 def test_tail_holds_the_window_and_is_rewritten_at_the_upload_interval(tmp_path: Path, clock) -> None:
     hub, _ = _local(tmp_path, clock, event_tail_window_seconds=3, event_upload_interval_seconds=2)
-    tail = tmp_path / "events" / "tail.jsonl"
-    assert tail.read_text() == ""  # exists from the start
+    tail = tmp_path / "events" / "tail.jsonl.zst"
+    assert tail.read_bytes() == b""  # exists from the start
     for step in range(6):  # events written at run time 0, 1, 2, 3, 4, 5
         clock.at(1000.0 + step)
         hub.event("reward", step=step)
         if step == 1:
             hub.tick()  # t=1 < interval 2 since start: not rewritten yet
-            assert tail.read_text() == ""
+            assert tail.read_bytes() == b""
         if step == 2:
             hub.tick()  # t=2: rewritten with the events of [t-3, t] = steps 0, 1, 2
             assert _event_steps(tail) == [0, 1, 2]
@@ -78,8 +83,8 @@ def test_resume_keeps_block_layout_and_numbering(tmp_path: Path, clock) -> None:
     hub2.finish("finished")
     run = RunDirReader(tmp_path)
     assert run.meta["layout"] == {"rollout_block_size": 5, "event_block_duration_seconds": 10.0}
-    assert [e["name"] for e in read_jsonl(tmp_path / "events" / "block_000003.jsonl")] == ["resumed"]
-    assert (tmp_path / "rollouts" / "block_000001.jsonl").exists()  # 7 // 5, not 7 // 50
+    assert [e["name"] for e in read_jsonl(tmp_path / "events" / "block_000003.jsonl.zst")] == ["resumed"]
+    assert (tmp_path / "rollouts" / "block_000001.jsonl.zst").exists()  # 7 // 5, not 7 // 50
     assert [e["name"] for e in run.events()] == ["first", "resumed"]
 
 
@@ -90,18 +95,18 @@ def test_rollouts_go_to_blocks_of_rollout_block_size_steps(tmp_path: Path, clock
     hub.finish("finished")
     steps_in = {
         p.name: sorted({r["step"] for r in read_jsonl(p)})
-        for p in (tmp_path / "rollouts").glob("block_*.jsonl")
+        for p in (tmp_path / "rollouts").glob("block_*.jsonl.zst")
     }
     assert steps_in == {
-        "block_000000.jsonl": [1, 2],
-        "block_000001.jsonl": [3, 4, 5],
-        "block_000002.jsonl": [6, 7],
+        "block_000000.jsonl.zst": [1, 2],
+        "block_000001.jsonl.zst": [3, 4, 5],
+        "block_000002.jsonl.zst": [6, 7],
     }
     run = RunDirReader(tmp_path)
     assert len(run.rollouts()) == 7 * len(make_rows(1))
     fresh = RunDirReader(tmp_path)
     assert {r["step"] for r in fresh.rollouts(step=4)} == {4}
-    assert list(fresh.read_stats) == ["rollouts/block_000001.jsonl"]  # only that step's block read
+    assert list(fresh.read_stats) == ["rollouts/block_000001.jsonl.zst"]  # only that step's block read
 
 
 def _system(i: int) -> dict[str, Any]:
@@ -147,10 +152,10 @@ def test_hub_tick_thread_flushes_while_running(tmp_path: Path) -> None:
     hub.event("run", name="live")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if read_jsonl(tmp_path / "system.jsonl") and read_jsonl(tmp_path / "events" / "tail.jsonl"):
+        if read_jsonl(tmp_path / "system.jsonl") and read_jsonl(tmp_path / "events" / "tail.jsonl.zst"):
             break
         time.sleep(0.02)
-    system, tail = read_jsonl(tmp_path / "system.jsonl"), read_jsonl(tmp_path / "events" / "tail.jsonl")
+    system, tail = read_jsonl(tmp_path / "system.jsonl"), read_jsonl(tmp_path / "events" / "tail.jsonl.zst")
     hub.finish("finished")
     assert [s["metrics"]["x"] for s in system] == [7.0]
     assert [e["name"] for e in tail] == ["live"]

@@ -75,11 +75,14 @@ def test_every_file_with_documented_schema(synthetic_run: Path, cfg) -> None:
         "events",
         "evals",
     } <= names
-    assert {p.name for p in (synthetic_run / "events").iterdir()} == {"block_000000.jsonl", "tail.jsonl"}
-    assert {p.name for p in (synthetic_run / "rollouts").iterdir()} == {"block_000000.jsonl"}
+    assert {p.name for p in (synthetic_run / "events").iterdir()} == {
+        "block_000000.jsonl.zst",
+        "tail.jsonl.zst",
+    }
+    assert {p.name for p in (synthetic_run / "rollouts").iterdir()} == {"block_000000.jsonl.zst"}
     assert {p.name for p in (synthetic_run / "evals").iterdir()} == {"metrics.jsonl", "samples.jsonl"}
     meta = json.loads((synthetic_run / "run.json").read_text())
-    assert meta["schema_version"] == SCHEMA_VERSION == 2 and meta["status"] == "finished"
+    assert meta["schema_version"] == SCHEMA_VERSION == 3 and meta["status"] == "finished"
     assert meta["layout"] == {"rollout_block_size": 500, "event_block_duration_seconds": 1800.0}
     assert meta["name"] == "synthetic" and meta["finished_at"] >= meta["started_at"]
     assert meta["info"]["environments"][0]["reward_max"] == 1.0
@@ -89,12 +92,12 @@ def test_every_file_with_documented_schema(synthetic_run: Path, cfg) -> None:
     steps = read_jsonl(synthetic_run / "metrics.jsonl")
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert set(steps[0]) == {"step", "time", "metrics"} and steps[0]["metrics"]["entropy"] == 1.0
-    rollouts = read_jsonl(synthetic_run / "rollouts" / "block_000000.jsonl")
+    rollouts = read_jsonl(synthetic_run / "rollouts" / "block_000000.jsonl.zst")
     assert len(rollouts) == 4 * 13 and all(set(r) == ROLLOUT_FIELDS for r in rollouts)
     first = rollouts[0]
     assert first["prompt_ids"] == [1, 2, 3] and first["completion_tokens"] == 5 and first["kept"] is True
-    events = read_jsonl(synthetic_run / "events" / "block_000000.jsonl")
-    assert read_jsonl(synthetic_run / "events" / "tail.jsonl") == events  # all within the last 60 s
+    events = read_jsonl(synthetic_run / "events" / "block_000000.jsonl.zst")
+    assert read_jsonl(synthetic_run / "events" / "tail.jsonl.zst") == events  # all within the last 60 s
     assert all(set(e) == EVENT_FIELDS for e in events)
     trainer_end = [e for e in events if e["type"] == "trainer" and e["phase"] == "end"]
     assert len(trainer_end) == 4 and trainer_end[0]["attrs"]["duration_s"] >= 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import zstandard
 from typer.testing import CliRunner
 
 from telescope.cli.commands.runs import app, sparkline
+from telescope.core.observe import RunDirReader
 
 
 def test_sparkline() -> None:
@@ -45,7 +47,16 @@ def test_runs_show_on_a_non_run_dir(tmp_path: Path) -> None:
 def test_runs_show_on_a_killed_run(synthetic_run: Path) -> None:
     with open(synthetic_run / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "metr')  # the writer died mid-line
+    block = synthetic_run / "rollouts" / "block_000000.jsonl.zst"
+    before = len(RunDirReader(synthetic_run).rollouts())
+    with open(block, "ab") as f:  # a writer died mid-frame; the resumed run appended a whole one after it
+        f.write(b"(\xb5/\xfdtorn" + zstandard.ZstdCompressor().compress(b'{"step": 5, "group_id": 9}\n'))
     result = CliRunner().invoke(app, ["show", str(synthetic_run)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "steps logged 4" in result.output
-    assert "note: metrics.jsonl: torn last line skipped=True, bad lines=0" in result.output
+    assert "note: metrics.jsonl: an unfinished end ignored (torn by a killed writer" in result.output
+    assert (
+        "note: rollouts/block_000000.jsonl.zst: 1 torn or corrupt compressed frame(s) skipped (8 bytes)"
+        in result.output
+    )
+    assert len(RunDirReader(synthetic_run).rollouts()) == before + 1

@@ -51,7 +51,7 @@ def _regex(name: str) -> re.Pattern[str]:
 
 
 def test_rollout_fields_match_the_document() -> None:
-    documented = set(_first_column_names(_section("rollouts/block_{k}.jsonl")))
+    documented = set(_first_column_names(_section("rollouts/block_{k}.jsonl.zst")))
     # the token view's fields are written only when set: a record with them has every field
     token_view = {"completion_token_texts": ["a"], "completion_logprobs": [-0.1]}
     written = set(RolloutRecord(step=1, group_id=0, env="e", sample_id=0, **token_view).to_dict())
@@ -65,7 +65,7 @@ def test_run_json_fields_match_the_document(synthetic_run: Path) -> None:
 
 
 def test_event_fields_and_types_match_the_document() -> None:
-    section = _section("events/block_{k}.jsonl and events/tail.jsonl")
+    section = _section("events/block_{k}.jsonl.zst and events/tail.jsonl.zst")
     listed = re.search(r"`\{([^}]*)\}`", section.replace("\n", " "))
     assert listed is not None, "the event record's field list is missing from the document"
     documented = {f.strip() for f in listed.group(1).split(",")}

@@ -14,6 +14,7 @@ from telescope.core.observe import SCHEMA_VERSION, LoggerHub, rollout_metrics
 from telescope.core.observe.loggers.code_files import is_excluded, select_code_files
 from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.observe.loggers.wandb_logger import ROLLOUT_TABLE_COLUMNS, log_files_to_upload
+from telescope.core.observe.rundir.jsonl import read_jsonl
 from telescope.core.testing import make_config
 
 
@@ -153,11 +154,11 @@ def test_offline_run_has_scalars_tables_code_logs_and_resumes(tmp_path, monkeypa
         len(list((runs[0] / "files" / "media" / "table" / "eval" / "math").glob("samples_*.table.json"))) == 1
     )
     uploaded = runs[0] / "files"
-    events = [json.loads(x) for x in (uploaded / "events" / "block_000000.jsonl").read_text().splitlines()]
+    events = read_jsonl(uploaded / "events" / "block_000000.jsonl.zst")
     assert [(e["type"], e["step"]) for e in events] == [("trainer", 1), ("trainer", 2), ("eval", 2)]
     assert events[2]["name"] == "math" and events[2]["attrs"] == {"scores": {"pass@1": 0.5}, "samples": 1}
-    assert (uploaded / "events" / "tail.jsonl").exists() and (
-        uploaded / "rollouts" / "block_000000.jsonl"
+    assert (uploaded / "events" / "tail.jsonl.zst").exists() and (
+        uploaded / "rollouts" / "block_000000.jsonl.zst"
     ).exists()
     assert not (runs[0] / "files" / "logs" / "telescope.detailed.log").exists()
     # wandb_upload_logs_stdout is false by default: the local copy exists, the upload does not

@@ -78,25 +78,28 @@ def test_event_tail_and_closed_blocks_upload_every_event_interval(
     assert run.saved == []  # 4 s < 5 s
     clock.at(1005.0)
     hub.tick()  # local rewrites the tail (window 1002..1005), then W&B uploads it; blocks still open
-    assert _saved_names(run) == ["events/tail.jsonl"]
+    assert _saved_names(run) == ["events/tail.jsonl.zst"]
     assert '"generation"' in _saved_blocks(run)[0][1] and _saved_blocks(run)[0][2] == "now"
     clock.at(1012.0)
     hub.event("reward", "end", step=1)  # events block 1 opens: block 0 is closed
     hub.log_rollouts(2, make_rows(2))  # still rollouts block 1 = steps 2..3
     hub.tick()  # 7 s since the last upload
     assert _saved_names(run)[1:] == [
-        "events/tail.jsonl",
-        "events/block_000000.jsonl",
-        "rollouts/block_000000.jsonl",
+        "events/tail.jsonl.zst",
+        "events/block_000000.jsonl.zst",
+        "rollouts/block_000000.jsonl.zst",
     ]
     clock.at(1020.0)
     hub.tick()  # the tail's window 1017..1020 is now empty: changed, uploaded again
-    assert _saved_names(run)[4:] == ["events/tail.jsonl"] and _saved_blocks(run)[4][1] == ""
+    assert _saved_names(run)[4:] == ["events/tail.jsonl.zst"] and _saved_blocks(run)[4][1] == ""
     clock.at(1026.0)
     hub.tick()  # rewritten, still empty: same content is not uploaded again; closed blocks already sent
     assert len(_saved_blocks(run)) == 5
     hub.finish("finished")  # the open blocks go at finish
-    assert sorted(_saved_names(run)[5:]) == ["events/block_000001.jsonl", "rollouts/block_000001.jsonl"]
+    assert sorted(_saved_names(run)[5:]) == [
+        "events/block_000001.jsonl.zst",
+        "rollouts/block_000001.jsonl.zst",
+    ]
 
 
 def test_run_records_upload_when_changed(tmp_path, clock, fake_wandb, make_rows) -> None:

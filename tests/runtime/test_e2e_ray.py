@@ -191,7 +191,7 @@ def test_every_run_file_follows_the_documented_schema(run_dir: Path) -> None:
         assert {(kind, "start"), (kind, "end")} <= kinds, kind
     assert ("eval", "instant") in kinds
     assert {e["name"] for e in events if e["type"] == "trainer"} == {"train_step"}
-    assert reader.meta["status"] == "finished" and reader.meta["schema_version"] == 2
+    assert reader.meta["status"] == "finished" and reader.meta["schema_version"] == 3
     environments = {e["name"]: e for e in reader.meta["info"]["environments"]}
     assert set(environments) == {"reverse_text", "wordle"} and environments["wordle"]["multi_turn"]
     system = read_jsonl(run_dir / "system.jsonl")

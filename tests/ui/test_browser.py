@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from ui_browser import Page, launch, require_browser, wait_plotted
-from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
+from ui_runs import append_frame, append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread
@@ -338,7 +338,7 @@ def test_token_view_colours_by_logprob_when_the_record_has_them(
         "completion_logprobs": [0.0, -0.7, None, -5.0],
         "timings": {"generation_start": 1767261600.25, "generation_s": 0.5},  # 2026-01-01 10:00:00.250 UTC
     }
-    append_jsonl(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl", row)
+    append_frame(srv.workspace.get("done").path / "rollouts" / "block_000000.jsonl.zst", row)
     tab = Page(browser, srv.url)
     p = tab.open("rollouts?runs=done&step=4&group=9&sample=0")
     p.wait_for_selector("#token-view span")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ui_runs import GROUP_REWARDS, append_jsonl, log_step, start_hub, step_rows, write_run
+from ui_runs import GROUP_REWARDS, append_frame, append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import RunData, Workspace, declared_ranges
 from telescope.cli.ui.index import StepIndex, bisect_step_spans
@@ -132,14 +132,35 @@ def test_live_run_is_followed_as_it_is_appended(tmp_path: Path) -> None:
     assert run.summary()["status"] == "finished"
 
 
+def test_compressed_blocks_are_followed_live_and_a_skipped_frame_is_reported(tmp_path: Path) -> None:
+    hub = start_hub(tmp_path / "live")
+    log_step(hub, 1)
+    hub.tick()  # the hub's tick appends the buffered events
+    run = RunData(tmp_path / "live", "live", refresh_s=0.0)
+    kinds = sorted({(s["type"], s["step"]) for s in run.timeline(1, 1)["spans"]})
+    assert kinds == [("generation", 1), ("reward", 1), ("trainer", 1), ("trainer_phase", 1)]
+    assert run.rollout_query(1, RolloutFilter())["total"] == len(step_rows(1))
+    log_step(hub, 2)
+    hub.tick()
+    assert {s["step"] for s in run.timeline(2, 2)["spans"]} == {2}
+    assert run.sample(2, 1, 3)["reward"] == pytest.approx(0.2)  # type: ignore[index]
+    # a writer died mid-frame (step 3), the run resumed and logged step 3 again after the torn bytes
+    block = tmp_path / "live" / "rollouts" / "block_000000.jsonl.zst"
+    append_frame(block, *[{**r.to_dict(), "reward": 0.75} for r in step_rows(3)], cut=50)
+    assert run.rollout_query(3, RolloutFilter())["total"] == 0 and run.summary()["read"] == {}
+    log_step(hub, 3)
+    assert run.rollout_query(3, RolloutFilter())["total"] == len(step_rows(3))
+    assert run.summary()["read"] == {"rollouts/block_000000.jsonl.zst": {"bad_lines": 0, "skipped_frames": 1}}
+    hub.finish("finished")
+
+
 def test_crashed_run_skips_torn_and_bad_lines(tmp_path: Path) -> None:
     write_run(tmp_path / "crashed", steps=2, finish=False)
     root = tmp_path / "crashed"
     append_jsonl(root / "metrics.jsonl", torn='{"step": 3, "metr')
-    block = root / "rollouts" / "block_000000.jsonl"
-    with open(block, "a") as f:
-        f.write("not json\n")
-    append_jsonl(block, torn='{"step": 3, "group_id": 0, "env": "x", "sa')
+    block = root / "rollouts" / "block_000000.jsonl.zst"
+    append_frame(block, raw=b"not json\n")  # a malformed line in a sound frame
+    append_frame(block, *[r.to_dict() for r in step_rows(3)], cut=40)  # the writer died mid-frame
     run = RunData(root, "crashed")
     assert run.metric_series(["entropy"])["step"] == [1, 2]
     assert run.summary()["read"]["metrics.jsonl"] == {"torn_tail": True, "bad_lines": 0}
@@ -178,7 +199,7 @@ def test_resumed_run_later_records_win(tmp_path: Path) -> None:
     (root / "run.json").write_text(json.dumps({**meta, "starts": 2}))
     append_jsonl(root / "metrics.jsonl", {"step": 3, "time": 9.0, "metrics": {"entropy": 42.0}})
     rows = [{**r.to_dict(), "reward": 0.125} for r in step_rows(3)[:3]]
-    append_jsonl(root / "rollouts" / "block_000000.jsonl", *rows)
+    append_frame(root / "rollouts" / "block_000000.jsonl.zst", *rows)
     run = RunData(root, "resumed")
     series = run.metric_series(["entropy"])
     assert series["step"] == [1, 2, 3] and series["values"]["entropy"] == [1.0, 0.5, 42.0]
@@ -451,7 +472,7 @@ def test_runs_page_names_a_built_in_model_as_the_user_wrote_it(finished_run: Pat
 
 @pytest.mark.timeout(60)  # generous: linear takes well under a second; re-scanning the line took minutes
 def test_a_multi_megabyte_line_is_read_in_one_linear_pass(tmp_path: Path) -> None:
-    from telescope.cli.ui.tail import FileTail
+    from telescope.core.observe.rundir.tail import FileTail
 
     path = tmp_path / "telescope.stdout.log"
     long_line = b"x" * (32 * 1024 * 1024)  # a progress bar that never printed '\n', then a line end

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from ui_browser import Page, launch, require_browser, wait_plotted
-from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
+from ui_runs import append_frame, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread
@@ -397,8 +397,9 @@ def test_rollouts_sort_summarise_the_filtered_rows_and_deep_link_a_sample(browse
         )
         for g in range(40)
     ]
-    append_jsonl(
-        served[0].workspace.get("done").path / "rollouts" / "block_000000.jsonl", *[r.to_dict() for r in rows]
+    append_frame(
+        served[0].workspace.get("done").path / "rollouts" / "block_000000.jsonl.zst",
+        *[r.to_dict() for r in rows],
     )
     # a deep link to sample 0 of group 33 (far down the list): scrolled to and marked
     p = tab.open("rollouts?runs=done&step=5&group=33&sample=0")

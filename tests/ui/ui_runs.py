@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 from telescope.core.observe import LoggerHub, RolloutRecord, rollout_metrics
 from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.testing import discarded_rows, kept_group_rows, make_config
@@ -89,6 +91,18 @@ def write_run(run_dir: Path, steps: int = 4, *, finish: bool = True) -> LoggerHu
     if finish:
         hub.finish("finished")
     return hub
+
+
+def append_frame(path: Path, *records: dict[str, Any], raw: bytes = b"", cut: int | None = None) -> bytes:
+    """Append one zstd frame (made by zstandard itself, with a checksum) of ``records`` as JSONL lines,
+    then ``raw`` lines; ``cut``: only its first ``cut`` bytes, as a writer killed mid-frame leaves
+    it. Returns the whole frame."""
+    text = "".join(json.dumps(r) + "\n" for r in records).encode() + raw
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        f.write(frame if cut is None else frame[:cut])
+    return frame
 
 
 def append_jsonl(path: Path, *records: dict[str, Any], torn: str = "") -> None:

@@ -285,8 +285,5 @@ def show(
     _evals(console, run, metrics)
     _discards(console, rows)
     _samples(console, rows, rollouts, width=100)
-    damaged = {f: s for f, s in run.read_stats.items() if s.torn_tail or s.bad_lines}
-    for fname, stats in damaged.items():
-        console.print(
-            f"[yellow]note:[/] {escape(fname)}: torn last line skipped={stats.torn_tail}, bad lines={stats.bad_lines}"
-        )
+    for fname, problem in run.problems().items():
+        console.print(f"[yellow]note:[/] {escape(fname)}: {escape(problem)}")

@@ -258,7 +258,8 @@ class RunData:
         return list(values[-SPARK_STEPS:])
 
     def read_health(self) -> dict[str, Any]:
-        """What the readers skipped: torn last lines and malformed lines, per file."""
+        """What the readers skipped: torn last lines, malformed lines and torn or corrupt compressed
+        frames, per file."""
         out: dict[str, Any] = {}
         for name, store in (
             (METRICS_FILE, self.metrics),
@@ -267,6 +268,11 @@ class RunData:
         ):
             if store.torn_tail or store.bad_lines:
                 out[name] = {"torn_tail": store.torn_tail, "bad_lines": store.bad_lines}
+        # the rollout and event blocks indexed so far (a torn end of an open block is a write in progress)
+        for index in [*self.rollouts.all_indexes(), *self.events.all_indexes()]:
+            if index.bad_lines or index.skipped_frames:
+                name = index.path.relative_to(self.path).as_posix()
+                out[name] = {"bad_lines": index.bad_lines, "skipped_frames": index.skipped_frames}
         if self.metrics.superseded:
             out["superseded_steps"] = self.metrics.superseded
         return out

@@ -1,9 +1,11 @@
 """Where each step's lines are in a block file, found without parsing whole records.
 
-A rollout block holds every rollout of ``rollout_block_size`` steps (hundreds of MB on a big
-run). ``StepIndex`` follows one block file and keeps, per line, only its step, byte offset and
-length (packed arrays: about 16 bytes a line); a query for one step then seeks to that step's
-lines and parses only them. The step is read from the line's first bytes (records start with
+A rollout block holds every rollout of ``rollout_block_size`` steps (hundreds of MB of JSONL on a
+big run). ``StepIndex`` follows one block file through core's record-file reader
+(``telescope.core.observe.rundir.tail``: plain JSONL or zstd frames) and keeps, per line, only
+its step, content offset and length (packed arrays: about 16 bytes a line); a query for one step
+then reads back only that step's lines (of a compressed block, only the frames holding them) and
+parses only them. The step is read from the line's first bytes (records start with
 ``{"step": N`` in the order our writers use), falling back to a full parse for other layouts.
 
 Resumed runs log some steps again. A step number going down within a block marks a new
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from telescope.cli.ui.confine import open_run_file
-from telescope.cli.ui.tail import READ_CHUNK, FileTail, parse_json_line
+from telescope.core.observe.rundir.tail import READ_CHUNK, open_tail, parse_json_line
 
 __all__ = ["StepIndex", "step_of"]
 
@@ -76,7 +78,7 @@ class StepIndex:
 
     def __init__(self, path: Path, *, epochs: bool = True) -> None:
         self.path = Path(path)
-        self._tail = FileTail(self.path)
+        self._tail = open_tail(self.path, open_run_file)
         self._use_epochs = epochs
         self.offsets = array("q")
         self.lengths = array("i")
@@ -89,6 +91,19 @@ class StepIndex:
     @property
     def torn_tail(self) -> bool:
         return self._tail.torn_tail
+
+    @property
+    def skipped_frames(self) -> int:
+        """Torn or corrupt frames of a compressed file skipped so far."""
+        return self._tail.skipped_frames
+
+    @property
+    def compressed(self) -> bool:
+        return self._tail.compressed
+
+    def read_at(self, spans: list[tuple[int, int]]) -> list[bytes]:
+        """The lines at ``spans`` (from ``spans``/``spans_without_step``)."""
+        return self._tail.read_at(spans)
 
     def __len__(self) -> int:
         return len(self.offsets)

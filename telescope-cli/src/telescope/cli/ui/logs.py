@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from telescope.cli.ui.confine import is_inside
-from telescope.cli.ui.tail import FileTail
+from telescope.cli.ui.confine import is_inside, open_run_file
 from telescope.core.observe.rundir.layout import LOGS_DIR
+from telescope.core.observe.rundir.tail import FileTail
 from telescope.core.observe.stdio import strip_ansi
 
 __all__ = ["LEVELS", "LogStore", "parse_line"]
@@ -80,7 +80,7 @@ class _LogFile:
     def __init__(self, path: Path, rel: str) -> None:
         self.rel = rel
         self.component = component_of(rel)
-        self.tail = FileTail(path)
+        self.tail = FileTail(path, open_run_file)
         self.entries: deque[dict[str, Any]] = deque(maxlen=MAX_LINES_PER_FILE)
         self.level = "INFO"
         self.time = ""

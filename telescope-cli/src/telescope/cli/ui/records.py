@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from telescope.cli.ui.tail import FileTail, parse_json_line
+from telescope.cli.ui.confine import open_run_file
+from telescope.core.observe.rundir.tail import open_tail, parse_json_line
 from telescope.core.observe.stats import split_metric_key
 
 __all__ = ["MetricKey", "MetricsStore", "RecordLog", "describe_key"]
@@ -42,7 +43,7 @@ class _FollowedJsonl:
     """A JSONL file read incrementally into records (``_add``); ``_clear`` on a rewrite."""
 
     def __init__(self, path: Path) -> None:
-        self._tail = FileTail(path)
+        self._tail = open_tail(path, open_run_file)
         self.bad_lines = 0
         self.revision = 0
         """Bumped on every change, so pollers know when to fetch again."""

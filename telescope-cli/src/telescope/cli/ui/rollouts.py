@@ -2,7 +2,8 @@
 
 Only the block holding a requested step is indexed (``StepIndex``), and only that step's lines
 are parsed, so a multi-GB rollout history is never read whole. Schema 1's single
-``rollouts.jsonl`` is indexed the same way, as one more block.
+``rollouts.jsonl`` is indexed the same way, as one more block. Blocks are read through core's
+record-file readers (``telescope.core.observe.rundir.tail``), compressed or plain alike.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.cli.ui.confine import open_run_file
 from telescope.cli.ui.index import StepIndex, bisect_step_spans
-from telescope.cli.ui.tail import parse_json_line, read_at
-from telescope.core.observe.rundir.blocks import block_files
+from telescope.core.observe.rundir.blocks import block_files, block_index
+from telescope.core.observe.rundir.frames import ZSTD_SUFFIX
 from telescope.core.observe.rundir.layout import ROLLOUTS_DIR, ROLLOUTS_FILE
+from telescope.core.observe.rundir.tail import FileTail, parse_json_line
 from telescope.core.observe.stats import gini, summary
 
 __all__ = ["RolloutFilter", "RolloutStore", "outcome_of", "step_summary"]
@@ -240,7 +243,7 @@ class RolloutStore:
         if self.block_size is None or (self.run_dir / ROLLOUTS_FILE).exists():
             return files
         wanted = {max(s, 0) // self.block_size for s in range(lo, hi + 1)}
-        return [p for p in files if int(p.stem.split("_")[1]) in wanted]
+        return [p for p in files if block_index(p) in wanted]
 
     def _index(self, path: Path, *, refresh: bool = True) -> StepIndex:
         index = self._indexes.get(path)
@@ -259,12 +262,15 @@ class RolloutStore:
         out: list[dict[str, Any]] = []
         for path in self._files_for(lo, hi):
             index = self._indexes.get(path)
-            if self.monotonic and lo == hi and (index is None or index.pending()):
+            plain = not path.name.endswith(ZSTD_SUFFIX)  # a compressed block has no byte offsets to bisect
+            if plain and self.monotonic and lo == hi and (index is None or index.pending()):
                 spans = bisect_step_spans(path, lo)  # the block is not (fully) indexed yet
+                lines = FileTail(path, open_run_file).read_at(spans) if spans else []
             else:
-                spans = self._index(path).spans(lo, hi)
-            if spans:
-                out.extend(r for r in map(parse_json_line, read_at(path, spans)) if r is not None)
+                index = self._index(path)
+                spans = index.spans(lo, hi)
+                lines = index.read_at(spans) if spans else []
+            out.extend(r for r in map(parse_json_line, lines) if r is not None)
         return out
 
     def steps(self) -> list[int]:

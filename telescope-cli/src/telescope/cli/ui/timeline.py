@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from telescope.cli.ui.index import StepIndex
-from telescope.cli.ui.tail import parse_json_line, read_at
 from telescope.core.observe.rundir.blocks import block_files
 from telescope.core.observe.rundir.layout import EVENTS_DIR, EVENTS_FILE
+from telescope.core.observe.rundir.tail import parse_json_line
 
 __all__ = ["EventStore", "TRAINER_PHASES", "build_spans"]
 
@@ -211,5 +211,5 @@ class EventStore:
         for index in self._refresh(window):
             spans = spans_of(index)
             if spans:
-                out.extend(r for r in map(parse_json_line, read_at(index.path, spans)) if r is not None)
+                out.extend(r for r in map(parse_json_line, index.read_at(spans)) if r is not None)
         return out

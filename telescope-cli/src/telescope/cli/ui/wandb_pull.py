@@ -3,7 +3,7 @@ directories, which the dashboard then reads like any other.
 
 The W&B logger uploads the run directory's records under their own relative paths
 (``wandb_uploads``: run.json, config.yaml, metrics.jsonl, evals/, rollout and event blocks,
-events/tail.jsonl, logs). Those files are downloaded as they are. A run logged before those
+events/tail.jsonl.zst, logs). Those files are downloaded as they are. A run logged before those
 uploads existed has no run.json there: one is written from the W&B run's name, state and
 times, config.yaml from its config, and metrics.jsonl from its history (the scalars of each
 step), so its Metrics page still works; rollouts then come from the blocks only if uploaded.
@@ -28,7 +28,7 @@ __all__ = ["cache_root", "pull_run", "pull_runs"]
 #: Run-directory files the dashboard reads (paths inside the W&B run's files).
 _WANTED = re.compile(
     r"^(run\.json|config\.yaml|metrics\.jsonl|system\.jsonl|evals/[^/]+\.jsonl|"
-    r"(rollouts|events)/(block_\d+|tail)\.jsonl|rollouts\.jsonl|events\.jsonl|logs/.+\.log)$"
+    r"(rollouts|events)/(block_\d+|tail)\.jsonl(\.zst)?|rollouts\.jsonl|events\.jsonl|logs/.+\.log)$"
 )
 _STATUS = {
     "running": "running",

@@ -101,9 +101,9 @@ def eval_sample_record(step: int, name: str, row: dict[str, Any]) -> dict[str, A
 class LocalLogger(Logger):
     """Writes config.yaml, run.json, metrics/system JSONL, rollout/event blocks, evals and logs/.
 
-    Step metrics, rollouts, events and evals are appended at once (crash safety); samples
-    (system, vLLM, torch memory) are buffered and appended every
-    ``metrics_logger_interval_seconds``; ``events/tail.jsonl`` is rewritten every
+    Step metrics, rollouts and evals are appended at once (crash safety); events at every tick
+    (``EventBlocks``); samples (system, vLLM, torch memory) are buffered and appended every
+    ``metrics_logger_interval_seconds``; ``events/tail.jsonl.zst`` is rewritten every
     ``event_upload_interval_seconds``. ``clock`` (unix seconds) drives both and the blocks.
     """
 
@@ -249,6 +249,8 @@ class LocalLogger(Logger):
         return part
 
     def tick(self) -> None:
+        if self._events is not None:
+            self._events.flush()
         if self._samples is not None:
             self._samples.tick()
         if self._tail_gate is not None and self._events is not None and self._tail_gate.due():
@@ -295,6 +297,7 @@ class LocalLogger(Logger):
         if self._samples is not None:
             self._samples.flush()
         if self._events is not None:
+            self._events.flush()
             self._events.write_tail()
 
     def _close_writers(self) -> None:

@@ -4,7 +4,7 @@ Honours every seed ``wandb_*`` field. ``WANDB_MODE=offline`` works without netwo
 files then live under ``RUN_DIR/wandb/``. History writes (step scalars, rollout tables, eval
 scores) are queued and sent, in order, every ``metrics_logger_interval_seconds`` from the
 hub's tick thread, so a slow W&B never blocks training. Every ``event_upload_interval_seconds``
-the local ``events/tail.jsonl`` and every closed event/rollout block are uploaded
+the local ``events/tail.jsonl.zst`` and every closed event/rollout block are uploaded
 (``BlockUploader``); the open blocks go at finish. System samples stay local (W&B samples
 its own system stats).
 """

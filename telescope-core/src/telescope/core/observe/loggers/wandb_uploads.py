@@ -1,6 +1,6 @@
 """Which run-directory files the W&B logger uploads, and when (``event_upload_interval_seconds``).
 
-Every interval: ``events/tail.jsonl`` when it changed since its last upload (the live view:
+Every interval: ``events/tail.jsonl.zst`` when it changed since its last upload (the live view:
 the events of the last ``event_tail_window_seconds``), each event or rollout block that
 is closed (a later block exists) and not yet uploaded, and the run's small record files
 (``RECORD_FILES``: run.json, config.yaml, metrics.jsonl, evals/metrics.jsonl) when they

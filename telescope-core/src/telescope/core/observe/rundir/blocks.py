@@ -1,10 +1,17 @@
 """Block files of the run directory: events by time (with a tail window), rollouts by step.
 
-``EventBlocks`` appends each event at once to ``events/block_{k}.jsonl``, where ``k`` counts
-``event_block_duration_seconds`` windows since the run was created (so a resume continues
-the numbering), and keeps the events of the last ``event_tail_window_seconds`` in memory to
-rewrite ``events/tail.jsonl`` (atomically) when asked. ``StepBlocks`` appends each rollout to
-``rollouts/block_{k}.jsonl`` with ``k = step // rollout_block_size``.
+Blocks are zstd-framed JSONL (``block_{k}.jsonl.zst``, ``telescope.core.observe.rundir.frames``);
+schema 2 wrote them as plain ``block_{k}.jsonl``, which ``block_files`` still lists (a plain and a
+compressed file of one index, from a run resumed by a newer Telescope: the plain one first).
+
+``EventBlocks`` buffers events and appends them as one frame to ``events/block_{k}.jsonl.zst``
+when ``flush`` is called (every tick of the hub), when the buffer holds ``FRAME_MAX_BYTES`` or
+its oldest event is ``EVENT_FLUSH_SECONDS`` old at the next write, and when the block changes;
+``k`` counts ``event_block_duration_seconds`` windows since the run was created (so a resume
+continues the numbering). It keeps the events of the last ``event_tail_window_seconds`` in
+memory to rewrite ``events/tail.jsonl.zst`` (atomically) when asked. ``StepBlocks`` appends each
+step's rollouts as one frame (or more, past ``FRAME_MAX_BYTES``) to
+``rollouts/block_{k}.jsonl.zst`` with ``k = step // rollout_block_size``.
 """
 
 from __future__ import annotations
@@ -18,35 +25,56 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from telescope.core.observe.rundir.jsonl import JsonlWriter, _dumps
+from telescope.core.observe.rundir.frames import FRAME_MAX_BYTES, compress_lines
+from telescope.core.observe.rundir.jsonl import JsonlWriter, ZstdJsonlWriter, _dumps
+from telescope.core.observe.rundir.layout import EVENTS_TAIL_FILE, LEGACY_EVENTS_TAIL_FILE
 
-__all__ = ["BLOCK_PATTERN", "EventBlocks", "StepBlocks", "block_files", "block_name"]
+__all__ = [
+    "BLOCK_PATTERN",
+    "EVENT_FLUSH_SECONDS",
+    "EventBlocks",
+    "StepBlocks",
+    "block_files",
+    "block_index",
+    "block_name",
+]
 
-BLOCK_PATTERN = re.compile(r"^block_(\d+)\.jsonl$")
+#: A block file, compressed (schema 3) or plain (schema 2).
+BLOCK_PATTERN = re.compile(r"^block_(\d+)\.jsonl(\.zst)?$")
+#: Buffered events are appended at the next write once the oldest is this old (the hub's tick,
+#: at most every 0.5 s, appends them sooner); a killed run loses at most these events.
+EVENT_FLUSH_SECONDS = 1.0
 
 
 def block_name(index: int) -> str:
-    """``block_000012.jsonl`` (zero-padded so a plain listing is in order)."""
-    return f"block_{index:06d}.jsonl"
+    """``block_000012.jsonl.zst`` (zero-padded so a plain listing is in order)."""
+    return f"block_{index:06d}.jsonl.zst"
+
+
+def block_index(path: Path) -> int | None:
+    """The index of a block file's name (compressed or plain), None for any other file."""
+    match = BLOCK_PATTERN.match(Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 def block_files(folder: Path) -> list[tuple[int, Path]]:
-    """``[(index, path)]`` of the block files in ``folder``, by index; ``[]`` if it is missing."""
+    """``[(index, path)]`` of the block files in ``folder``, by index (a plain file before the
+    compressed one of the same index: it was written first); ``[]`` if it is missing."""
     if not folder.is_dir():
         return []
     found = []
     for path in folder.iterdir():
-        match = BLOCK_PATTERN.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+        index = block_index(path)
+        if index is not None:
+            found.append((index, path))
+    return sorted(found, key=lambda item: (item[0], item[1].name.endswith(".zst")))
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` through a temp file and a rename (readers never see half)."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` through a temp file and a rename (readers never see half)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
     os.replace(tmp, path)
 
@@ -63,7 +91,7 @@ class _RotatingWriter:
         if index != self.index or self._writer is None:
             if self._writer is not None:
                 self._writer.close()
-            self._writer = JsonlWriter(self.folder / block_name(index))
+            self._writer = ZstdJsonlWriter(self.folder / block_name(index))
             self.index = index
         return self._writer
 
@@ -96,42 +124,71 @@ class EventBlocks:
         self.tail_window_s = float(tail_window_s)
         self._clock = clock
         self._blocks = _RotatingWriter(folder)
-        self._tail: deque[tuple[float, str]] = deque()
+        self._tail: deque[tuple[float, bytes]] = deque()
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._pending_index = 0
+        self._pending_since = 0.0
         self._lock = threading.Lock()
+        # schema 2's plain tail: stale once this run writes its own
+        (self.folder / Path(LEGACY_EVENTS_TAIL_FILE).name).unlink(missing_ok=True)
 
     def current_index(self, now: float) -> int:
         """Block of a write at ``now``; never goes back when the clock does."""
         index = max(int((now - self.origin) // self.block_duration_s), 0)
-        return max(index, self._blocks.index or 0)
+        return max(index, self._blocks.index or 0, self._pending_index)
 
     def write(self, records: list[dict[str, Any]]) -> None:
         if not records:
             return
         with self._lock:
             now = self._clock()
-            self._blocks.writer_for(self.current_index(now)).write_many(records)
-            self._tail.extend((now, _dumps(r)) for r in records)
+            index = self.current_index(now)
+            if self._pending and index != self._pending_index:
+                self._flush()  # the events of a block never go to the next one
+            if not self._pending:
+                self._pending_index, self._pending_since = index, now
+            lines = [_dumps(r).encode("utf-8") for r in records]
+            self._pending.extend(lines)
+            self._pending_bytes += sum(len(line) for line in lines)
+            self._tail.extend((now, line) for line in lines)
             self._prune(now)
+            if self._pending_bytes >= FRAME_MAX_BYTES or now - self._pending_since >= EVENT_FLUSH_SECONDS:
+                self._flush()
+
+    def flush(self) -> None:
+        """Append the buffered events to their block (one frame)."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        lines, self._pending, self._pending_bytes = self._pending, [], 0
+        self._blocks.writer_for(self._pending_index).write_lines(lines)
 
     def _prune(self, now: float) -> None:
         while self._tail and self._tail[0][0] < now - self.tail_window_s:
             self._tail.popleft()
 
     def write_tail(self) -> int:
-        """Rewrite ``tail.jsonl`` with the events written in the last window; returns their count."""
+        """Rewrite ``tail.jsonl.zst`` with the events written in the last window; returns their count."""
         with self._lock:
             self._prune(self._clock())
             lines = [line for _, line in self._tail]
-        write_text_atomic(self.folder / "tail.jsonl", "".join(lines))
+        write_bytes_atomic(self.folder / Path(EVENTS_TAIL_FILE).name, compress_lines(lines))
         return len(lines)
 
     def close(self) -> None:
         with self._lock:
-            self._blocks.close()
+            try:
+                self._flush()
+            finally:
+                self._blocks.close()
 
 
 class StepBlocks:
-    """Records into ``block_{step // block_size}.jsonl``; records of one call share a step."""
+    """Records into ``block_{step // block_size}.jsonl.zst``; records of one call share a step."""
 
     def __init__(self, folder: Path, block_size: int) -> None:
         if block_size < 1:

@@ -1,9 +1,12 @@
-"""Append-only JSONL files that survive a killed writer.
+"""Append-only JSONL files that survive a killed writer, plain or zstd-framed.
 
-Each record is one ``json.dumps`` line written with a single ``write`` call and flushed to
-the OS at once, so a SIGKILL loses at most the line being written. The OS keeps flushed
-data when the process dies; only a machine crash needs ``fsync`` (``sync=True``). The
-reader skips a torn last line (and counts any malformed line) instead of failing.
+Each record is one ``json.dumps`` line. ``JsonlWriter`` appends the lines of one call with a
+single ``write`` and flushes them to the OS at once, so a SIGKILL loses at most the line being
+written. ``ZstdJsonlWriter`` (``*.jsonl.zst``) appends them the same way as complete zstd frames
+(``telescope.core.observe.rundir.frames``): a SIGKILL loses at most the frame being written. The
+OS keeps flushed data when the process dies; only a machine crash needs ``fsync``
+(``sync=True``). ``iter_jsonl`` reads either kind (by suffix): it skips a torn end and counts
+malformed lines and skipped frames instead of failing.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from telescope.core.observe.rundir.frames import BLOCK_LEVEL, compress_lines
 from telescope.core.observe.rundir.storage import StorageError, describe_os_error
+from telescope.core.observe.rundir.tail import open_tail, split_lines
 
-__all__ = ["JsonlReadStats", "JsonlWriter", "iter_jsonl", "read_jsonl"]
+__all__ = ["JsonlReadStats", "JsonlWriter", "ZstdJsonlWriter", "iter_jsonl", "read_jsonl"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -58,7 +63,7 @@ class JsonlWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._sync = sync
         self._lock = threading.Lock()
-        self._file = open(self.path, "a", encoding="utf-8")  # kept open for appends
+        self._file = open(self.path, "ab")  # kept open for appends
         self._repair_torn_tail()
 
     def _repair_torn_tail(self) -> None:
@@ -69,8 +74,11 @@ class JsonlWriter:
         with open(self.path, "rb") as f:
             f.seek(size - 1)
             if f.read(1) != b"\n":
-                self._file.write("\n")
+                self._file.write(b"\n")
                 self._file.flush()
+
+    def _encode_lines(self, lines: list[bytes]) -> bytes:
+        return b"".join(lines)
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line and flush it."""
@@ -80,7 +88,13 @@ class JsonlWriter:
         """Append records, one line each, in one write and one flush (a kill tears at most the last)."""
         if not records:
             return
-        text = "".join(_dumps(r) for r in records)
+        self.write_lines([_dumps(r).encode("utf-8") for r in records])
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        """Append already encoded lines (each ending in ``\\n``) in one write and one flush."""
+        if not lines:
+            return
+        text = self._encode_lines(lines)
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"JSONL file {self.path} is closed: the logger already finished")
@@ -101,32 +115,69 @@ class JsonlWriter:
                     self._file.close()
 
 
+class ZstdJsonlWriter(JsonlWriter):
+    """``JsonlWriter`` for ``*.jsonl.zst``: each call appends complete zstd frames of whole lines.
+
+    A writer killed mid-append leaves a torn frame; reopening appends after it (readers skip it
+    and count it, as they count a torn line of a plain file), so nothing before it is touched.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, sync: bool = False, level: int = BLOCK_LEVEL) -> None:
+        self._level = level
+        super().__init__(path, sync=sync)
+
+    def _repair_torn_tail(self) -> None:
+        """Nothing to do: a torn frame is skipped by readers up to the next complete frame."""
+
+    def _encode_lines(self, lines: list[bytes]) -> bytes:
+        return compress_lines(lines, self._level)
+
+
 class JsonlReadStats:
-    """What a read skipped: ``torn_tail`` (an unfinished last line) and ``bad_lines``."""
+    """What a read skipped: ``torn_tail`` (an unfinished end: a torn line or frame), ``bad_lines``
+    (malformed lines) and, in a compressed file, ``skipped_frames`` (torn or corrupt frames
+    followed by good ones, ``skipped_bytes`` long in all)."""
 
     def __init__(self) -> None:
         self.records = 0
         self.torn_tail = False
         self.bad_lines = 0
+        self.skipped_frames = 0
+        self.skipped_bytes = 0
+
+    def problems(self) -> str:
+        """What was skipped, in words (``""`` when nothing was)."""
+        parts = []
+        if self.skipped_frames:
+            parts.append(
+                f"{self.skipped_frames} torn or corrupt compressed frame(s) skipped ({self.skipped_bytes} bytes)"
+            )
+        if self.bad_lines:
+            parts.append(f"{self.bad_lines} malformed line(s) skipped")
+        if self.torn_tail:
+            parts.append("an unfinished end ignored (torn by a killed writer, or being written)")
+        return "; ".join(parts)
 
 
 def iter_jsonl(path: str | os.PathLike[str], stats: JsonlReadStats | None = None) -> Iterator[dict[str, Any]]:
-    """Yield every complete record of ``path``; a missing file yields nothing."""
+    """Yield every complete record of ``path`` (``*.zst``: zstd-framed); a missing file yields nothing."""
     stats = stats if stats is not None else JsonlReadStats()
-    try:
-        f = open(path, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return
-    with f:
-        for line in f:
-            if not line.endswith("\n"):
-                stats.torn_tail = True  # the writer died mid-line: ignore the fragment
-                return
-            if not line.strip():
+    tail = open_tail(Path(path))
+    while True:
+        data, base, _ = tail.read_chunk()
+        stats.torn_tail = tail.torn_tail
+        stats.skipped_frames, stats.skipped_bytes = tail.skipped_frames, tail.skipped_bytes
+        if not data:
+            return
+        for line in split_lines(data, base):
+            if not line.data.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.data.decode("utf-8", errors="replace"))
             except json.JSONDecodeError:
+                stats.bad_lines += 1
+                continue
+            if not isinstance(record, dict):
                 stats.bad_lines += 1
                 continue
             stats.records += 1

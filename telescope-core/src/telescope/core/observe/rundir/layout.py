@@ -18,6 +18,7 @@ __all__ = [
     "EVENTS_DIR",
     "EVENTS_FILE",
     "EVENTS_TAIL_FILE",
+    "LEGACY_EVENTS_TAIL_FILE",
     "LOGS_DIR",
     "METRICS_FILE",
     "ROLLOUTS_DIR",
@@ -34,10 +35,13 @@ METRICS_FILE = "metrics.jsonl"
 #: Schema 1 single files (read for old run directories; schema 2 writes the block folders).
 ROLLOUTS_FILE = "rollouts.jsonl"
 EVENTS_FILE = "events.jsonl"
-#: Schema 2: ``rollouts/block_{k}.jsonl`` (by step), ``events/block_{k}.jsonl`` (by time) + tail.
+#: ``rollouts/block_{k}.jsonl.zst`` (by step), ``events/block_{k}.jsonl.zst`` (by time) + tail
+#: (schema 2 wrote them as plain ``.jsonl``; ``blocks.block_files`` lists both).
 ROLLOUTS_DIR = "rollouts"
 EVENTS_DIR = "events"
-EVENTS_TAIL_FILE = "events/tail.jsonl"
+EVENTS_TAIL_FILE = "events/tail.jsonl.zst"
+#: Schema 2's plain tail (read when a directory has no compressed one).
+LEGACY_EVENTS_TAIL_FILE = "events/tail.jsonl"
 EVALS_DIR = "evals"
 EVAL_METRICS_FILE = "evals/metrics.jsonl"
 EVAL_SAMPLES_FILE = "evals/samples.jsonl"

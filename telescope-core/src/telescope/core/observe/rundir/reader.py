@@ -1,6 +1,8 @@
 """Read a run directory back (used by ``telescope runs show`` and tests).
 
-Works on a live run, a finished run and a killed one: JSONL readers skip a torn last line.
+Works on a live run, a finished run and a killed one: readers skip a torn last line or frame,
+and ``read_stats`` counts what was skipped. Reads schema 3 (compressed blocks) and the plain
+JSONL of schemas 1 and 2.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from telescope.core.observe.rundir.blocks import block_files, block_name
+from telescope.core.observe.rundir.blocks import block_files
 from telescope.core.observe.rundir.jsonl import JsonlReadStats, read_jsonl
 from telescope.core.observe.rundir.layout import (
     CONFIG_FILE,
@@ -20,6 +22,7 @@ from telescope.core.observe.rundir.layout import (
     EVENTS_DIR,
     EVENTS_FILE,
     EVENTS_TAIL_FILE,
+    LEGACY_EVENTS_TAIL_FILE,
     METRICS_FILE,
     ROLLOUTS_DIR,
     ROLLOUTS_FILE,
@@ -87,20 +90,27 @@ class RunDirReader:
                 out.append((int(rec["step"]), float(value)))
         return out
 
-    def _read_blocks(self, folder: str, legacy_file: str) -> list[dict[str, Any]]:
-        """Schema 1's single file (if any) then every ``folder/block_{k}.jsonl`` in block order."""
+    def _read_blocks(self, folder: str, legacy_file: str, only: int | None = None) -> list[dict[str, Any]]:
+        """Schema 1's single file (if any) then every ``folder/block_{k}.jsonl[.zst]`` in block
+        order (only block ``only`` when given)."""
         records = self._read(legacy_file) if (self.path / legacy_file).exists() else []
-        for _, path in block_files(self.path / folder):
-            records.extend(self._read(f"{folder}/{path.name}"))
+        for index, path in block_files(self.path / folder):
+            if only is None or index == only:
+                records.extend(self._read(f"{folder}/{path.name}"))
         return records
+
+    def problems(self) -> dict[str, str]:
+        """``{file: what was skipped}`` for the files read so far that had torn, corrupt or
+        malformed parts (empty when every read was clean)."""
+        return {name: text for name, stats in self.read_stats.items() if (text := stats.problems())}
 
     def rollouts(self, step: int | None = None) -> list[dict[str, Any]]:
         """Rollout rows of every block (of one step when ``step`` is given)."""
         if step is not None:
             size = self.meta.get("layout", {}).get("rollout_block_size")
             if isinstance(size, int) and size > 0 and not (self.path / ROLLOUTS_FILE).exists():
-                # schema 2: only the block holding that step is read
-                rows = self._read(f"{ROLLOUTS_DIR}/{block_name(max(step, 0) // size)}")
+                # schema 2+: only the block holding that step is read
+                rows = self._read_blocks(ROLLOUTS_DIR, ROLLOUTS_FILE, only=max(step, 0) // size)
                 return [r for r in rows if r.get("step") == step]
         rows = self._read_blocks(ROLLOUTS_DIR, ROLLOUTS_FILE)
         return rows if step is None else [r for r in rows if r.get("step") == step]
@@ -111,6 +121,8 @@ class RunDirReader:
 
     def events_tail(self) -> list[dict[str, Any]]:
         """The events of the last ``event_tail_window_seconds`` as of the latest tail rewrite."""
+        if not (self.path / EVENTS_TAIL_FILE).exists() and (self.path / LEGACY_EVENTS_TAIL_FILE).exists():
+            return self._read(LEGACY_EVENTS_TAIL_FILE)
         return self._read(EVENTS_TAIL_FILE)
 
     def evals(self, name: str | None = None) -> list[dict[str, Any]]:

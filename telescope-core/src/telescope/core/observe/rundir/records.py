@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: Version of the run-directory layout and of every record below (bump on breaking change).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Why a finished rollout was not used for training (any other reason a plugin or a newer
 #: runtime writes is counted as a discard too: ``discarded/<reason>/count``).

@@ -43,11 +43,12 @@ function lastUpdate(run) {
   return ago === null || ago === undefined ? '–' : `${duration(ago)} ago`;
 }
 
-// What the readers skipped (torn or malformed lines) and the steps a resumed run logged again.
+// What the readers skipped (torn or malformed lines, torn or corrupt compressed frames) and the
+// steps a resumed run logged again.
 function readNotes(read) {
-  const damaged = Object.entries(read).filter(([, v]) => v && (v.torn_tail || v.bad_lines));
+  const damaged = Object.entries(read).filter(([, v]) => v && (v.torn_tail || v.bad_lines || v.skipped_frames));
   return [
-    damaged.length ? h('span', { class: 'error', title: JSON.stringify(Object.fromEntries(damaged)) }, 'damaged lines skipped') : null,
+    damaged.length ? h('span', { class: 'error', title: JSON.stringify(Object.fromEntries(damaged)) }, 'damaged records skipped') : null,
     read.superseded_steps ? h('div', { class: 'muted' }, `${read.superseded_steps} steps logged again after a resume`) : null,
   ];
 }
