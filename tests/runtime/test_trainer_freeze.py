@@ -1,0 +1,84 @@
+"""A frozen trainer rank (SIGSTOP) in the quickstart: the overdue step is diagnosed naming the rank,
+``runs show`` says how long the step has run meanwhile, and the run restarts from its checkpoint and
+finishes every step within 5 minutes of the freeze (a real ``telescope train``: Ray, two FSDP ranks,
+a transformers server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from ports import free_port_block
+from rundriver import actor_pids, finish, launch, pid_alive, read_jsonl, run_meta, wait_for
+from typer.testing import CliRunner
+
+pytest.importorskip("ray")
+
+QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
+STEPS = 20
+
+
+def latest_checkpoint(run_dir: Path) -> int:
+    steps = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*") if p.name[5:].isdigit()]
+    return max(steps, default=0)
+
+
+def steps_logged(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return len(read_jsonl(metrics)) if metrics.is_file() else 0
+
+
+@pytest.mark.slow
+def test_a_frozen_trainer_rank_is_diagnosed_and_the_run_restarts_from_its_checkpoint(tmp_path: Path) -> None:
+    from telescope.cli.app import app
+
+    run_dir, log, config = tmp_path / "run", tmp_path / "cli.log", tmp_path / "run.yaml"
+    cfg = yaml.safe_load(QUICKSTART.read_text())
+    cfg.update(
+        number_of_steps=STEPS,
+        checkpoint_every=4,
+        run_dir=str(run_dir),
+        inference_base_port=free_port_block(1),
+    )
+    config.write_text(yaml.safe_dump(cfg))
+    proc = launch(config, log)
+    wait_for(lambda: steps_logged(run_dir) >= 6, proc, log, timeout_s=400)
+    victim = actor_pids(proc.pid, "TrainerWorker")[-1]
+    os.kill(victim, signal.SIGSTOP)
+    frozen_at, done_at_freeze, checkpoint = time.time(), steps_logged(run_dir), latest_checkpoint(run_dir)
+    try:
+        # meanwhile the run directory says which step runs, for how long, against the median step
+        time.sleep(20)
+        shown = CliRunner().invoke(app, ["runs", "show", str(run_dir)], env={"COLUMNS": "250"}).output
+        step = steps_logged(run_dir) + 1
+        assert f"step {step} running for " in shown and "(median step " in shown, shown
+        assert finish(proc, log, 300) == 0, log.read_text()[-4000:]
+    finally:
+        if pid_alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    finished = time.time()
+
+    meta = run_meta(run_dir)
+    assert meta["status"] == "finished" and meta["starts"] == 1
+    (restart,) = meta["info"]["restarts"]
+    print(
+        f"frozen after step {done_at_freeze}: diagnosed and restarting {restart['time'] - frozen_at:.0f}s "
+        f"after the freeze, finished {finished - frozen_at:.0f}s after it"
+    )
+    assert finished - frozen_at < 300
+    assert restart["from_step"] == checkpoint >= 4  # the latest checkpoint when the rank froze
+    reason = restart["reason"]
+    assert reason.startswith("TrainerHungError: step ") and " is overdue: running for " in reason
+    assert f"(pid {victim}) has not answered a heartbeat for " in reason, reason
+    assert not pid_alive(victim) or Path(f"/proc/{victim}/stat").read_text().split()[2] == "Z"
+    text = (run_dir / "logs" / "telescope.log").read_text()
+    assert "restarting the trainers and servers from checkpoint step" in text
+    # every step, the ones after the checkpoint trained again after the restart
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert sorted({int(r["step"]) for r in rows}) == list(range(1, STEPS + 1))
+    after = sorted(int(r["step"]) for r in rows if r["time"] >= restart["time"])
+    assert after == list(range(checkpoint + 1, STEPS + 1))
