@@ -1,7 +1,7 @@
 """A frozen trainer rank (SIGSTOP) in the quickstart: the overdue step is diagnosed naming the rank,
 ``runs show`` says how long the step has run meanwhile, and the run restarts from its checkpoint and
 finishes every step within 5 minutes of the freeze (a real ``telescope train``: Ray, two FSDP ranks,
-a transformers server)."""
+a transformers server). Without a checkpoint the run ends with that diagnosis as its one line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ports import free_port_block
-from rundriver import actor_pids, finish, launch, pid_alive, read_jsonl, run_meta, wait_for
+from rundriver import actor_pids, finish, launch, pid_alive, read_jsonl, run_meta, settings, wait_for
 from typer.testing import CliRunner
 
 pytest.importorskip("ray")
@@ -82,3 +82,34 @@ def test_a_frozen_trainer_rank_is_diagnosed_and_the_run_restarts_from_its_checkp
     assert sorted({int(r["step"]) for r in rows}) == list(range(1, STEPS + 1))
     after = sorted(int(r["step"]) for r in rows if r["time"] >= restart["time"])
     assert after == list(range(checkpoint + 1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_frozen_trainer_rank_without_a_checkpoint_ends_the_run_with_one_line(tmp_path: Path) -> None:
+    run_dir, log, config = tmp_path / "run", tmp_path / "cli.log", tmp_path / "run.yaml"
+    floor = 20.0  # the smallest run's steps take well under 2 s: the floor decides
+    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=40, trainer_overdue_floor_s=floor)))
+    proc = launch(config, log)
+    wait_for(lambda: steps_logged(run_dir) >= 3, proc, log, timeout_s=300)
+    (victim,) = actor_pids(proc.pid, "TrainerWorker")
+    os.kill(victim, signal.SIGSTOP)
+    frozen_at = time.time()
+    try:
+        assert finish(proc, log, 200) == 1, log.read_text()[-4000:]
+    finally:
+        if pid_alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    took = time.time() - frozen_at
+    print(f"frozen: the run ended {took:.0f}s after the freeze (trainer_overdue_floor_s {floor:g})")
+    assert floor < took < floor + 60
+    meta = run_meta(run_dir)
+    assert meta["status"] == "failed" and "restarts" not in meta["info"]
+    reason = meta["info"]["failure"]["reason"]
+    assert reason.startswith("TrainerHungError: step ") and f"{floor:g}s) (trainer_overdue_factor" in reason
+    assert f"trainer rank 0 (pid {victim}) has not answered a heartbeat for " in reason
+    # the terminal says it once, last, before where the logs are
+    lines = [
+        line for line in log.read_text().splitlines() if "TrainerHungError" in line or "is overdue" in line
+    ]
+    assert lines == [f"training failed: {reason}"]
+    assert log.read_text().rstrip().splitlines()[-2] == lines[0]

@@ -302,8 +302,7 @@ class TrainerWatch:
         if snap is None:
             return True
         found = diagnose(snap, self.views(now), self.recent(), self.factor, self.floor_s, now)
-        if isinstance(found, TrainerHungError):
-            log.error("%s", found)
+        if isinstance(found, TrainerHungError):  # the driver logs it once: restarting, or the run's end
             self.fail(found)
             return False
         step = snap.completed_steps + 1
