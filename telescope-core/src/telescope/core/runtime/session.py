@@ -184,7 +184,7 @@ class RunSession:
         from telescope.core.runtime.supervision.heartbeat import TrainerHungError, kill_silent_ranks
 
         if isinstance(self._failure, TrainerHungError) and self._failure.silent:
-            kill_silent_ranks(self._failure.silent)  # frozen: they would not act on ray.kill
+            kill_silent_ranks(self._failure.silent)  # frozen: they cannot exit when ray.kill asks
 
         if self.servers is not None:
             try:

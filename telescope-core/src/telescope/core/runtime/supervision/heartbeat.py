@@ -16,7 +16,7 @@ swapping to death) answers nothing; a rank stuck in a collective answers that it
   answer (for ``SILENT_AFTER_S``) or is busy in a phase is a hung trainer: the run fails with
   ``TrainerHungError`` naming each such rank and its phase, which the driver treats like a dead
   rank (restart from the latest checkpoint, else one line); ``RunSession.stop`` SIGKILLs the ranks
-  that did not answer (a stopped process never acts on a polite request). An overdue step while
+  that did not answer (a stopped process cannot exit when Ray asks it to). An overdue step while
   every rank idles is not the trainer's: one warning per step, and the stall watchdog
   (``stall_timeout_s``) stays in charge.
 
@@ -315,7 +315,8 @@ class TrainerWatch:
 
 def kill_silent_ranks(beats: list[Beat], timeout_s: float = 15.0) -> None:
     """SIGKILL the processes of ranks that stopped answering, each from a task on its own node: a
-    stopped process does not act on Ray's request to exit, and would keep its memory (and GPU)."""
+    stopped process cannot exit when Ray asks, and keeps its memory (and GPU) until Ray's forced kill
+    seconds later, maybe after the restarted ranks need it."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
