@@ -22,6 +22,7 @@ from telescope.core.testing import make_config
 from telescope.core.weights import GroupSpec, WeightSyncSettings
 from telescope.core.weights.group import WeightSyncGroup, free_port
 from telescope.core.weights.sender import WeightSender
+from telescope.core.weights.settings import new_group_name
 from telescope.core.weights.verify import check_sync
 
 
@@ -45,7 +46,14 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
         )
         ok &= good
         port = free_port()
-        spec = GroupSpec(host="127.0.0.1", port=port, world_size=2, backend="gloo", timeout_s=300)
+        spec = GroupSpec(
+            host="127.0.0.1",
+            port=port,
+            world_size=2,
+            backend="gloo",
+            timeout_s=300,
+            group_name=new_group_name(),
+        )
         init = asyncio.create_task(
             client.init_weight_sync(WeightSyncInitRequest(**spec.model_dump(), rank=1))
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -67,6 +68,7 @@ def bench_script() -> Callable[[str], ModuleType]:
         spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while it executes
         spec.loader.exec_module(module)
         return module
 

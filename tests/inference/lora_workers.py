@@ -9,6 +9,9 @@ from typing import Any
 
 import torch
 
+#: The group name of these tests, on both sides (a server joins only a name with a nonce).
+GROUP = "telescope-weights-" + "6" * 32
+
 
 def _samples(seed: int, vocab: int) -> list[Any]:
     from telescope.core.trainer import TrainSample
@@ -70,7 +73,7 @@ def lora_trainer_worker(store_port: int, cfg_json: str, commands: Any, answers: 
             step += 1
             answers.put(step)
         elif command == "join":  # sent while the server joins: the group forms once both are in
-            spec = GroupSpec(host="127.0.0.1", port=store_port, world_size=2, timeout_s=120)
+            spec = GroupSpec(host="127.0.0.1", port=store_port, world_size=2, timeout_s=120, group_name=GROUP)
             sender = WeightSender(WeightSyncGroup(spec, 0), WeightSyncSettings.from_config(cfg))
             answers.put(True)
         elif command == "sync":

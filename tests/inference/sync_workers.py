@@ -11,6 +11,9 @@ from telescope.core.weights.group import WeightSyncGroup
 from telescope.core.weights.receiver import WeightReceiver
 from telescope.core.weights.sender import WeightSender
 
+#: The group name these tests use on both sides (a server joins only a name with a nonce).
+GROUP = "telescope-weights-" + "5" * 32
+
 #: (mode, version) of each sync in the group test; v4 carries a corrupted byte, v5 follows it.
 PLAN = [
     ("flattened_bucket", 1),
@@ -88,7 +91,9 @@ def perturbed_state(model_path: str, seed: int) -> dict[str, torch.Tensor]:
 def trainer_worker(port: int, versions: list[tuple[str, int]], model_path: str, queue: Any) -> None:
     """A trainer rank 0: sends perturbed weights once per (mode, version)."""
     torch.set_num_threads(1)
-    group = WeightSyncGroup(GroupSpec(host="127.0.0.1", port=port, world_size=2, timeout_s=120), 0)
+    group = WeightSyncGroup(
+        GroupSpec(host="127.0.0.1", port=port, world_size=2, timeout_s=120, group_name=GROUP), 0
+    )
     for mode, version in versions:
         state = perturbed_state(model_path, seed=version)
         report = WeightSender(group, WeightSyncSettings(mode=mode, bucket_mb=1)).send(

@@ -83,7 +83,9 @@ def test_server_samples_the_adapter_just_trained(tiny_path: str, tmp_path: Path)
         async with engine.client(server.url) as client:
             base = await sample(client)
             seen["base"] = (base, await ask("logprobs", prompt, base.token_ids))
-            request = WeightSyncInitRequest(host="127.0.0.1", port=store_port, world_size=2, rank=1)
+            request = WeightSyncInitRequest(
+                host="127.0.0.1", port=store_port, world_size=2, rank=1, group_name=workers.GROUP
+            )
             await asyncio.gather(ask("join"), client.init_weight_sync(request))
             for version in (1, 2, 3):
                 await ask("train")

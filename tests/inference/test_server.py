@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from telescope.core.cluster.run_secret import auth_headers
 from telescope.core.inference.client import InferenceClient, InferenceServerError
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.weights.group import free_port
@@ -188,7 +189,7 @@ def test_several_token_id_prompts_in_one_request(server: SimpleNamespace) -> Non
         }
         async with (
             aiohttp.ClientSession() as session,
-            session.post(server.url + "/v1/completions", json=body) as r,
+            session.post(server.url + "/v1/completions", json=body, headers=auth_headers()) as r,
         ):
             return r.status, await r.json()
 

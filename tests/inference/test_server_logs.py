@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from telescope.core.cluster.run_secret import auth_headers
 from telescope.core.errors import describe_failure, failure_log_tail
 from telescope.core.inference.launcher import ServerCommand, ServerProcess, ServerStartError, cause_line
 from telescope.core.inference.settings import TransformersEngineKwargs
@@ -103,7 +104,8 @@ def test_access_log_is_off_by_default_and_summarised(tmp_path: Path, tiny_path: 
     )
     try:
         for path in ("/health", "/health", "/v1/models"):
-            with urllib.request.urlopen(server.url + path, timeout=10) as resp:
+            request = urllib.request.Request(server.url + path, headers=auth_headers())
+            with urllib.request.urlopen(request, timeout=10) as resp:
                 assert resp.status == 200
     finally:
         server.stop()  # SIGTERM: aiohttp shuts down and the last summary is written

@@ -21,6 +21,7 @@ from telescope.core.inference import auto
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.client import VllmClient, matches_request
 from telescope.core.inference.vllm_engine.engine import VllmEngine
+from telescope.core.inference.vllm_engine.guard import RPC_PATH
 from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg
@@ -174,7 +175,7 @@ class FakePrefixCachingVllm:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/pause", self.pause)
         app.router.add_post("/resume", self.resume)
-        app.router.add_post("/collective_rpc", self.rpc)
+        app.router.add_post(RPC_PATH, self.rpc)
         return app
 
     async def completions(self, request: web.Request) -> web.Response:

@@ -6,7 +6,9 @@ cannot be imported on CPU CI. ``make test-vllm-contract`` installs the package a
 it: our launch argv against ``EngineArgs`` / ``FrontendArgs`` (the dataclasses vLLM's argument parser
 is generated from), our request bodies against its ``CompletionRequest`` model, the routes and
 parameters we call, the attributes and modules our worker extension uses, the OpenTelemetry modules its
-tracing imports, and that ``cache_salt`` is part of its prefix-cache block hash.
+tracing imports, that ``cache_salt`` is part of its prefix-cache block hash, and what the run's guard
+(``vllm_engine.guard``) relies on: ``--middleware`` added outermost, the engine client's calls, vLLM's
+own control routes only in dev mode, ``VLLM_API_KEY`` and the OTLP exporter's environment headers.
 
 Where that venv is absent (``make test``) every test skips, saying how to run them.
 """
@@ -221,6 +223,7 @@ def test_every_launch_flag_is_a_vllm_serve_option_with_a_value_it_accepts() -> N
         "otlp_traces_endpoint",
         "disable_uvicorn_access_log",
         "generation_config",
+        "middleware",
     } <= checked
 
 
@@ -260,37 +263,87 @@ def _query_params(handler: ast.AsyncFunctionDef) -> dict[str, str]:
     return {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in handler.args.args}
 
 
-def test_pause_takes_mode_keep_and_clear_cache() -> None:
-    from telescope.core.inference.vllm_engine.client import VllmClient
-
-    params = _query_params(_routes()["/pause"])
-    assert "PauseMode" in params["mode"] and "keep" in _literal("PauseMode")
-    assert "bool" in params["clear_cache"]
-    assert VllmClient.pause.__doc__ and "clear_cache" in VllmClient.pause.__doc__
-    for route in ("/resume", "/is_paused", "/collective_rpc", "/v1/completions", "/metrics", "/health"):
-        assert route in _routes() or route == "/metrics", route  # /metrics: prometheus' mounted app
+def _method(rel: str, cls: str, name: str) -> ast.AsyncFunctionDef | ast.FunctionDef:
+    for node in _class(rel, cls).body:
+        if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) and node.name == name:
+            return node
+    raise AssertionError(f"{cls}.{name} is not in vllm/{rel}")
 
 
-def test_collective_rpc_reads_the_keys_we_send_as_strings() -> None:
-    handler = _routes()["/collective_rpc"]
-    read = {
-        n.args[0].value
-        for n in ast.walk(handler)
-        if isinstance(n, ast.Call)
-        and ast.unparse(n.func) == "body.get"
-        and isinstance(n.args[0], ast.Constant)
-    }
-    assert {"method", "args", "kwargs", "timeout"} <= read
-    assert "list[str]" in ast.unparse(handler) and "dict[str, str]" in ast.unparse(handler)
+def test_the_engine_client_has_the_calls_the_guard_makes() -> None:
+    """``vllm_engine.guard`` serves /pause, /resume, /is_paused and the worker-extension RPC through
+    ``app.state.engine_client`` (vLLM's ``EngineClient``), with these keywords."""
+    rel = "engine/protocol.py"
+    pause = _method(rel, "EngineClient", "pause_generation")
+    assert {"mode", "clear_cache"} <= {a.arg for a in pause.args.kwonlyargs}
+    assert "PauseMode" in ast.unparse(pause) and set(_literal("PauseMode")) == {"abort", "wait", "keep"}
+    assert _method(rel, "EngineClient", "resume_generation").args.args[1:] == []
+    assert _method(rel, "EngineClient", "is_paused").args.args[1:] == []
+    rpc = _method(rel, "EngineClient", "collective_rpc")
+    assert [a.arg for a in rpc.args.args] == ["self", "method", "timeout", "args", "kwargs"]
+    init = next(
+        n
+        for n in _tree("entrypoints/openai/api_server.py").body
+        if isinstance(n, ast.AsyncFunctionDef) and n.name == "init_app_state"
+    )
+    assert "state.engine_client = engine_client" in ast.unparse(init)
 
 
-def test_dev_mode_routes_need_the_variable_we_set() -> None:
-    for rel in ("entrypoints/serve/rpc/api_router.py", "entrypoints/serve/rlhf/api_router.py"):
+def _build_app() -> ast.FunctionDef:
+    return next(
+        n
+        for n in _tree("entrypoints/openai/api_server.py").body
+        if isinstance(n, ast.FunctionDef) and n.name == "build_app"
+    )
+
+
+def test_our_middleware_is_added_last_so_it_sees_every_request_first() -> None:
+    """Starlette's ``add_middleware`` puts each new middleware outside the ones before: vLLM adds the
+    ``--middleware`` classes after CORS and its own API-key check, so the guard runs before both (and
+    before routing: routes that exist in vLLM never see a refused request)."""
+    source = ast.unparse(_build_app())
+    ours = source.index("for middleware in args.middleware")
+    assert source.index("AuthenticationMiddleware") < ours and source.index("CORSMiddleware") < ours
+    loop = source[ours:]
+    assert "app.add_middleware(imported)" in loop and "inspect.isclass(imported)" in loop
+    assert "middleware" in _cli_fields() and "list[str]" in _cli_fields()["middleware"]
+
+
+def test_vllms_api_key_covers_only_v1_and_is_read_from_the_environment() -> None:
+    """Why the guard is needed besides ``VLLM_API_KEY``: vLLM's check skips every path outside /v1."""
+    assert "envs.VLLM_API_KEY" in ast.unparse(_build_app())
+    call = ast.unparse(_method("entrypoints/openai/server_utils.py", "AuthenticationMiddleware", "__call__"))
+    assert "url_path.startswith('/v1')" in call
+    envs = (VLLM / "envs.py").read_text()  # type: ignore[operator]
+    assert 'os.environ.get("VLLM_API_KEY"' in envs
+
+
+def test_vllms_control_routes_exist_only_in_dev_mode_which_we_turn_off() -> None:
+    for rel in (
+        "entrypoints/serve/rpc/api_router.py",
+        "entrypoints/serve/rlhf/api_router.py",
+        "entrypoints/serve/sleep/api_router.py",
+        "entrypoints/serve/cache/api_router.py",
+    ):
         attach = next(
             n for n in _tree(rel).body if isinstance(n, ast.FunctionDef) and n.name == "attach_router"
         )
-        assert "VLLM_SERVER_DEV_MODE" in ast.unparse(attach), rel
-    assert build_vllm_env(make_cfg())["VLLM_SERVER_DEV_MODE"] == "1"
+        assert "if not envs.VLLM_SERVER_DEV_MODE" in ast.unparse(attach), rel
+    assert set(_routes()) >= {"/pause", "/resume", "/is_paused", "/collective_rpc", "/sleep"}
+    assert build_vllm_env(make_cfg())["VLLM_SERVER_DEV_MODE"] == "0"
+    envs = (VLLM / "envs.py").read_text()  # type: ignore[operator]
+    assert 'bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))' in envs  # "0" means off
+
+
+def test_vllms_otlp_exporter_takes_its_headers_from_the_environment() -> None:
+    """The run's secret reaches the driver's OTLP receiver as ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``,
+    which the exporter reads only when vLLM passes no ``headers`` of its own."""
+    exporters = [
+        n
+        for n in ast.walk(_tree("tracing/otel.py"))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "OTLPHttpExporter"
+    ]
+    assert exporters and all("headers" not in {k.arg for k in n.keywords} for n in exporters)
 
 
 def test_abort_relies_on_disconnect_which_vllm_honours() -> None:

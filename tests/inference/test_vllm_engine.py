@@ -13,10 +13,13 @@ from telescope.core.inference.protocol import WeightSyncInitRequest
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.args import WORKER_EXTENSION, build_vllm_args, build_vllm_env
 from telescope.core.inference.vllm_engine.engine import VllmEngine
+from telescope.core.inference.vllm_engine.guard import RPC_PATH
 from telescope.core.weights import WeightSyncMismatchError
 from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg
+
+GROUP = "telescope-weights-" + "7" * 32
 
 
 def flag(args: list[str], name: str) -> str:
@@ -68,7 +71,8 @@ def test_launch_args_come_from_the_resolved_config() -> None:
     assert "--enable-prefix-caching" in args and args[-1] == "--enforce-eager"
     assert "--max-num-batched-tokens" not in args
     env = build_vllm_env(cfg)
-    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["VLLM_SERVER_DEV_MODE"] == "0" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert flag(args, "--middleware") == "telescope.core.inference.vllm_engine.guard.TelescopeGuard"
 
 
 def test_defaults_follow_the_seed_table_and_tracing_off_drops_the_endpoint() -> None:
@@ -166,7 +170,7 @@ class FakeVllm:
         app.router.add_get("/metrics", self.metrics)
         for path in ("/pause", "/resume", "/abort_requests"):
             app.router.add_post(path, self.control)
-        app.router.add_post("/collective_rpc", self.rpc)
+        app.router.add_post(RPC_PATH, self.rpc)
         return app
 
     async def completions(self, request: web.Request) -> web.Response:
@@ -254,7 +258,7 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
                 out = await client.complete([1, 2], n=2, max_tokens=2)
                 metrics = await client.metrics()
                 await client.init_weight_sync(
-                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=3, rank=1)
+                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=3, rank=1, group_name=GROUP)
                 )
                 update = await client.update_weights(4)
                 fake.fail_rpc = True
@@ -336,7 +340,7 @@ def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -
         try:
             async with InferenceClient(url) as client:  # the transformers engine's weight API
                 await client.init_weight_sync(
-                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=2, rank=1)
+                    WeightSyncInitRequest(host="127.0.0.1", port=5, world_size=2, rank=1, group_name=GROUP)
                 )
         finally:
             await runner.cleanup()

@@ -15,6 +15,7 @@ import torch
 from aiohttp import web
 
 from telescope.core.inference.vllm_engine.client import VllmClient
+from telescope.core.inference.vllm_engine.guard import RPC_PATH
 from telescope.core.inference.vllm_engine.worker import TelescopeWeightSyncExtension
 from telescope.core.weights.group import free_port
 from telescope.core.weights.receiver import ReceivedSync
@@ -33,7 +34,7 @@ class FakeVllmWorkers:
         app = web.Application()
         for path in ("/pause", "/resume"):
             app.router.add_post(path, self.control)
-        app.router.add_post("/collective_rpc", self.rpc)
+        app.router.add_post(RPC_PATH, self.rpc)
         return app
 
     async def control(self, request: web.Request) -> web.Response:

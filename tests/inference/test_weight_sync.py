@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from telescope.core.cluster.run_secret import auth_headers
 from telescope.core.weights import WeightSyncError, WeightSyncMismatchError
 from telescope.core.weights.fingerprint import fingerprint
 from telescope.core.weights.group import free_port
@@ -149,12 +150,17 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
 
         async def go():  # type: ignore[no-untyped-def]
             results = []
-            async with aiohttp.ClientSession() as http, http.get(server.url + "/v1/models") as resp:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(server.url + "/v1/models", headers=auth_headers()) as resp,
+            ):
                 served_len = (await resp.json())["data"][0]["max_model_len"]
             async with engine.client(server.url) as client:
                 results.append(await client.complete(prompt, temperature=0.0, max_tokens=12, ignore_eos=True))
                 await client.init_weight_sync(
-                    WeightSyncInitRequest(host="127.0.0.1", port=store_port, world_size=2, rank=1)
+                    WeightSyncInitRequest(
+                        host="127.0.0.1", port=store_port, world_size=2, rank=1, group_name=workers.GROUP
+                    )
                 )
                 for _, version, apply in plan:
                     update = await client.update_weights(version, apply=apply)

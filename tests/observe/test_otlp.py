@@ -14,8 +14,17 @@ from typing import Any
 
 import pytest
 
+from telescope.core.cluster.run_secret import ENV_VAR, auth_headers
 from telescope.core.observe.samplers.otlp import OtlpReceiver
 from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_protobuf
+
+SECRET = "otlp-secret-" + "9" * 40
+
+
+@pytest.fixture(autouse=True)
+def run_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Receivers take the run's secret from the environment, as in a run."""
+    monkeypatch.setenv(ENV_VAR, SECRET)
 
 
 # --- a minimal protobuf encoder, written independently of the decoder under test ---------
@@ -84,8 +93,9 @@ def test_decode_protobuf_export() -> None:
         spans_from_protobuf(_export([VLLM_SPAN])[:-3])
 
 
-def _post(port: int, body: bytes, ctype: str, encoding: str = "") -> int:
+def _post(port: int, body: bytes, ctype: str, encoding: str = "", extra: dict[str, str] | None = None) -> int:
     headers = {"Content-Type": ctype, **({"Content-Encoding": encoding} if encoding else {})}
+    headers.update(auth_headers() if extra is None else extra)
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
@@ -96,6 +106,8 @@ def _post(port: int, body: bytes, ctype: str, encoding: str = "") -> int:
 
 def test_receiver_over_http_protobuf_gzip_json_and_lookup(otlp_json: Callable[..., dict[str, Any]]) -> None:
     rx = OtlpReceiver(port=0)
+    for issued in ("42", "7", "late"):
+        rx.expect(issued)
     rx.start()
     try:
         assert _post(rx.port, gzip.compress(_export([VLLM_SPAN])), "application/x-protobuf", "gzip") == 200
@@ -125,6 +137,8 @@ def test_receiver_over_http_protobuf_gzip_json_and_lookup(otlp_json: Callable[..
 
 def test_capacity_and_ttl() -> None:
     rx = OtlpReceiver(port=0, max_spans=2, ttl_s=3600)
+    for i in range(3):
+        rx.expect(f"r{i}")
     for i in range(3):
         rx.ingest(_export([{"name": "s", "attributes": {"gen_ai.request.id": f"r{i}"}}]))
     assert rx.lookup("r0", wait_s=0) is None and rx.lookup("r2", wait_s=0) is not None
@@ -162,6 +176,8 @@ def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
 
     collected = StepRollouts()
     rx = OtlpReceiver(port=0)
+    for issued in ("a", "b", "c"):
+        rx.expect(issued)
     collected.traces = rx
     try:
         # vLLM names a completion's span "<response id>-<prompt index>"
@@ -203,15 +219,100 @@ def test_oversized_and_bomb_exports_are_refused_before_any_work() -> None:
     bomb = gzip.compress(b"\0" * (64 * 1024 * 1024))
     assert len(bomb) < 128 * 1024
     rx = OtlpReceiver(port=0)
+    rx.expect("42")
     rx.start()
     try:
         assert _post(rx.port, bomb, "application/x-protobuf", "gzip") == 400
         with socket.create_connection(("127.0.0.1", rx.port), timeout=5) as conn:  # announce, never send
             conn.sendall(
-                f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: {otlp.MAX_BODY_BYTES + 1}\r\n\r\n".encode()
+                f"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {SECRET}\r\n"
+                f"Content-Type: application/x-protobuf\r\nContent-Length: {otlp.MAX_BODY_BYTES + 1}\r\n\r\n".encode()
             )
             assert conn.recv(64).startswith(b"HTTP/1.0 413")
         assert rx.bad_requests == 2
         assert _post(rx.port, gzip.compress(_export([VLLM_SPAN])), "application/x-protobuf", "gzip") == 200
     finally:
         rx.stop()
+
+
+def test_an_export_without_the_run_secret_or_from_a_foreign_host_is_refused_unread() -> None:
+    """Finding 8: anyone who reached the port could fill the receiver."""
+    rx = OtlpReceiver(port=0)
+    rx.expect("42")
+    rx.start()
+    body = _export([VLLM_SPAN])
+    try:
+        for headers, status in (
+            ({}, 401),
+            ({"Authorization": "Bearer wrong"}, 401),
+            ({**auth_headers(), "Host": "evil.example"}, 421),
+        ):
+            assert _post(rx.port, body, "application/x-protobuf", extra=headers) == status
+        assert _post(rx.port, body, "text/plain") == 415
+        assert rx.bad_requests == 4 and rx.lookup("cmpl-42", wait_s=0) is None
+        assert _post(rx.port, body, "application/x-protobuf") == 200
+        assert rx.lookup("cmpl-42", wait_s=0) is not None
+    finally:
+        rx.stop()
+
+
+def test_only_spans_of_requests_the_run_issued_are_kept() -> None:
+    """Finding 8: spans of ids the run never sent used to be stored (and evicted the run's own)."""
+    rx = OtlpReceiver(port=0, max_spans=2)
+    rx.expect("step3-g1-s0")
+    rx.expect("step3-g1-s1-t2")  # a multi-turn sample's third turn
+    names = ["cmpl-step3-g1-s0-0", "cmpl-step3-g1-s1-t2-0", "cmpl-step3-g1-0", "cmpl-other-0", "step3"]
+    rx.ingest(_export([{"name": n, "attributes": {"gen_ai.request.id": n}} for n in names]))
+    assert rx.foreign_spans == 3
+    assert rx.lookup("cmpl-step3-g1-s0", wait_s=0)["name"] == names[0]
+    assert rx.lookup("cmpl-step3-g1-s1-t2", wait_s=0)["name"] == names[1]
+    assert rx.lookup("cmpl-other", wait_s=0) is None and rx.lookup("cmpl-step3-g1", wait_s=0) is None
+    rx.stop()
+
+
+def test_vllms_exporter_sends_the_secret_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real OTLP/HTTP exporter vLLM builds (``OTLPSpanExporter(endpoint=...)``), configured only by the
+    variables the run gives vLLM's process (build_vllm_env, build_vllm_secret_env)."""
+    pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from telescope.core.inference.vllm_engine.args import build_vllm_secret_env
+
+    for name, template in build_vllm_secret_env(tracing=True).items():
+        monkeypatch.setenv(name, template.format(secret=SECRET))
+    rx = OtlpReceiver(port=0)
+    rx.expect("r-1")
+    rx.start()
+    provider = TracerProvider()
+    try:
+        provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{rx.port}/v1/traces"))
+        )
+        with provider.get_tracer("vllm").start_as_current_span("llm_request") as span:
+            span.set_attribute("gen_ai.request.id", "cmpl-r-1-0")
+            span.set_attribute("gen_ai.latency.time_to_first_token", 0.5)
+        assert rx.timings("cmpl-r-1", wait_s=5) == {"ttft": 0.5}
+        assert rx.bad_requests == 0
+    finally:
+        provider.shutdown()
+        rx.stop()
+
+
+def test_the_vllm_client_announces_each_request_before_sending_it() -> None:
+    import asyncio
+
+    from telescope.core.inference.vllm_engine.client import VllmClient
+
+    seen: list[str] = []
+    client = VllmClient("http://127.0.0.1:9", on_request=seen.append)
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        seen.append(f"sent {kwargs['json']['request_id']}")
+        raise OSError("no server")
+
+    client._request = refuse  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        asyncio.run(client.complete([1, 2], request_id="s0-t1"))
+    assert seen == ["s0-t1", "sent s0-t1"]

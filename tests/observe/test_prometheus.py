@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from telescope.core.cluster.run_secret import ENV_VAR, authorized, current_run_secret
 from telescope.core.observe import LoggerHub, RunDirReader
 from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.observe.samplers.prometheus import (
@@ -49,7 +50,13 @@ def test_parse_and_reduce() -> None:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """A run's vLLM server: /metrics with the run's secret only (vllm_engine.guard)."""
+
     def do_GET(self) -> None:
+        if not authorized(self.headers.get("Authorization"), current_run_secret()):
+            self.send_response(401)
+            self.end_headers()
+            return
         body = EXPOSITION.encode() if self.path == "/metrics" else b""
         self.send_response(200 if body else 404)
         self.end_headers()
@@ -59,7 +66,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def test_scrape_into_the_run_directory(tmp_path: Path) -> None:
+def test_scrape_into_the_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_VAR, "scrape-secret")
     server = HTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

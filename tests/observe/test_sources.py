@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from telescope.core.cluster.run_secret import ENV_VAR, auth_headers
 from telescope.core.observe import LoggerHub, RunDirReader
 from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.observe.samplers import system as system_module
@@ -150,15 +151,16 @@ def _post_json(port: int, doc: dict[str, Any]) -> int:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/traces",
         data=json.dumps(doc).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **auth_headers()},
     )
     with urllib.request.urlopen(req, timeout=5) as resp:
         return int(resp.status)
 
 
 def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(
-    tmp_path: Path, otlp_json: Callable[..., dict[str, Any]]
+    tmp_path: Path, otlp_json: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(ENV_VAR, "hub-secret")
     off = LoggerHub([LocalLogger()])
     off.start(
         make_config(use_wandb=False, enable_vllm_tracing=False),
@@ -175,6 +177,7 @@ def test_otlp_receiver_follows_enable_vllm_tracing_and_stops_with_the_hub(
     hub.start(cfg, tmp_path / "on", system_metrics=False, ticker=False)
     receiver = hub.add_otlp_receiver()
     assert receiver.port == port
+    receiver.expect("9")
     doc = otlp_json(
         ("gen_ai.request.id", "stringValue", "cmpl-9-0"),
         ("gen_ai.latency.time_to_first_token", "doubleValue", 0.125),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from telescope.core.inference.settings import VllmEngineKwargs
@@ -57,3 +59,18 @@ def test_the_init_timeout_bounds_the_sync_group() -> None:
         "nccl",
         42.0,
     )
+
+
+def test_every_group_gets_a_fresh_name_that_servers_accept() -> None:
+    """The group's store keys live under a name drawn per group: a process that reaches the store's
+    port cannot guess them, and a server refuses a group without one (test_server_doors)."""
+    from telescope.core.inference.protocol import WeightSyncInitRequest
+
+    cfg = make_cfg()
+    names = {sync_group_spec(cfg, "127.0.0.1", 29500, 2, "gloo")["group_name"] for _ in range(3)}
+    assert len(names) == 3
+    for name in names:
+        assert re.fullmatch(r"telescope-weights-[0-9a-f]{32}", name)
+        assert WeightSyncInitRequest(host="127.0.0.1", port=1, world_size=2, rank=1, group_name=name)
+    with pytest.raises(ValueError, match="carries no nonce"):
+        WeightSyncInitRequest(host="127.0.0.1", port=1, world_size=2, rank=1, group_name="telescope-weights")

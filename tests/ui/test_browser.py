@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ui_browser import Page, launch, require_browser
+from ui_browser import Page, launch, require_browser, wait_plotted
 from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
@@ -93,17 +93,17 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
     srv, _ = live
     tab = Page(browser, srv.url)
     p = tab.open("metrics?runs=done")
-    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    wait_plotted(p, '.chart[data-key="entropy"]')
     assert tab.points("entropy") == 4
     assert p.evaluate("document.querySelector('.chart[data-key=\"entropy\"]').data[0].y[1]") == 0.5
     # a declared range fixes the y axis: reward/mean is drawn on [0, 1] (+3% padding)
     p.evaluate("document.querySelector('.chart[data-key=\"reward/mean\"]').scrollIntoView()")
-    p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
+    wait_plotted(p, '.chart[data-key="reward/mean"]')
     y_range = p.evaluate("document.querySelector('.chart[data-key=\"reward/mean\"]').layout.yaxis.range")
     assert y_range == pytest.approx([-0.03, 1.03])
     # a constant series (0.5 at every step) is centred on its value, not drawn on [-0.5, 1.5]
     p.evaluate("document.querySelector('.chart[data-key=\"timing_forward_total\"]').scrollIntoView()")
-    p.wait_for_selector('.chart[data-key="timing_forward_total"] .main-svg')
+    wait_plotted(p, '.chart[data-key="timing_forward_total"]')
     y_range = p.evaluate(
         "document.querySelector('.chart[data-key=\"timing_forward_total\"]').layout.yaxis.range"
     )
@@ -139,11 +139,11 @@ def test_chart_has_one_point_per_step_and_runs_overlay(browser: Any, live: tuple
     )
     assert dict(zip(units, got, strict=True)) == units
     p = tab.open("metrics?runs=done&x=time")
-    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    wait_plotted(p, '.chart[data-key="entropy"]')
     xaxis = p.evaluate("document.querySelector('.chart[data-key=\"entropy\"]').layout.xaxis.title.text")
     assert xaxis == "seconds since the run started"
     p = tab.open("metrics?runs=done,live")
-    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    wait_plotted(p, '.chart[data-key="entropy"]')
     assert [tab.points("entropy", i) for i in (0, 1)] == [4, 3]
     assert p.query_selector('details[data-section="debug"] .group-title').inner_text() == "grads"
     assert not tab.errors
@@ -155,7 +155,7 @@ def test_charts_show_a_preview_before_plotly_then_the_plotly_chart(
     srv, _ = live
     tab = Page(browser, srv.url)
     p = tab.open("metrics?runs=done")
-    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    wait_plotted(p, '.chart[data-key="entropy"]')
     marks = p.evaluate(
         "Object.fromEntries(performance.getEntriesByType('mark').map(m => [m.name, m.startTime]))"
     )
@@ -214,7 +214,7 @@ def test_live_metrics_line_and_first_rollouts_appear_within_3s(
     srv, hub = live
     tab = Page(browser, srv.url)
     p = tab.open("metrics?runs=live")
-    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    wait_plotted(p, '.chart[data-key="entropy"]')
     assert tab.points("entropy") == 3
     chart = "document.querySelector('.chart[data-key=\"entropy\"]')"
     p.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1, 2]}})")  # the user zooms in
@@ -250,7 +250,7 @@ def test_timeline_and_logs_pages(browser: Any, live: tuple[ServerThread, Any]) -
     srv, _ = live
     tab = Page(browser, srv.url)
     p = tab.open("timeline?runs=done&from=2&to=3")
-    p.wait_for_selector("#timeline-chart .main-svg")
+    wait_plotted(p, "#timeline-chart")
     names = p.evaluate("document.querySelector('#timeline-chart').data.map(t => t.name)")
     assert {"generation", "reward", "trainer", "phase: forward", "phase: backward"} <= set(names)
     p = tab.open("logs?runs=done&level=WARNING")
@@ -305,7 +305,7 @@ def test_evals_page_charts_each_metric_and_shows_samples(
     srv, _ = live
     tab = Page(browser, srv.url)
     p = tab.open("evals?runs=done")
-    p.wait_for_selector('.chart[data-key="math/pass@1"] .main-svg')
+    wait_plotted(p, '.chart[data-key="math/pass@1"]')
     assert tab.points("math/pass@1") == 2  # evals at steps 2 and 4
     assert p.evaluate("document.querySelector('.chart[data-key=\"math/pass@1\"]').data[0].y") == [0.2, 0.4]
     p.click("#evals tr.clickable >> nth=1")
@@ -379,14 +379,14 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
     append_jsonl(system, *records)
     tab = Page(browser, srv.url)
     p = tab.open("infra?runs=done")
-    p.wait_for_selector('.chart[data-key="gpu/*/gpu_utilization_percent"] .main-svg')
+    wait_plotted(p, '.chart[data-key="gpu/*/gpu_utilization_percent"]')
     traces = p.evaluate(
         "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]').data.map(t => [t.name, t.y])"
     )
     assert traces == [["gpu 0", [0, 10, 20]], ["gpu 1", [0, 5, 10]]]
     legend = "document.querySelector('.chart[data-key=\"%s\"]').layout.showlegend"
     assert p.evaluate(legend % "gpu/*/gpu_utilization_percent") is True  # two GPUs: which line is which
-    p.wait_for_selector('.chart[data-key="cpu_utilization_percent"] .main-svg')
+    wait_plotted(p, '.chart[data-key="cpu_utilization_percent"]')
     assert p.evaluate(legend % "cpu_utilization_percent") is False
     # new samples: drawn into the same chart, the user's zoom kept
     chart = "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]')"
@@ -447,7 +447,7 @@ def test_dashboard_follows_a_real_quickstart_run(browser: Any, tmp_path: Path) -
         p.evaluate(
             "document.querySelector('.chart[data-key=\"reward/mean\"]').scrollIntoView()"
         )  # drawn when in view
-        p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
+        wait_plotted(p, '.chart[data-key="reward/mean"]')
         shown = tab.points("reward/mean")
         # a later step appears in the open page (no reload): the page polls every second
         p.wait_for_function(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,6 @@ from ui_runs import step_rows, write_run
 from telescope.cli.ui.data import Workspace
 from telescope.cli.ui.server import ServerThread, plotly_js_path
 from telescope.core.cluster.addresses import is_loopback
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerThread]:
-    write_run(tmp_path / "runs" / "one", steps=3)
-    srv = ServerThread(Workspace([tmp_path / "runs"])).start()
-    yield srv
-    srv.stop()
 
 
 def _get(srv: ServerThread, path: str) -> tuple[int, bytes]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ui_browser import Page, launch, require_browser
+from ui_browser import Page, launch, require_browser, wait_plotted
 from ui_runs import append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
@@ -146,12 +146,12 @@ def test_zoom_survives_a_new_metric_key(browser: Any, tmp_path: Path) -> None:
         tab = Page(browser, srv.url)
         p = tab.open("metrics?runs=live")
         chart = "document.querySelector('.chart[data-key=\"entropy\"]')"
-        p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+        wait_plotted(p, '.chart[data-key="entropy"]')
         p.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1, 2]}})")
         # a discard reason seen for the first time: a new key, a new chart, the page redrawn
         hub.log_step(4, {"entropy": 0.25, "discarded/never_seen/count": 1.0})
         p.wait_for_selector('.chart[data-key="discarded/never_seen/count"]', state="attached", timeout=5000)
-        p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+        wait_plotted(p, '.chart[data-key="entropy"]')
         p.wait_for_function(f"{chart}.data && {chart}.data[0].x.length === 4", timeout=5000)
         assert p.evaluate(f"{chart}.layout.xaxis.range") == [1, 2]
         assert not tab.errors
@@ -215,7 +215,7 @@ def test_timeline_validates_ranges_groups_lanes_and_draws_phases_inside_steps(
     try:
         tab = Page(browser, srv.url)
         p = tab.open("timeline?runs=busy&from=1&to=10")
-        p.wait_for_selector("#timeline-chart .main-svg")
+        wait_plotted(p, "#timeline-chart")
         rows = p.evaluate("[...new Set(document.querySelector('#timeline-chart').data.flatMap(t => t.y))]")
         # 32 lanes in two rows, one per server
         assert sorted(r for r in rows if r.startswith("server")) == ["server 0", "server 1"]
@@ -324,7 +324,7 @@ def test_custom_view_drags_sections_and_metrics_and_is_kept_next_to_the_runs(
     (tmp_path / "runs" / ".telescope-ui" / "layout.json").write_text("{not json")
     damaged = Page(browser, served[0].url)
     p = damaged.open("metrics?runs=done")
-    p.wait_for_selector('.chart[data-key="entropy"] .main-svg')
+    wait_plotted(p, '.chart[data-key="entropy"]')
     p = damaged.open("metrics?runs=done&view=custom")
     p.wait_for_selector("#layout-error")
     assert "layout.json is not a readable layout" in p.inner_text("#layout-error")
@@ -439,7 +439,7 @@ def test_charts_explain_their_keys_hide_duplicates_count_the_filter_and_share_ho
     try:
         tab = Page(browser, srv.url)
         p = tab.open("metrics?runs=perf")
-        p.wait_for_selector('.chart[data-key="reward/mean"] .main-svg')
+        wait_plotted(p, '.chart[data-key="reward/mean"]')
         keys = set(p.eval_on_selector_all(".chart", "cs => cs.map(c => c.dataset.key)"))
         assert "perf/async_level" in keys and "async_level" not in keys
         # the registry, imported here: without it, this test fails on its own (the others run)
@@ -456,7 +456,7 @@ def test_charts_explain_their_keys_hide_duplicates_count_the_filter_and_share_ho
         # hovering one chart shows the same step in the others
         p = tab.open("metrics?runs=perf")
         for key in ("reward/mean", "entropy"):
-            p.wait_for_selector(f'details[data-section="Overview"] .chart[data-key="{key}"] .main-svg')
+            wait_plotted(p, f'details[data-section="Overview"] .chart[data-key="{key}"]')
         box = p.query_selector('.chart[data-key="reward/mean"] .nsewdrag').bounding_box()
         p.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # over step 2 of 1..3
         p.wait_for_function(

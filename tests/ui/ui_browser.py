@@ -63,6 +63,19 @@ class Page:
         return self.page
 
     def points(self, key: str, trace: int = 0) -> int:
-        return int(
-            self.page.evaluate(f"document.querySelector('.chart[data-key=\"{key}\"]').data[{trace}].x.length")
-        )
+        selector = f'.chart[data-key="{key}"]'
+        wait_plotted(self.page, selector)
+        return int(self.page.evaluate(f"document.querySelector('{selector}').data[{trace}].x.length"))
+
+
+# A chart is drawn when plotly has set its data and layout and made its svg: the svg alone is not
+# enough (a page redraw can put a new chart element in the old one's place between two reads).
+PLOTTED = """sel => {
+  const el = document.querySelector(sel);
+  return !!(el && el.data && el.data.length && el.layout && el.querySelector('.main-svg'));
+}"""
+
+
+def wait_plotted(page: Any, selector: str, timeout: float = 30_000) -> None:
+    """Wait until the element `selector` names holds a plotly chart with its traces."""
+    page.wait_for_function(PLOTTED, arg=selector, timeout=timeout)

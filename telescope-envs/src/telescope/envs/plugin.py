@@ -32,25 +32,34 @@ def _hub_meta() -> dict[str, Any]:
     return {"optional": ["datasets"], "optional_install": "pip install 'telescope-envs[datasets]'"}
 
 
+def _add(
+    register: Register, name: str, factory: str, kwargs_model: Any, description: str, **meta: Any
+) -> None:
+    """Register one of this package's components: ``factory`` is ``module:Class`` under ``telescope.envs``."""
+    meta.setdefault("multi_turn", False)
+    register.add(
+        name, f"telescope.envs.{factory}", kwargs_model=kwargs_model, description=description, **meta
+    )
+
+
 @hookimpl
 def telescope_register_environments(register: Register) -> None:
     from telescope.envs import kwargs as kw
 
-    base = "telescope.envs."
-    register.add(
+    _add(
+        register,
         "countdown",
-        base + "countdown:CountdownEnvironment",
-        kwargs_model=kw.CountdownKwargs,
-        description="Countdown numbers game (procedural; format + equation reward, max 2.0)",
-        multi_turn=False,
+        "countdown:CountdownEnvironment",
+        kw.CountdownKwargs,
+        "Countdown numbers game (procedural; format + equation reward, max 2.0)",
         **_hub_meta(),
     )
-    register.add(
+    _add(
+        register,
         "reverse_text",
-        base + "reverse_text:ReverseTextEnvironment",
-        kwargs_model=kw.ReverseTextKwargs,
-        description="Reverse a short string (procedural; LCS ratio reward)",
-        multi_turn=False,
+        "reverse_text:ReverseTextEnvironment",
+        kw.ReverseTextKwargs,
+        "Reverse a short string (procedural; LCS ratio reward)",
     )
     for name, cls, what in (
         ("hendrycks_math", "HendrycksMathEnvironment", "MATH (Hendrycks)"),
@@ -58,36 +67,31 @@ def telescope_register_environments(register: Register) -> None:
         ("deepscaler", "DeepScalerEnvironment", "DeepScaleR-Preview"),
         ("gsm8k", "Gsm8kEnvironment", "GSM8K"),
     ):
-        register.add(
-            name,
-            f"{base}math_envs:{cls}",
-            kwargs_model=kw.MathKwargs,
-            description=f"{what}: math-verify on the last \\boxed{{}}",
-            multi_turn=False,
-            **_math_meta(),
-            **_hub_meta(),
-        )
-    register.add(
+        description = f"{what}: math-verify on the last \\boxed{{}}"
+        _add(register, name, f"math_envs:{cls}", kw.MathKwargs, description, **_math_meta(), **_hub_meta())
+    _add(
+        register,
         "wordle",
-        base + "wordle:WordleEnvironment",
-        kwargs_model=kw.WordleKwargs,
-        description="Wordle with a shipped word list (multi-turn, max reward 2.2)",
+        "wordle:WordleEnvironment",
+        kw.WordleKwargs,
+        "Wordle with a shipped word list (multi-turn, max reward 2.2)",
         multi_turn=True,
     )
-    register.add(
+    _add(
+        register,
         "calculator",
-        base + "calculator:CalculatorEnvironment",
-        kwargs_model=kw.CalculatorKwargs,
-        description="Arithmetic with calculator tools (ToolEnvironment demo)",
+        "calculator:CalculatorEnvironment",
+        kw.CalculatorKwargs,
+        "Arithmetic with calculator tools (ToolEnvironment demo)",
         multi_turn=True,
         tools=True,
     )
-    register.add(
+    _add(
+        register,
         "i3_code",
-        base + "i3_code:I3CodeEnvironment",
-        kwargs_model=kw.I3CodeKwargs,
-        description="INTELLECT-3 code tasks, tests run in a sandbox (kwargs.provider)",
-        multi_turn=False,
+        "i3_code:I3CodeEnvironment",
+        kw.I3CodeKwargs,
+        "INTELLECT-3 code tasks, tests run in a sandbox (kwargs.provider)",
         requires=["a sandbox provider (telescope-sandboxes)"],
         **_hub_meta(),
     )
@@ -104,11 +108,4 @@ def telescope_register_evals(register: Register) -> None:
         ("gpqa_diamond", "GpqaDiamondEval", "GPQA Diamond (multiple choice)"),
     ):
         meta = _hub_meta() if name == "gpqa_diamond" else {**_math_meta(), **_hub_meta()}
-        register.add(
-            name,
-            f"telescope.envs.evals:{cls}",
-            kwargs_model=kw.MathKwargs,
-            description=f"{what} eval",
-            multi_turn=False,
-            **meta,
-        )
+        _add(register, name, f"evals:{cls}", kw.MathKwargs, f"{what} eval", **meta)

@@ -30,13 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from telescope.core.checkpoint.layout import (
-    TRAINER_STATE,
-    read_trainer_meta,
-    read_trainer_state,
-    weights_only_warning,
-    write_trainer_files,
-)
+from telescope.core.checkpoint import layout
 from telescope.core.checkpoint.rng import load_rng_states, save_rng_states
 
 if TYPE_CHECKING:
@@ -83,21 +77,21 @@ def save(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
             described["lora"] = lora_config_dict(st.cfg)
         return described
 
-    write_trainer_files(path, rank, st.cfg.model, trainer_state, meta)
+    layout.write_trainer_files(path, rank, st.cfg.model, trainer_state, meta)
 
 
 def load(st: TrainState, directory: str, rank: int, *, training_state: bool = True) -> dict[str, Any]:
     """Restore the checkpoint (collective); returns ``{"step", "training_state"}``."""
     path = Path(directory)
     _check_is_fsdp_checkpoint(path)
-    saved_training_state = bool(read_trainer_meta(path).get("training_state", True))
+    saved_training_state = bool(layout.read_trainer_meta(path).get("training_state", True))
     restore_optimizer = training_state and saved_training_state
     _load_weights(st, path, with_optimizer=restore_optimizer)
-    trainer_state = read_trainer_state(path)
+    trainer_state = layout.read_trainer_state(path)
     step = int(trainer_state["step"])
     if training_state:
         if not saved_training_state:
-            logger.warning(weights_only_warning(path, step))
+            logger.warning(layout.weights_only_warning(path, step))
             st.optimizer.state.clear()
         if "scheduler" in trainer_state and restore_optimizer:
             st.scheduler.load_state_dict(
@@ -112,12 +106,12 @@ def load(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
 
 
 def _check_is_fsdp_checkpoint(path: Path) -> None:
-    if not (path / ".metadata").is_file() or not (path / TRAINER_STATE).is_file():
+    if not (path / ".metadata").is_file() or not (path / layout.TRAINER_STATE).is_file():
         raise FileNotFoundError(
-            f"{path} is not an FSDP checkpoint (missing .metadata or {TRAINER_STATE}); "
+            f"{path} is not an FSDP checkpoint (missing .metadata or {layout.TRAINER_STATE}); "
             "point load_checkpoint at a directory written by save_checkpoint"
         )
-    backend = read_trainer_meta(path).get("backend", "fsdp")
+    backend = layout.read_trainer_meta(path).get("backend", "fsdp")
     if backend != "fsdp":
         raise ValueError(
             f"{path} was written by the {backend!r} trainer backend; load it with train_backend: {backend}"
@@ -168,7 +162,7 @@ def _saved_part(st: TrainState, model_sd: dict[str, Any]) -> dict[str, Any]:
 
 def _check_lora_matches(path: Path, lora: bool) -> None:
     """A LoRA checkpoint resumes only a LoRA run, a full one only a full run (no silent half-loads)."""
-    saved = read_trainer_meta(path).get("lora")
+    saved = layout.read_trainer_meta(path).get("lora")
     if lora and not saved:
         raise ValueError(
             f"{path} is a full-model checkpoint but this run has lora_rank > 0; resume it with "

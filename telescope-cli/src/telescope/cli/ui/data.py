@@ -21,6 +21,7 @@ import yaml
 
 from telescope.cli.commands.runs import HIGHLIGHT_KEYS
 from telescope.cli.health import run_health
+from telescope.cli.ui.confine import OutsideRunDir, check_inside, open_run_file
 from telescope.cli.ui.logs import LogStore
 from telescope.cli.ui.metric_docs import describe, without_duplicates
 from telescope.cli.ui.records import MetricsStore, RecordLog
@@ -31,7 +32,13 @@ from telescope.core.observe.rundir.layout import (
     CONFIG_FILE,
     EVAL_METRICS_FILE,
     EVAL_SAMPLES_FILE,
+    EVALS_DIR,
+    EVENTS_DIR,
+    EVENTS_FILE,
+    LOGS_DIR,
     METRICS_FILE,
+    ROLLOUTS_DIR,
+    ROLLOUTS_FILE,
     RUN_FILE,
     SYSTEM_FILE,
 )
@@ -104,9 +111,26 @@ def declared_ranges(info: dict[str, Any], keys: list[str]) -> dict[str, list[flo
 class RunData:
     """One run directory, read incrementally (see module doc)."""
 
+    #: What a run directory holds: none of it may resolve outside the run (``check_confined``).
+    ENTRIES = (
+        RUN_FILE,
+        CONFIG_FILE,
+        METRICS_FILE,
+        SYSTEM_FILE,
+        ROLLOUTS_FILE,
+        EVENTS_FILE,
+        ROLLOUTS_DIR,
+        EVENTS_DIR,
+        EVALS_DIR,
+        EVAL_METRICS_FILE,
+        EVAL_SAMPLES_FILE,
+        LOGS_DIR,
+    )
+
     def __init__(self, path: Path, key: str, *, refresh_s: float = 0.5) -> None:
         self.path = Path(path)
         self.key = key
+        check_inside(self.path / RUN_FILE, self.path)
         self.meta = read_run_meta(self.path)
         self.refresh_s = refresh_s
         self._lock = threading.RLock()
@@ -124,6 +148,14 @@ class RunData:
             self.path, self.meta.get("created_at"), layout.get("event_block_duration_seconds")
         )
         self.logs = LogStore(self.path)
+
+    def check_confined(self) -> None:
+        """Raise ``OutsideRunDir`` when a file or folder of the run is a symbolic link out of it (the
+        files inside ``rollouts/``, ``events/`` and ``logs/`` are checked as they are opened)."""
+        for name in self.ENTRIES:
+            path = self.path / name
+            if path.is_symlink():
+                check_inside(path, self.path)
 
     # ---- refresh -------------------------------------------------------------------------
     def refresh(self, *, force: bool = False) -> None:
@@ -161,7 +193,8 @@ class RunData:
         except FileNotFoundError:
             return {}
         if mtime != self._config[0]:
-            self._config = (mtime, dict(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
+            with open_run_file(path) as f:
+                self._config = (mtime, dict(yaml.safe_load(f.read().decode("utf-8")) or {}))
         return self._config[1]
 
     # ---- queries ---------------------------------------------------------------------------
@@ -459,7 +492,7 @@ class Workspace:
                 self._runs[key] = RunData(path, key)
                 self._by_path[resolved] = key
                 self.errors.pop(str(path), None)
-            except RunDirError as exc:
+            except (RunDirError, OutsideRunDir) as exc:
                 self.errors[str(path)] = str(exc)
 
     def _key_for(self, path: Path) -> str:
@@ -480,4 +513,6 @@ class Workspace:
         self.scan()
         if key not in self._runs:
             raise KeyError(f"no run {key!r}: known runs are {', '.join(sorted(self._runs)) or 'none'}")
-        return self._runs[key]
+        run = self._runs[key]
+        run.check_confined()
+        return run

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from telescope.cli.ui.confine import open_run_file
 from telescope.cli.ui.tail import READ_CHUNK, FileTail, parse_json_line
 
 __all__ = ["StepIndex", "step_of"]
@@ -222,7 +223,7 @@ def bisect_step_spans(path: Path, step: int) -> list[tuple[int, int]]:
     block written by one process), found by binary search: about 2 log2(lines) small reads,
     instead of scanning a block of hundreds of MB. Do not use it on a resumed run's blocks."""
     size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_run_file(path) as f:
 
         def first_at_least(target: int) -> int:
             lo, hi = 0, size  # invariant: every line starting before lo has a step < target

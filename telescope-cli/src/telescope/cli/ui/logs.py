@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.cli.ui.confine import is_inside
 from telescope.cli.ui.tail import FileTail
 from telescope.core.observe.rundir.layout import LOGS_DIR
 from telescope.core.observe.stdio import strip_ansi
@@ -100,6 +101,8 @@ class LogStore:
         if not self.root.is_dir():
             return
         for path in sorted(self.root.rglob("*.log")):
+            if not is_inside(path, self.root.parent):  # a symlink out of the run: never read
+                continue
             log = self._files.get(path)
             if log is None:
                 log = self._files[path] = _LogFile(path, path.relative_to(self.root).as_posix())

@@ -25,6 +25,7 @@ from telescope.cli.ui.conversation import conversation
 from telescope.cli.ui.data import RunData, Workspace
 from telescope.cli.ui.layouts import LayoutError, LayoutStore
 from telescope.cli.ui.rollouts import RolloutFilter
+from telescope.core.cluster.http_guard import ALLOWED_HOSTS_ENV, host_allowed
 
 __all__ = ["ServerThread", "build_app", "plotly_js_path"]
 
@@ -420,9 +421,29 @@ async def _stop_warming(app: web.Application) -> None:
     app[WARM_STOP].set()
 
 
+@web.middleware
+async def named_host_only(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    """Every route answers only a Host that names this server: localhost, an address (which cannot be
+    rebound), the bound address or a name in TELESCOPE_ALLOWED_HOSTS. A web page whose DNS name was
+    rebound to this machine sends its own name and is refused (421) before anything is read."""
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    bound = str(sock[0]) if sock else ""
+    host = request.headers.get("Host")
+    if not host_allowed(host, bound):
+        return web.json_response(
+            {
+                "error": f"Host {host!r} does not name this dashboard: open it as localhost or by address, "
+                f"or list the name in {ALLOWED_HOSTS_ENV} (a foreign host name is how DNS rebinding looks)"
+            },
+            status=421,
+        )
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
 def build_app(workspace: Workspace, *, warm: bool = True) -> web.Application:
     """The dashboard's routes; ``warm`` indexes big runs' rollouts and events in the background."""
-    app = web.Application()
+    app = web.Application(middlewares=[named_host_only])
     app[WORKSPACE] = workspace
     app[LOCK] = threading.Lock()
     app[ACTIVITY] = Activity()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.cli.ui.confine import OutsideRunDir, open_run_file
+
 __all__ = ["FileTail", "Line", "parse_json_line"]
 
 #: Upper bound of bytes read per ``read_lines`` call, so one request never reads a whole huge file.
@@ -42,6 +44,8 @@ class FileTail:
         self.resets = 0
         """How often the file was found shrunk or replaced and read again from the start."""
         self._ino: int | None = None
+        self.refused = ""
+        """Why the file is not read (it resolves outside its run directory), or empty."""
 
     def _check_replaced(self, st: os.stat_result) -> bool:
         replaced = self._ino is not None and (st.st_ino != self._ino or st.st_size < self.offset)
@@ -62,7 +66,12 @@ class FileTail:
             self.torn_tail = False
             return b"", self.offset, reset
         remaining = st.st_size - self.offset
-        with open(self.path, "rb") as f:
+        try:
+            f = open_run_file(self.path)
+        except OutsideRunDir as exc:  # a symlink out of the run: never read (nothing pending either)
+            self.refused = str(exc)
+            return b"", self.offset, False
+        with f:
             f.seek(self.offset)
             chunks = [f.read(min(remaining, limit))]
             size = len(chunks[0])
@@ -87,6 +96,8 @@ class FileTail:
 
     def pending(self) -> bool:
         """True when the file holds bytes past the offset (more to read, or a torn line)."""
+        if self.refused:
+            return False
         try:
             return self.path.stat().st_size > self.offset
         except FileNotFoundError:
@@ -114,7 +125,7 @@ def parse_json_line(data: bytes) -> dict[str, Any] | None:
 def read_at(path: Path, spans: list[tuple[int, int]]) -> list[bytes]:
     """The bytes at ``(offset, length)`` spans of ``path`` (one open, seeks in offset order)."""
     out: dict[int, bytes] = {}
-    with open(path, "rb") as f:
+    with open_run_file(path) as f:
         for offset, length in sorted(set(spans)):
             f.seek(offset)
             out[offset] = f.read(length)

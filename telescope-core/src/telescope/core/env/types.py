@@ -7,6 +7,7 @@ from typing import Any
 
 __all__ = [
     "ChatMessage",
+    "CompletionNotes",
     "EvalMetricsResult",
     "Messages",
     "RewardResult",
@@ -43,30 +44,36 @@ def info_turn(
     return {"turn_order": order, "info_key": key, "info_value": text, "info_type": kind}
 
 
+@dataclass(kw_only=True)
+class CompletionNotes:
+    """What scoring records about one completion beside its numbers (keyword-only fields).
+
+    ``golden_answers`` the reference answer per component; ``info_turns`` extra text (errors,
+    test output); ``sample_tags`` string tags a UI can filter on.
+    """
+
+    golden_answers: dict[str, str | None] = field(default_factory=dict)
+    info_turns: list[dict[str, Any]] = field(default_factory=list)
+    sample_tags: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
-class RewardResult:
+class RewardResult(CompletionNotes):
     """What scoring one completion (or one multi-turn rollout) produced.
 
-    ``sample_metrics`` holds reward components and any per-sample numbers; ``golden_answers``
-    the reference answer per component; ``info_turns`` extra text (errors, test output);
-    ``sample_tags`` string tags a UI can filter on.
+    ``sample_metrics`` holds reward components and any per-sample numbers; the notes
+    (``golden_answers``, ``info_turns``, ``sample_tags``) are ``CompletionNotes``'.
     """
 
     total_reward: float
     sample_metrics: dict[str, float] = field(default_factory=dict)
-    golden_answers: dict[str, str | None] = field(default_factory=dict)
-    info_turns: list[dict[str, Any]] = field(default_factory=list)
-    sample_tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
-class EvalMetricsResult:
+class EvalMetricsResult(CompletionNotes):
     """What an eval records per completion; ``metrics`` feed averages and pass@k."""
 
     metrics: dict[str, float] = field(default_factory=dict)
-    golden_answers: dict[str, str | None] = field(default_factory=dict)
-    info_turns: list[dict[str, Any]] = field(default_factory=list)
-    sample_tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

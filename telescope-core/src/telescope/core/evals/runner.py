@@ -62,9 +62,9 @@ def eval_scoring_env(env: Environment) -> Environment:
         return RewardResult(
             reward.total_reward,
             dict(result.metrics),
-            result.golden_answers,
-            result.info_turns,
-            result.sample_tags,
+            golden_answers=result.golden_answers,
+            info_turns=result.info_turns,
+            sample_tags=result.sample_tags,
         )
 
     scored.score = score  # type: ignore[method-assign]

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from telescope.core.cluster.run_secret import auth_headers
 from telescope.core.inference.protocol import (
     ENDPOINTS,
     CompletionRequest,
@@ -93,6 +94,11 @@ class InferenceClient:
         return self._session
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request carrying the run's secret; a POST always says JSON (``{}`` when it has no body):
+        servers refuse anything else (``cluster.http_guard``)."""
+        kwargs["headers"] = {**auth_headers(), **kwargs.get("headers", {})}
+        if method == "POST" and "json" not in kwargs and "data" not in kwargs:
+            kwargs["json"] = {}
         async with self._http().request(method, self.base_url + path, **kwargs) as resp:
             body: Any
             if resp.content_type == "application/json":

@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,9 @@ class ServerCommand:
     argv: list[str]
     env: dict[str, str]
     url: str
+    secret_env: dict[str, str] = field(default_factory=dict)
+    """Variables set at launch from the run's secret: name -> template with ``{secret}`` (the value is
+    never held here, so a logged command cannot leak it)."""
 
 
 #: The last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``.
@@ -90,9 +93,16 @@ def check_port_free(url: str) -> None:
 
 
 class ServerProcess:
-    """A running server process (its own session, so stopping it stops its children)."""
+    """A running server process (its own session, so stopping it stops its children).
+
+    It inherits this process's environment, the run's secret included (made here when this process
+    has none: the server then answers this process's clients only); the secret is never an argument.
+    """
 
     def __init__(self, command: ServerCommand, log_path: str | os.PathLike[str]) -> None:
+        from telescope.core.cluster.run_secret import ensure_run_secret
+
+        secret = ensure_run_secret()
         check_port_free(command.url)
         self.command = command
         self.url = command.url
@@ -101,7 +111,11 @@ class ServerProcess:
         self._log = open(self.log_path, "ab")  # kept open for the process lifetime
         self.process = subprocess.Popen(
             command.argv,
-            env={**os.environ, **command.env},
+            env={
+                **os.environ,
+                **command.env,
+                **{name: template.format(secret=secret) for name, template in command.secret_env.items()},
+            },
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

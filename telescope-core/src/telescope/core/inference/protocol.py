@@ -12,9 +12,10 @@ temperature-scaled distribution, before any top-p renormalisation (the trainer's
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "ENDPOINTS",
@@ -45,6 +46,9 @@ ENDPOINTS = {
 }
 
 TokenPrompt = list[int]
+
+#: Name of a weight-sync group the driver drew (``weights.settings.new_group_name``).
+GROUP_NAME = re.compile(r"telescope-weights-[0-9a-f]{32}")
 
 #: Largest ``n`` a request may ask for (a GRPO group is rarely above 64; 10^6 once queued a million sequences).
 MAX_N = 1024
@@ -165,10 +169,23 @@ class WeightSyncInitRequest(BaseModel):
     """This server's first rank (its TP workers take rank .. rank + tp - 1)."""
     backend: Literal["gloo", "nccl"] = "gloo"
     """gloo (CPU) or nccl (GPU)."""
-    group_name: str = "telescope-weights"
-    """Store key prefix of the group."""
+    group_name: str = Field(default="", validate_default=True)
+    """Store key prefix of the group: ``telescope-weights-<nonce>``, a name the driver draws for each group
+    (``weights.settings.new_group_name``). A server joins no group without one: whoever merely reaches
+    the store's port cannot guess the keys of its rendezvous."""
     timeout_s: float = Field(default=300.0, gt=0)
     """Rendezvous and per-collective timeout (ray_broadcast_init_timeout_s)."""
+
+    @field_validator("group_name")
+    @classmethod
+    def _announced(cls, name: str) -> str:
+        if not GROUP_NAME.fullmatch(name):
+            raise ValueError(
+                f"group_name {name!r} carries no nonce: a server joins only a group the driver named "
+                "telescope-weights-<32 hex digits> (telescope.core.weights.settings.new_group_name); send "
+                "the name the trainer's rank 0 was given"
+            )
+        return name
 
 
 class WeightUpdateRequest(BaseModel):

@@ -33,6 +33,11 @@ class GroupBucket:
         self.size = size
         self.max_async_rollout = max_async_rollout
         self.groups: list[RolloutGroup] = []
+        # The first ``_checked`` groups are known to be young enough at step ``_checked_step``: a
+        # group's age only changes with the step, so between steps only new arrivals are checked
+        # (a driver with thousands of groups waiting would otherwise rescan them all per arrival).
+        self._checked = 0
+        self._checked_step: int | None = None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -43,8 +48,13 @@ class GroupBucket:
     def drop_too_old(self, step: int) -> list[RolloutGroup]:
         """Remove the groups generated more than ``max_async_rollout`` versions before ``step``;
         returns them, with discard reason ``max_async``."""
-        old = [g for g in self.groups if step - g.oldest_version > self.max_async_rollout]
-        self.groups = [g for g in self.groups if step - g.oldest_version <= self.max_async_rollout]
+        start = self._checked if step == self._checked_step else 0
+        unchecked = self.groups[start:]
+        old = [g for g in unchecked if step - g.oldest_version > self.max_async_rollout]
+        if old:
+            young = [g for g in unchecked if step - g.oldest_version <= self.max_async_rollout]
+            self.groups = self.groups[:start] + young
+        self._checked, self._checked_step = len(self.groups), step
         for group in old:
             group.discard_reason = "max_async"
         return old
@@ -55,6 +65,7 @@ class GroupBucket:
         if len(self.groups) < self.size:
             return None
         groups, self.groups = self.groups[: self.size], self.groups[self.size :]
+        self._checked = max(0, self._checked - self.size)
         return sorted(groups, key=lambda g: g.group_id)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from telescope.core.env.base import Environment, MultiTurnEnvironment, SingleTurnEnvironment
@@ -36,28 +36,22 @@ class PreparedPrompt:
     reward_max: float | None
 
 
+@dataclass(eq=False)
 class PromptSource:
     """Hands out prepared prompts; with prefetch a background task keeps a buffer full."""
 
-    def __init__(
-        self,
-        scheduler: PromptScheduler,
-        envs: dict[str, Environment],
-        ranges: dict[str, tuple[float | None, float | None]],
-        tokenizer: Any,
-        chat: ChatOptions,
-        prefetch: int,
-    ) -> None:
-        self.scheduler = scheduler
-        self.envs = envs
-        self.ranges = ranges
-        self.tokenizer = tokenizer
-        self.chat = chat
-        self.prefetch = prefetch
-        self._queue: asyncio.Queue[PreparedPrompt] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._outstanding: dict[int, PromptItem] = {}
-        self._requeued: deque[PromptItem] = deque()
+    scheduler: PromptScheduler
+    envs: dict[str, Environment]
+    ranges: dict[str, tuple[float | None, float | None]]
+    """Each environment's declared reward range (min, max), recorded with its prompts."""
+    tokenizer: Any
+    chat: ChatOptions
+    prefetch: int
+    """How many prepared prompts the background task keeps ready (0: prepared on demand)."""
+    _queue: asyncio.Queue[PreparedPrompt] | None = field(default=None, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _outstanding: dict[int, PromptItem] = field(default_factory=dict, init=False, repr=False)
+    _requeued: deque[PromptItem] = field(default_factory=deque, init=False, repr=False)
 
     # --- the ledger ----------------------------------------------------------------------
     def _draw(self, requeued: bool = True) -> PromptItem:

@@ -123,13 +123,16 @@ def sync_backend(trainer_gpus: float, inference_gpus: float) -> str:
 def sync_group_spec(
     cfg: TelescopeConfig, host: str, port: int, world_size: int, backend: str
 ) -> dict[str, Any]:
-    """``GroupSpec`` fields of the run's weight-sync group (``ray_broadcast_init_timeout_s`` bounds
-    the rendezvous and every collective)."""
+    """``GroupSpec`` fields of a new weight-sync group (``ray_broadcast_init_timeout_s`` bounds the
+    rendezvous and every collective), under a freshly drawn name (``new_group_name``)."""
+    from telescope.core.weights.settings import new_group_name
+
     return {
         "host": host,
         "port": port,
         "world_size": world_size,
         "backend": backend,
+        "group_name": new_group_name(),
         "timeout_s": float(cfg.ray_broadcast_init_timeout_s),
     }
 
@@ -185,7 +188,9 @@ async def build_orchestrator(
     hook.telescope_run_info(info={"environments": environment_info(envs, cfg)})
     await prepare_environments(envs)
     engine = inference_engine(cfg, registry)
-    clients: list[ServerClient] = [engine.client(url) for url in session.servers.urls]
+    # vLLM's request spans are kept only for the requests the run sends (OtlpReceiver.expect)
+    traced = {"on_request": session.traces.expect} if session.traces is not None else {}
+    clients: list[ServerClient] = [engine.client(url, **traced) for url in session.servers.urls]
     await init_weight_sync(session, clients, engine.sync_ranks_per_server)
     chat = ChatOptions.from_config(cfg)
     excluded = await asyncio.to_thread(eval_exclusions, cfg, registry)

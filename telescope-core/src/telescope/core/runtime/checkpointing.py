@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from telescope.core.errors import describe_failure, exception_chain
 from telescope.core.observe.rundir.records import TimelineEvent
 
 if TYPE_CHECKING:
+    from telescope.core.checkpoint import CheckpointManager
     from telescope.core.config import TelescopeConfig
     from telescope.core.runtime.orchestrator import Orchestrator
     from telescope.core.runtime.ray_group import RayTrainerGroup
@@ -48,7 +49,7 @@ def checkpoint_root(cfg: TelescopeConfig) -> Path:
     return Path(cfg.resolved_run_dir).resolve() / "checkpoints"
 
 
-def _manager(cfg: TelescopeConfig) -> Any:
+def _manager(cfg: TelescopeConfig) -> CheckpointManager:
     from telescope.core.checkpoint import CheckpointManager
 
     return CheckpointManager(checkpoint_root(cfg), cfg.checkpoint_keep_last, cfg.checkpoint_keep_every)
@@ -104,25 +105,22 @@ def supersede_later_checkpoints(cfg: TelescopeConfig, resume: ResumePoint) -> li
     return moved
 
 
+@dataclass(eq=False)
 class RunCheckpointer:
     """Saves a checkpoint after the steps ``checkpoint_every`` names (and the last step)."""
 
-    def __init__(
-        self,
-        cfg: TelescopeConfig,
-        trainer: RayTrainerGroup,
-        logger_ids: Callable[[], dict[str, Any]],
-        warn: Callable[[str], None],
-        fail: Callable[[BaseException], None] | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.trainer = trainer
-        self.logger_ids = logger_ids
-        self.warn = warn
-        self.fail = fail
-        """Ends the run at once (``RunSession.fail``); the error is raised from ``after_step`` as well."""
-        self.mgr = _manager(cfg)
-        self.failures = 0
+    cfg: TelescopeConfig
+    trainer: RayTrainerGroup
+    logger_ids: Callable[[], dict[str, Any]]
+    """Each logger's run ids, saved in ``loggers.json`` (W&B continues the same run)."""
+    warn: Callable[[str], None]
+    fail: Callable[[BaseException], None] | None = None
+    """Ends the run at once (``RunSession.fail``); the error is raised from ``after_step`` as well."""
+    mgr: CheckpointManager = field(init=False)
+    failures: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.mgr = _manager(self.cfg)
         removed = self.mgr.cleanup_partials()
         if removed:
             log.info("removed %s unfinished checkpoint folder(s) left by an interrupted save", removed)

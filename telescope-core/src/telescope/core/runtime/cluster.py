@@ -37,9 +37,14 @@ _EXCLUDES = [
 
 
 def runtime_env(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
-    """The Ray runtime environment: the user's, plus interpreter, venv and run-dir propagation."""
+    """The Ray runtime environment: the user's, plus interpreter, venv and run-dir propagation, and the
+    run's secret (``cluster.run_secret``): a private cluster's workers inherit the driver's environment,
+    but the workers of a cluster started with ``ray start`` get it only from here."""
+    from telescope.core.cluster.run_secret import ENV_VAR, ensure_run_secret
+
     env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
     env_vars = dict(env.get("env_vars", {}))
+    env_vars[ENV_VAR] = ensure_run_secret()
     if cfg.ray_propagate_active_venv and os.environ.get("VIRTUAL_ENV"):
         env_vars.setdefault("VIRTUAL_ENV", os.environ["VIRTUAL_ENV"])
     if cfg.ray_propagate_run_dir:

@@ -70,7 +70,12 @@ def run_training(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> i
 
 def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     """The run, once its run directory is locked and checked."""
+    from telescope.core.cluster.gc_tuning import driver_gc
+    from telescope.core.cluster.run_secret import ensure_run_secret
     from telescope.core.inference.auto import resolve_inference_engine, startup_summary
+
+    # Before anything starts: Ray, the servers and the trainers inherit it (cluster.runtime_env).
+    ensure_run_secret()
     from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
 
     resume = find_resume_point(cfg)
@@ -116,7 +121,7 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
                     }
                 }
             )
-            with sigterm_as_interrupt():
+            with sigterm_as_interrupt(), driver_gc():
                 _train_recovering(sessions, hub, pset, engine)
             status = "completed"
         except KeyboardInterrupt:

@@ -8,20 +8,10 @@ from typing import Any
 
 import torch
 
+from telescope.core.weights import wire
 from telescope.core.weights.errors import WeightSyncError
 from telescope.core.weights.fingerprint import digest, digest_for_device, format_fingerprint, sum64_tensor
 from telescope.core.weights.group import WeightSyncGroup
-from telescope.core.weights.wire import (
-    FLAG_COMBINED,
-    FLAG_LAST,
-    HEADER_BYTES,
-    OP_TENSORS,
-    Layout,
-    MessageMeta,
-    MetaCache,
-    TensorSlot,
-    dtype_from_name,
-)
 
 __all__ = ["ReceivedSync", "WeightReceiver"]
 
@@ -59,7 +49,9 @@ class WeightReceiver:
             )
         self.group = group
         self.verify = verify
-        self._meta_cache: MetaCache = group.meta_cache  # the sender's view holds the same entries, see group
+        self._meta_cache: wire.MetaCache = (
+            group.meta_cache
+        )  # the sender's view holds the same entries, see group
         self.reuse_buffers = reuse_buffers
         self._pool: dict[tuple[str, int, int], torch.Tensor] = {}  # (role, message, j) -> buffer
         # (message index, layout key) -> (first buffer, typed views of its bucket): with reused
@@ -77,7 +69,7 @@ class WeightReceiver:
         digests: list[int] = []
         algorithm = digest_for_device(self.group.device)  # the sender's (same group, same device kind)
         on_device: list[torch.Tensor] = []  # sum64 digests, read back once at the end (no sync per tensor)
-        slots: list[TensorSlot] = []
+        slots: list[wire.TensorSlot] = []
         index, version = 0, -1
         first_work, first = self._post_first(0)
         while True:
@@ -89,7 +81,7 @@ class WeightReceiver:
                     f"is sending version {version}; the orchestrator and the trainer are out of step"
                 )
             slots.extend(meta.slots)
-            last = bool(flags & FLAG_LAST)
+            last = bool(flags & wire.FLAG_LAST)
             if not last:  # post the next first buffer now: its size is known, and this hides its latency
                 first_work, first = self._post_first(index + 1)
             for work, tensors in payloads:  # hash (and hand out) one payload while the next ones arrive
@@ -123,17 +115,17 @@ class WeightReceiver:
 
     def _open_message(
         self, first: torch.Tensor, index: int
-    ) -> tuple[int, int, MessageMeta, list[tuple[Any, list[tuple[str, torch.Tensor]]]]]:
+    ) -> tuple[int, int, wire.MessageMeta, list[tuple[Any, list[tuple[str, torch.Tensor]]]]]:
         """Read a message's header; post its remaining receives: ``(version, flags, meta, payloads)``."""
         op, meta_nbytes, version, sent_index, flags, key = (
-            int(v) for v in first[:HEADER_BYTES].view(torch.int64)[:6].cpu().tolist()
+            int(v) for v in first[: wire.HEADER_BYTES].view(torch.int64)[:6].cpu().tolist()
         )
-        if op != OP_TENSORS or sent_index != index:
+        if op != wire.OP_TENSORS or sent_index != index:
             raise WeightSyncError(
                 f"weight-sync protocol error: got op {op} for message {sent_index}, expected "
-                f"op {OP_TENSORS} for message {index}"
+                f"op {wire.OP_TENSORS} for message {index}"
             )
-        if flags & FLAG_COMBINED:
+        if flags & wire.FLAG_COMBINED:
             expected = self.group.layouts.expected(index)
             if expected is None or expected.key != key:
                 raise WeightSyncError(
@@ -146,17 +138,17 @@ class WeightReceiver:
         else:
             meta = self._message_meta(meta_nbytes, index, key)
             payloads = self._post_flat(meta, index) + self._post_direct(meta, index)
-        self.group.layouts.record(index, Layout(key, meta))
+        self.group.layouts.record(index, wire.Layout(key, meta))
         return version, flags, meta, payloads
 
     def _bucket_views(
-        self, first: torch.Tensor, index: int, key: int, meta: MessageMeta
+        self, first: torch.Tensor, index: int, key: int, meta: wire.MessageMeta
     ) -> list[tuple[str, torch.Tensor]]:
         """The bucketed tensors as views of ``first`` (cached while buffer and layout repeat)."""
         cached = self._views.get((index, key))
         if cached is not None and cached[0] is first:
             return cached[1]
-        views = _flat_tensors(first[HEADER_BYTES:], meta)
+        views = _flat_tensors(first[wire.HEADER_BYTES :], meta)
         if self.reuse_buffers:
             self._views = {k: v for k, v in self._views.items() if k[0] != index}
             self._views[(index, key)] = (first, views)
@@ -167,25 +159,29 @@ class WeightReceiver:
         self.group.broadcast_now(buf)
         return bytes(buf.cpu().numpy().tobytes())
 
-    def _message_meta(self, meta_nbytes: int, index: int, key: int) -> MessageMeta:
+    def _message_meta(self, meta_nbytes: int, index: int, key: int) -> wire.MessageMeta:
         if meta_nbytes == 0:
             if key not in self._meta_cache:
                 raise WeightSyncError(
                     f"weight-sync protocol error: message {index} reuses metadata {key:#x} never received"
                 )
             return self._meta_cache.get(key)
-        meta = MessageMeta.decode(self._blob(meta_nbytes))
+        meta = wire.MessageMeta.decode(self._blob(meta_nbytes))
         self._meta_cache.put(key, meta)
         return meta
 
-    def _post_flat(self, meta: MessageMeta, index: int) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
+    def _post_flat(
+        self, meta: wire.MessageMeta, index: int
+    ) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
         """Post the receive of a bucket that travels on its own (not combined with the header)."""
         if not meta.flat:
             return []
         flat = self._buffer("flat", index, 0, meta.flat_nbytes)
         return [(self.group.broadcast(flat), _flat_tensors(flat, meta))]
 
-    def _post_direct(self, meta: MessageMeta, index: int) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
+    def _post_direct(
+        self, meta: wire.MessageMeta, index: int
+    ) -> list[tuple[Any, list[tuple[str, torch.Tensor]]]]:
         """Post the receives of the direct tensors: ``(work, [(name, tensor valid once done)])`` each."""
         payloads = []
         for j, slot in enumerate(meta.direct):
@@ -203,17 +199,17 @@ class WeightReceiver:
         return buffer
 
 
-def _flat_tensors(flat: torch.Tensor, meta: MessageMeta) -> list[tuple[str, torch.Tensor]]:
+def _flat_tensors(flat: torch.Tensor, meta: wire.MessageMeta) -> list[tuple[str, torch.Tensor]]:
     """The bucketed tensors of ``meta`` as views of ``flat``."""
     return [(s.name, _typed(flat[s.offset : s.offset + s.nbytes], s)) for s in meta.flat]
 
 
-def _typed(raw: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
+def _typed(raw: torch.Tensor, slot: wire.TensorSlot) -> torch.Tensor:
     """The bytes of one tensor viewed with its dtype and shape (no copy)."""
-    return raw.view(dtype_from_name(slot.dtype)).view(slot.shape)
+    return raw.view(wire.dtype_from_name(slot.dtype)).view(slot.shape)
 
 
-def _formatted(slots: list[TensorSlot], digests: list[int], algorithm: str) -> dict[str, str]:
+def _formatted(slots: list[wire.TensorSlot], digests: list[int], algorithm: str) -> dict[str, str]:
     """Fingerprint strings by name from digests (same order as ``slots``)."""
     return {
         s.name: format_fingerprint(s.dtype, s.shape, d, algorithm)

@@ -9,7 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
-__all__ = ["DIRECT_TENSOR_BYTES", "GroupSpec", "WeightSyncSettings", "choose_broadcast_host", "serving_dtype"]
+__all__ = [
+    "DIRECT_TENSOR_BYTES",
+    "GroupSpec",
+    "WeightSyncSettings",
+    "choose_broadcast_host",
+    "new_group_name",
+    "serving_dtype",
+]
 
 #: In flattened_bucket mode a tensor at least this large (or larger than the bucket) is
 #: broadcast directly. Measured on gloo (2 cores, 1 sender -> 2 receivers, 21 rounds side by
@@ -93,6 +100,16 @@ class GroupSpec(BaseModel):
     """Prefix of the store keys, so several groups can share a store port over time."""
     timeout_s: float = Field(default=300.0, gt=0)
     """Rendezvous and per-collective timeout (a run sets ray_broadcast_init_timeout_s)."""
+
+
+def new_group_name() -> str:
+    """A fresh weight-sync group name, ``telescope-weights-<32 hex digits>``: the prefix of the group's
+    store keys, drawn by the driver for each group it forms. A process that reaches the store's port
+    but not the driver's announcement cannot take a rank in the rendezvous (servers join only groups
+    named so: ``inference.protocol.WeightSyncInitRequest``)."""
+    import secrets
+
+    return f"telescope-weights-{secrets.token_hex(16)}"
 
 
 def choose_broadcast_host(trainer_ip: str, server_ips: list[str], prefer_loopback: bool) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from telescope.core.cluster.http_guard import refusal
+from telescope.core.cluster.run_secret import current_run_secret
 from telescope.core.inference.protocol import (
     ENDPOINTS,
     MAX_SEED,
@@ -37,9 +39,39 @@ def _error(status: int, message: str, kind: str = "BadRequest", **extra: Any) ->
     return web.json_response({"error": {"message": message, "type": kind, **extra}}, status=status)
 
 
-def build_app(state: Any) -> web.Application:
-    """Routes over ``state`` (a ``ServerState``: engine, tokenizer, options, weight sync)."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+def guard(secret: str, bound_host: str) -> Any:
+    """Middleware refusing, before anything is read, a request with a foreign Host (421), without the run's
+    secret (401; every route but ``/health``) or a POST that is not JSON (415): ``cluster.http_guard``.
+
+    Generation needs the secret too: it takes the run's slots, accepts caller-chosen request ids (which
+    would collide with the run's own) and serves the policy being trained.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        refused = refusal(
+            request.method,
+            request.path,
+            request.headers.get,
+            secret=secret,
+            bound_host=bound_host,
+            open_paths=(ENDPOINTS["health"],),
+            what="this inference server",
+        )
+        if refused is not None:
+            response = _error(refused.status, refused.message, "Refused")
+            response.headers.update(refused.headers)
+            return response
+        return await handler(request)
+
+    return middleware
+
+
+def build_app(state: Any, *, secret: str | None = None, bound_host: str = "127.0.0.1") -> web.Application:
+    """Routes over ``state`` (a ``ServerState``: engine, tokenizer, options, weight sync), answering only
+    requests that carry ``secret`` (default: the run's, ``TELESCOPE_RUN_SECRET``; none is an error)."""
+    secret = secret if secret is not None else current_run_secret()
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[guard(secret, bound_host)])
     app[STATE] = state
     app.router.add_post(ENDPOINTS["completions"], completions)
     app.router.add_get(ENDPOINTS["models"], models)

@@ -130,7 +130,7 @@ def load_server_state(cfg: TelescopeConfig, kwargs: TransformersEngineKwargs, in
 
 
 async def _start_site(state: ServerState, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(state, bound_host=host), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
@@ -171,7 +171,11 @@ def start_in_thread(
     port: int,
     index: int = 0,
 ) -> InProcessServer:
-    """Load the model and serve it on ``host:port`` from a background thread."""
+    """Load the model and serve it on ``host:port`` from a background thread (this process holds the
+    run's secret its clients send: made here when absent)."""
+    from telescope.core.cluster.run_secret import ensure_run_secret
+
+    ensure_run_secret()
     return InProcessServer(load_server_state(cfg, kwargs or TransformersEngineKwargs(), index), host, port)
 
 
@@ -187,13 +191,16 @@ def main(argv: list[str] | None = None) -> None:
     from telescope.core.inference.parent_watch import exit_with_parent
 
     exit_with_parent()
+    from telescope.core.cluster.run_secret import current_run_secret
+
+    secret = current_run_secret()  # before loading the model: a server without one never starts
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(args.config) as fh:
         cfg = TelescopeConfig.model_validate(json.load(fh))
     kwargs = TransformersEngineKwargs.model_validate_json(args.engine_kwargs)
     state = load_server_state(cfg, kwargs, args.index)
     log.info("serving %s on %s:%d (server %d)", cfg.model, args.host, args.port, args.index)
-    app = build_app(state)
+    app = build_app(state, secret=secret, bound_host=args.host)
     quiet = server_logging(app, access_log=cfg.inference_access_log)  # a summary line per minute when off
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None, **quiet)
 

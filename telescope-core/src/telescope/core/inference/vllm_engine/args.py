@@ -17,10 +17,12 @@ if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
 __all__ = [
+    "GUARD_MIDDLEWARE",
     "MANAGED_FLAGS",
     "WORKER_EXTENSION",
     "build_vllm_args",
     "build_vllm_env",
+    "build_vllm_secret_env",
     "check_vllm_config",
     "otlp_endpoint",
 ]
@@ -28,6 +30,8 @@ __all__ = [
 log = logging.getLogger("telescope.inference")
 
 WORKER_EXTENSION = "telescope.core.inference.vllm_engine.worker.TelescopeWeightSyncExtension"
+#: The ASGI middleware that guards every route and serves the control routes (``vllm_engine.guard``).
+GUARD_MIDDLEWARE = "telescope.core.inference.vllm_engine.guard.TelescopeGuard"
 
 #: Flags Telescope sets itself; ``extra_args`` may not repeat them.
 MANAGED_FLAGS = (
@@ -49,6 +53,7 @@ MANAGED_FLAGS = (
     "--max-num-seqs",
     "--max-num-batched-tokens",
     "--disable-uvicorn-access-log",
+    "--api-key",
 )
 
 
@@ -108,6 +113,10 @@ def build_vllm_args(
         "--generation-config",
         "vllm",
         "--enable-prefix-caching" if kwargs.enable_prefix_caching else "--no-enable-prefix-caching",
+        # The run's secret on every route, control routes without dev mode (the key itself travels
+        # as VLLM_API_KEY in the environment, never on the command line: build_vllm_secret_env).
+        "--middleware",
+        GUARD_MIDDLEWARE,
     ]
     if not cfg.inference_access_log:  # a line per request buries the server's own log lines
         args.append("--disable-uvicorn-access-log")
@@ -138,13 +147,28 @@ def otlp_endpoint(cfg: TelescopeConfig, driver_host: str) -> str | None:
 
 
 def build_vllm_env(cfg: TelescopeConfig, *, tracing: bool | None = None) -> dict[str, str]:
-    """Environment of a vLLM server process (``tracing`` defaults to ``enable_vllm_tracing``)."""
+    """Environment of a vLLM server process (``tracing`` defaults to ``enable_vllm_tracing``).
+
+    Dev mode stays off even when the user's environment turns it on: its routes (``/collective_rpc``,
+    ``/sleep``, ``/server_info``, ...) would be vLLM's, not the guard's (``vllm_engine.guard`` serves
+    the control routes a run needs).
+    """
     env = {
-        # /pause, /resume, /abort_requests and /collective_rpc exist only in dev mode.
-        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_SERVER_DEV_MODE": "0",
         "PYTHONUNBUFFERED": "1",
     }
     if cfg.enable_vllm_tracing if tracing is None else tracing:
         env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
         env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
+    return env
+
+
+def build_vllm_secret_env(*, tracing: bool) -> dict[str, str]:
+    """Variables of a vLLM server that carry the run's secret, as templates of ``{secret}`` (filled by
+    ``ServerProcess`` at launch, so no command, log line or ``repr`` ever holds the value): vLLM's own
+    ``--api-key`` (``/v1`` routes) and, with tracing, the header its OTLP exporter sends to the
+    driver's receiver (``OTEL_EXPORTER_OTLP_TRACES_HEADERS``, values URL-encoded)."""
+    env = {"VLLM_API_KEY": "{secret}"}
+    if tracing:
+        env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = "Authorization=Bearer%20{secret}"
     return env

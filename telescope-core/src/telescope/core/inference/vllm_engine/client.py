@@ -1,7 +1,7 @@
 """``VllmClient``: the inference client of vllm-engine servers.
 
 Completions, pause and metrics are the shared protocol (``InferenceClient``); weight syncs go
-through vLLM's dev-mode ``/collective_rpc`` to Telescope's worker extension
+through ``/telescope/collective_rpc`` (served by ``vllm_engine.guard``, no dev mode) to Telescope's worker extension
 (``vllm_engine.worker``), one result per tensor-parallel worker. What differs from the
 transformers engine, each checked against vLLM's source by the contract tests
 (tests/inference/test_vllm_contract.py):
@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from telescope.core.inference.client import Completion, InferenceClient, InferenceServerError
 from telescope.core.inference.protocol import ENDPOINTS, WeightSyncInitRequest, WeightUpdateResponse
+from telescope.core.inference.vllm_engine.guard import RPC_PATH
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
 from telescope.core.weights.verify import compare_fingerprints
 
@@ -38,7 +40,7 @@ def matches_request(request_id: str, sent_id: str) -> bool:
 
 
 class VllmClient(InferenceClient):
-    """``InferenceClient`` for ``vllm serve``: weight syncs through ``/collective_rpc``, abort by disconnect."""
+    """``InferenceClient`` for ``vllm serve``: weight syncs through ``/telescope/collective_rpc``, abort by disconnect."""
 
     def __init__(
         self,
@@ -46,11 +48,15 @@ class VllmClient(InferenceClient):
         *,
         pause_clear_cache: bool = False,
         per_request_seed: bool = False,
+        on_request: Callable[[str], None] | None = None,
         **options: Any,
     ) -> None:
+        """``on_request(request_id)`` runs before each completion with an id is sent (the run's OTLP
+        receiver keeps only the spans of ids it was told about: ``OtlpReceiver.expect``)."""
         super().__init__(base_url, **options)
         self.pause_clear_cache = pause_clear_cache
         self.per_request_seed = per_request_seed
+        self.on_request = on_request
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
         """Request id -> the task awaiting its completion (cancelling it closes the connection)."""
         # The prefix-cache namespace: new at every applied sync (and per client, so a restarted
@@ -69,6 +75,8 @@ class VllmClient(InferenceClient):
             params.pop("seed", None)
         params["cache_salt"] = self.cache_salt
         request_id = params.get("request_id")
+        if request_id is not None and self.on_request is not None:
+            self.on_request(str(request_id))
         task = asyncio.current_task()
         if request_id is None or task is None:
             return await super().complete(prompt, **params)
@@ -138,13 +146,14 @@ class VllmClient(InferenceClient):
         return int((await self._rpc("telescope_weight_version"))[0])
 
     async def _rpc(self, method: str, *args: str, **kwargs: str) -> list[Any]:
-        """vLLM dev-mode ``POST /collective_rpc``: one result per worker. vLLM passes only strings
-        (``args: list[str]``, ``kwargs: dict[str, str]``); the worker extension parses them."""
+        """``POST /telescope/collective_rpc`` (served by ``vllm_engine.guard``): one result per worker.
+        Only strings travel (``args: list[str]``, ``kwargs: dict[str, str]``); the worker extension parses
+        them."""
         body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs, "timeout": None}
-        raw = await self._request("POST", "/collective_rpc", json=body)
+        raw = await self._request("POST", RPC_PATH, json=body)
         results = raw.get("results") if isinstance(raw, dict) else None
         if not results:
-            raise InferenceServerError(200, f"/collective_rpc {method} returned no worker results: {raw!r}")
+            raise InferenceServerError(200, f"{RPC_PATH} {method} returned no worker results: {raw!r}")
         return list(results)
 
 

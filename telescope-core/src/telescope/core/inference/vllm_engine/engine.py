@@ -17,9 +17,11 @@ from telescope.core.inference.transformers_engine.engine import local_url
 from telescope.core.inference.vllm_engine.args import (
     build_vllm_args,
     build_vllm_env,
+    build_vllm_secret_env,
     check_vllm_config,
     otlp_endpoint,
 )
+from telescope.core.inference.vllm_engine.guard import BOUND_HOST_ENV
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -79,10 +81,12 @@ class VllmEngine(InferenceEngine):
         env = {
             **build_vllm_env(self.cfg, tracing=endpoint is not None),
             "TELESCOPE_RESOLVED_CONFIG": config_path,
+            BOUND_HOST_ENV: host,
         }
         # vllm serve cannot run our parent watch: the supervisor ends it if the launcher dies.
         argv = supervised_argv([vllm_executable(), "serve", *args])
-        return ServerCommand(argv=argv, env=env, url=local_url(host, port))
+        secret_env = build_vllm_secret_env(tracing=endpoint is not None)
+        return ServerCommand(argv=argv, env=env, url=local_url(host, port), secret_env=secret_env)
 
     def otlp_endpoint(self) -> str | None:
         """Where this node's server sends traces: the driver's OTLP receiver (loopback on its node)."""
@@ -91,7 +95,7 @@ class VllmEngine(InferenceEngine):
         return otlp_endpoint(self.cfg, driver_host_from(_node_ip()))
 
     def client(self, url: str, **options: Any) -> Any:
-        """A ``VllmClient``: weight-sync calls go through vLLM's ``/collective_rpc`` to the worker extension."""
+        """A ``VllmClient``: weight-sync calls go through ``/telescope/collective_rpc`` (the guard) to the worker extension."""
         from telescope.core.inference.vllm_engine.client import VllmClient
 
         options.setdefault("pause_clear_cache", self.kwargs.pause_clear_cache)

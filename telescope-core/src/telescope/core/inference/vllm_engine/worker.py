@@ -2,7 +2,7 @@
 
 Launched with ``--worker-extension-cls telescope.core.inference.vllm_engine.worker.TelescopeWeightSyncExtension``;
 vLLM mixes this class into its GPU workers (no ``__init__``), and the client reaches the methods
-through the dev-mode ``POST /collective_rpc`` (string arguments only, hence the JSON strings).
+through ``POST /telescope/collective_rpc`` (``vllm_engine.guard``; string arguments only, hence the JSON strings).
 Each TP worker joins the group as ``rank + tp_rank`` and receives the full HF-named tensors;
 ``model.load_weights`` shards and fuses them the way vLLM loads a checkpoint, inside vLLM's config
 context and its layer-wise reload (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``),
@@ -59,7 +59,7 @@ class TelescopeWeightSyncExtension:
         """Receive one sync straight into ``model.load_weights`` (streamed, bucket by bucket).
 
         ``apply="false"``: receive (fingerprinting what arrived), load nothing, keep the served version.
-        Arguments are strings: vLLM's ``/collective_rpc`` passes only strings.
+        Arguments are strings: ``/telescope/collective_rpc`` passes only strings.
         """
         receiver = getattr(self, "_telescope_receiver", None)
         if receiver is None:

@@ -5,7 +5,10 @@ orchestrator looks a finished request up by id to fill the rollout's ``timings``
 
 Bodies are capped before any work: at most ``MAX_BODY_BYTES`` on the wire (413 unread above it)
 and ``MAX_DECODED_BYTES`` once gunzipped (a small gzip bomb used to cost seconds of the driver's
-CPU and gigabytes of memory).
+CPU and gigabytes of memory). Before that, an export must carry the run's secret (vLLM's exporter
+sends it from ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``) and a Host naming this machine
+(``cluster.http_guard``). Only spans of request ids the run issued (``expect``) are kept: anyone else's
+spans would evict the run's and give its rollouts made-up timings.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.cluster.http_guard import refusal
 from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_json, spans_from_protobuf
 
 if TYPE_CHECKING:
@@ -31,6 +35,8 @@ __all__ = ["MAX_BODY_BYTES", "MAX_DECODED_BYTES", "VLLM_TIMING_ATTRIBUTES", "Otl
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Largest body after gunzip.
 MAX_DECODED_BYTES = 32 * 1024 * 1024
+#: Request ids remembered as issued (the oldest are forgotten first; a step issues a few thousand).
+MAX_ISSUED = 200_000
 
 
 class _TooLarge(ValueError):
@@ -59,12 +65,27 @@ class OtlpReceiver:
     """
 
     def __init__(
-        self, port: int, host: str = "127.0.0.1", ttl_s: float = 120.0, max_spans: int = 10_000
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        ttl_s: float = 120.0,
+        max_spans: int = 10_000,
+        *,
+        secret: str | None = None,
     ) -> None:
+        """``secret``: what exports must carry (default: the run's, ``TELESCOPE_RUN_SECRET``)."""
+        from telescope.core.cluster.run_secret import current_run_secret
+
+        self.secret = secret if secret is not None else current_run_secret()
+        self.host = host
         self._spans: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._issued: OrderedDict[str, None] = OrderedDict()
         self._cond = threading.Condition()
         self._ttl, self._max = ttl_s, max_spans
         self.bad_requests = 0
+        """Exports refused: undecodable, too large, without the secret or with a foreign Host."""
+        self.foreign_spans = 0
+        """Spans dropped because their request id was never issued by the run."""
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
@@ -81,6 +102,29 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                refused = refusal(
+                    "POST",
+                    self.path.split("?", 1)[0],
+                    self.headers.get,
+                    secret=receiver.secret,
+                    bound_host=receiver.host,
+                    open_paths=(),
+                    what="the run's OTLP receiver",
+                    content_types=("application/x-protobuf", "application/json"),
+                )
+                if refused is not None:
+                    receiver.bad_requests += 1
+                    body = refused.message.encode()
+                    self.send_response(refused.status)
+                    for name, value in refused.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(body)
+                    self.close_connection = True
+                    return
                 try:
                     length = int(self.headers.get("Content-Length", 0))
                 except ValueError:
@@ -125,12 +169,32 @@ class OtlpReceiver:
         with self._cond:
             for span in spans:
                 rid = span["attributes"].get("gen_ai.request.id")
-                if rid is not None:
-                    self._spans[str(rid)] = (now, span)
-                    self._spans.move_to_end(str(rid))
+                if rid is None:
+                    continue
+                if not self._was_issued(str(rid)):
+                    self.foreign_spans += 1
+                    continue
+                self._spans[str(rid)] = (now, span)
+                self._spans.move_to_end(str(rid))
             self._evict(now)
             self._cond.notify_all()
         return True
+
+    def expect(self, request_id: str) -> None:
+        """``request_id`` was sent by the run: keep its spans (the client calls this before sending)."""
+        with self._cond:
+            self._issued[request_id] = None
+            self._issued.move_to_end(request_id)
+            while len(self._issued) > MAX_ISSUED:
+                self._issued.popitem(last=False)
+
+    def _was_issued(self, span_id: str) -> bool:
+        """Whether a span's request id belongs to an issued request: vLLM names it
+        ``cmpl-<request id>-<prompt index>`` (request ids may hold dashes themselves)."""
+        rid = span_id.removeprefix("cmpl-")
+        if rid in self._issued or span_id in self._issued:
+            return True
+        return any(rid[:i] in self._issued for i, char in enumerate(rid) if char == "-")
 
     def _evict(self, now: float) -> None:
         while self._spans and (

@@ -98,7 +98,11 @@ class PrometheusScraper:
         return self._interval
 
     def scrape(self, server: int) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.urls[server]}/metrics", timeout=self._timeout) as resp:
+        from telescope.core.cluster.run_secret import auth_headers
+
+        # a run's vLLM servers answer /metrics only with the run's secret (vllm_engine.guard)
+        request = urllib.request.Request(f"{self.urls[server]}/metrics", headers=auth_headers())
+        with urllib.request.urlopen(request, timeout=self._timeout) as resp:
             text = resp.read().decode("utf-8", errors="replace")
         metrics = reduce_vllm_metrics(parse_prometheus(text))
         return {
