@@ -276,6 +276,10 @@ class FakeServingModels:
         return f"Success: LoRA adapter '{request.lora_name}' added successfully."
 
 
+async def _answer(value: Any) -> Any:
+    return value
+
+
 def _guard_post(models: Any, path: str, payload: Any) -> tuple[int, dict[str, Any]]:
     status, answer, _, reached = serve(
         "POST", path, {**AUTH, **JSON}, json.dumps(payload).encode(), serving_models=models
@@ -306,6 +310,11 @@ def test_the_guard_reports_vllms_refusal_and_bad_bodies() -> None:
     assert (
         status == 500 and "vLLM refused LoRA adapter 'n' from /p: LoRA rank 4 is greater" in answer["error"]
     )
+    ignored = FakeServingModels()
+    ignored.lora_requests["n"] = SimpleNamespace(lora_path="/old", lora_int_id=1, load_inplace=False)
+    ignored.load_lora_adapter = lambda request: _answer("Success")  # type: ignore[method-assign]
+    status, answer = _guard_post(ignored, LORA_LOAD_PATH, {"lora_name": "n", "lora_path": "/p"})
+    assert status == 500 and "serves LoRA adapter 'n' from '/old', not '/p'" in answer["error"]
     status, answer = _guard_post(FakeServingModels(), LORA_LOAD_PATH, {"lora_name": "n"})
     assert status == 400 and "'lora_path': str" in answer["error"]
 

@@ -178,8 +178,12 @@ class TelescopeGuard:
         # its worker reloads an adapter from disk at every step while its request says load_inplace:
         # clear it, so requests use the loaded weights until the next sync.
         loaded = models.lora_requests.get(name)
-        if loaded is not None:
-            loaded.load_inplace = False
+        if loaded is None or loaded.lora_path != path:
+            raise RuntimeError(
+                f"vLLM answered {answer!r} but serves LoRA adapter {name!r} from "
+                f"{getattr(loaded, 'lora_path', None)!r}, not {path!r}: requests would sample another adapter"
+            )
+        loaded.load_inplace = False
         return {"status": answer, "lora_name": name, "lora_int_id": getattr(loaded, "lora_int_id", None)}
 
 
