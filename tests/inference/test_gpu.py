@@ -48,14 +48,12 @@ def test_vllm_serves_the_synced_lora_adapter(tiny_path: str, tmp_path: Any) -> N
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
-    from telescope.core.inference.protocol import WeightSyncInitRequest
     from telescope.core.inference.settings import VllmEngineKwargs
     from telescope.core.inference.vllm_engine.engine import VllmEngine
-    from telescope.core.weights import GroupSpec, WeightSyncSettings
-    from telescope.core.weights.group import WeightSyncGroup
+    from telescope.core.testing import join_local_sync_group
+    from telescope.core.weights import WeightSyncSettings
     from telescope.core.weights.lora import adapter_parameters, inject_lora
     from telescope.core.weights.sender import WeightSender
-    from telescope.core.weights.settings import new_group_name
     from telescope.core.weights.verify import check_sync
 
     cfg = make_cfg(
@@ -81,19 +79,7 @@ def test_vllm_serves_the_synced_lora_adapter(tiny_path: str, tmp_path: Any) -> N
         async def go():  # type: ignore[no-untyped-def]
             async with engine.client(server.url) as client:
                 (before,) = await client.complete(prompt, max_tokens=12, temperature=0.0, ignore_eos=True)
-                spec = GroupSpec(
-                    host="127.0.0.1",
-                    port=free_port(),
-                    world_size=2,
-                    backend="gloo",
-                    timeout_s=300,
-                    group_name=new_group_name(),
-                )
-                init = asyncio.create_task(
-                    client.init_weight_sync(WeightSyncInitRequest(**spec.model_dump(), rank=1))
-                )
-                group = await asyncio.to_thread(WeightSyncGroup, spec, 0)
-                await init
+                group = await join_local_sync_group(client)
                 sender = WeightSender(group, WeightSyncSettings(dtype="bfloat16"))
                 named = [(n, p.detach().cpu()) for n, p in adapter_parameters(model).items()]
                 update = asyncio.create_task(client.update_weights(1))
