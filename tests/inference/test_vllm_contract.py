@@ -550,6 +550,18 @@ def test_load_inplace_reloads_from_disk_at_every_step_which_is_why_the_guard_cle
     add = ast.unparse(_method("lora/worker_manager.py", "LRUCacheWorkerLoRAManager", "add_adapter"))
     assert "lora_request.lora_int_id not in self.list_adapters() or lora_request.load_inplace" in add
     assert "self._adapter_manager.remove_adapter(lora.id)" in add  # replaced in place, under its id
+    # the engine client's add_lora reaches that method in every worker
+    assert "return self.model_executor.add_lora(lora_request)" in ast.unparse(
+        _method("v1/engine/core.py", "EngineCore", "add_lora")
+    )
+    assert "return self.model_runner.add_lora(lora_request)" in ast.unparse(
+        _method("v1/worker/gpu_worker.py", "Worker", "add_lora")
+    )
+    mixin = "v1/worker/lora_model_runner_mixin.py"
+    assert "return self.lora_manager.add_adapter(lora_request)" in ast.unparse(
+        _method(mixin, "LoRAModelRunnerMixin", "add_lora")
+    )
+    assert "self.lora_manager = LRUCacheWorkerLoRAManager(" in ast.unparse(_tree(mixin))
     # the worker applies the running requests' adapters at every step
     assert "self.lora_manager.set_active_adapters(lora_requests" in ast.unparse(
         _tree("v1/worker/lora_model_runner_mixin.py")
