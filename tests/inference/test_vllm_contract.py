@@ -506,6 +506,10 @@ def test_the_adapter_folder_we_write_is_what_vllms_loader_reads() -> None:
     assert required <= set(config)
     # bias "none", no DoRA, no modules_to_save: what PEFTHelper.validate_legal accepts
     assert config["bias"] == "none" and not config["use_dora"] and "modules_to_save" not in config
+    # vLLM scales the adapter by lora_alpha / r of the folder, as peft does in the trainer (no rsLoRA)
+    post_init = ast.unparse(_method("lora/peft_helper.py", "PEFTHelper", "__post_init__"))
+    assert "self.vllm_lora_scaling_factor = self.lora_alpha / self.r" in post_init
+    assert not config["use_rslora"]
 
 
 def test_the_guard_loads_adapters_through_vllms_serving_models_in_place() -> None:
