@@ -41,6 +41,7 @@ ADDED_FIELDS = {
     "mlflow_experiment_name": "telescope",
     "inference_access_log": False,
     "rollout_token_view_max_tokens": 512,
+    "agent_tool_call_parser": "xml",
 }
 
 

@@ -193,6 +193,8 @@ class TelescopeConfig(BaseModel):
     """Pass enable_thinking=True to apply_chat_template() for models with native thinking support."""
     chat_template: str | None = None
     """Jinja2 chat template overriding the tokenizer's own (required for base models without one)."""
+    agent_tool_call_parser: Literal["xml", "python"] = "xml"
+    """How the agent gateway reads tool calls from the model's text: xml (<tool_call>{json}</tool_call>, Hermes/Qwen) or python (name(arg=...) calls of the request's tools)."""
 
     # --- Checkpointing -------------------------------------------------------------
     checkpoint_every: int | bool = False
