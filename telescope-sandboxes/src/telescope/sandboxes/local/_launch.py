@@ -78,6 +78,7 @@ def bwrap_argv(
     shm_bytes: int,
     etc_dir: str | None = None,
     network_args: tuple[str, ...] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bubblewrap command line for one command.
 
@@ -85,6 +86,8 @@ def bwrap_argv(
     ``/etc/...`` entries of ``ro_paths`` with one mount. The command always gets its own network
     namespace; with ``network`` it gets outbound access through ``network_args``
     (``_usernet.UserNet.bwrap_args``), never the host's namespace and its loopback services.
+    ``seccomp_fd`` (from ``_seccomp.program_fd``) is read by bubblewrap, which installs the
+    filter after its own setup, right before it runs the command.
     """
     if network and not network_args:
         raise ValueError("network=True needs the user-mode network's bubblewrap options (UserNet.bwrap_args)")
@@ -106,6 +109,8 @@ def bwrap_argv(
     # bubblewrap's own root and /dev are writable tmpfs (host RAM outside the disk limit):
     # make them read-only once every mount point exists.
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     argv.append("--clearenv")
     for key, value in env.items():
         argv += ["--setenv", key, value]

@@ -3,9 +3,9 @@
 Each sandbox is a private workspace directory; each ``execute`` starts a fresh bubblewrap
 container over it (its own network namespace: no network, or with ``network_access`` an
 outbound-only one through slirp4netns that cannot reach the host's loopback; read-only system
-paths, new user/pid/ipc/uts namespaces, all capabilities dropped, uid 65534, a new session,
-killed with its parent). When the command's
-main process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
+paths, new user/pid/ipc/uts namespaces, all capabilities dropped, a seccomp deny list
+(``_seccomp``), uid 65534, a new session, killed with its parent). When the command's main
+process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from telescope.sandboxes.local._launch import (
     wrapper_argv,
 )
 from telescope.sandboxes.local._process import RunSpec, kill_group, run_command
+from telescope.sandboxes.local._seccomp import deny_list_program, program_fd
 from telescope.sandboxes.local._usernet import SLIRP_INSTALL, UserNet, slirp4netns_path
 from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, default_root
 
@@ -71,6 +72,10 @@ class LocalSandboxKwargs(BaseModel):
     they are installed; False: a ``preexec_fn`` in the forked child."""
     disk_check_interval_s: float = Field(default=0.1, gt=0, le=10)
     """How often the workspace size is checked against ``disk_size_gb`` while a command runs."""
+    seccomp: bool = True
+    """Install the seccomp deny list (``_seccomp.DENIED``: ptrace, mount, namespaces, keyring,
+    bpf, perf, io_uring, modules, ... answer EPERM). Supported on x86_64 and aarch64; turn it off
+    only on another machine, where it cannot be built."""
 
 
 @dataclass
@@ -89,8 +94,14 @@ class LocalSandboxProvider(SandboxProvider):
         self.bwrap = self._find_bwrap()
         self._as_root = os.geteuid() == 0
         self._etc: str | None = None
+        self._seccomp: bytes | None = None
         if self.bwrap is None:
             self._warn_unsandboxed()
+        elif self.kwargs.seccomp:
+            try:
+                self._seccomp = deny_list_program()
+            except ValueError as exc:
+                raise SandboxUnavailableError(str(exc)) from None
 
     # ----------------------------------------------------------------- setup
     def _etc_dir(self) -> str:
@@ -169,9 +180,13 @@ class LocalSandboxProvider(SandboxProvider):
         uid = self.kwargs.uid if self._as_root else None
         env = self._environment(config)
         usernet = None
+        owned_fds: tuple[int, ...] = ()
         if self.bwrap is not None:
             if config.network_access:
                 usernet = UserNet(_require_slirp4netns(), run_as=uid)
+            etc_dir = self._etc_dir()
+            if self._seccomp is not None:  # last before the pure bwrap_argv: nothing can leak it
+                owned_fds = (program_fd(self._seccomp),)
             argv = bwrap_argv(
                 self.bwrap,
                 box.workspace,
@@ -181,8 +196,9 @@ class LocalSandboxProvider(SandboxProvider):
                 network=bool(config.network_access),
                 command=command,
                 shm_bytes=min(int(config.disk_size_gb * 1e9), _MAX_SHM_BYTES),
-                etc_dir=self._etc_dir(),
+                etc_dir=etc_dir,
                 network_args=tuple(usernet.bwrap_args()) if usernet else (),
+                seccomp_fd=owned_fds[0] if owned_fds else None,
             )
             run_env, cwd = {}, None
         else:
@@ -204,6 +220,7 @@ class LocalSandboxProvider(SandboxProvider):
             self.kwargs.disk_check_interval_s,
             box.running,
             usernet,
+            owned_fds,
         )
         try:
             return await run_command(spec)
