@@ -175,7 +175,12 @@ class LocalSandboxProvider(SandboxProvider):
         config = handle.config
         inside_cwd = Workspace.inside_path(working_dir or INSIDE_WORKSPACE)
         limits = Limits.for_command(
-            config.memory_mb, config.disk_size_gb, config.max_processes, timeout, private_uid=self._as_root
+            config.memory_mb,
+            config.disk_size_gb,
+            config.max_processes,
+            timeout,
+            private_uid=self._as_root,
+            user_namespace=self.bwrap is not None,
         )
         uid = self.kwargs.uid if self._as_root else None
         env = self._environment(config)
@@ -199,6 +204,7 @@ class LocalSandboxProvider(SandboxProvider):
                 etc_dir=etc_dir,
                 network_args=tuple(usernet.bwrap_args()) if usernet else (),
                 seccomp_fd=owned_fds[0] if owned_fds else None,
+                max_processes=limits.sandbox_processes,
             )
             run_env, cwd = {}, None
         else:
