@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from telescope.sandboxes.local._launch import nproc_counted_per_user_namespace
+
 NOBODY = 65534
 HOST_PROCESSES = 40
 MAX_PROCESSES = 16
@@ -95,6 +97,10 @@ def home() -> Iterator[Path]:
 
 
 def test_fork_bomb_is_capped_without_root_and_the_users_other_processes_do_not_count(home: Path) -> None:
+    if not nproc_counted_per_user_namespace():
+        pytest.skip(
+            f"kernel {os.uname().release} counts RLIMIT_NPROC per user, not per user namespace (5.14+)"
+        )
     prefix = _unprivileged_prefix(home)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home)}
     code = SCRIPT.format(host=HOST_PROCESSES, limit=MAX_PROCESSES)
@@ -113,3 +119,17 @@ def test_fork_bomb_is_capped_without_root_and_the_users_other_processes_do_not_c
     # Capped: the sandbox's own processes (python, bubblewrap's init) count too. The 40 host
     # processes of the same user do not: they alone exceed the limit.
     assert MAX_PROCESSES - 4 <= forked <= MAX_PROCESSES, report
+
+
+@pytest.mark.parametrize(
+    ("release", "per_namespace"),
+    [
+        ("5.13.19-generic", False),
+        ("4.19.0", False),
+        ("5.14.0-284.el9", True),
+        ("6.18.44-fc-v669", True),
+        ("x", False),
+    ],
+)
+def test_nproc_is_counted_per_user_namespace_since_linux_5_14(release: str, per_namespace: bool) -> None:
+    assert nproc_counted_per_user_namespace(release) is per_namespace

@@ -7,6 +7,7 @@ import ctypes
 import hashlib
 import math
 import os
+import re
 import resource
 import shutil
 import stat
@@ -16,7 +17,15 @@ from dataclasses import dataclass
 
 from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, ensure_private_dir
 
-__all__ = ["DEFAULT_RO_PATHS", "Limits", "bwrap_argv", "make_preexec", "snapshot_etc", "wrapper_argv"]
+__all__ = [
+    "DEFAULT_RO_PATHS",
+    "Limits",
+    "bwrap_argv",
+    "make_preexec",
+    "nproc_counted_per_user_namespace",
+    "snapshot_etc",
+    "wrapper_argv",
+]
 
 #: Host paths visible (read-only) inside the sandbox: the system, never /home, /root or /work.
 DEFAULT_RO_PATHS: tuple[str, ...] = (
@@ -84,6 +93,13 @@ class Limits:
             processes=max_processes + _BWRAP_PROCESSES if private_uid and not user_namespace else None,
             sandbox_processes=max_processes + _NAMESPACE_PROCESSES if user_namespace else None,
         )
+
+
+def nproc_counted_per_user_namespace(release: str | None = None) -> bool:
+    """Whether the kernel (``release``, default this one's) counts RLIMIT_NPROC per (user
+    namespace, uid), as Linux does since 5.14 (ucounts); before, per uid across the machine."""
+    found = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)
 
 
 def bwrap_argv(

@@ -11,6 +11,7 @@ process exits, bubblewrap's pid namespace dies with it, so nothing outlives a co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -33,6 +34,7 @@ from telescope.sandboxes.local._launch import (
     Limits,
     bwrap_argv,
     make_preexec,
+    nproc_counted_per_user_namespace,
     snapshot_etc,
     wrapper_argv,
 )
@@ -95,8 +97,18 @@ class LocalSandboxProvider(SandboxProvider):
         self._as_root = os.geteuid() == 0
         self._etc: str | None = None
         self._seccomp: bytes | None = None
+        # As root the command runs as uid 65534, whose other processes are few: limit it anyway.
+        self._nproc_limit = self._as_root or nproc_counted_per_user_namespace()
         if self.bwrap is None:
             self._warn_unsandboxed()
+        elif not self._nproc_limit:
+            _log.warning(
+                "local sandbox: no process limit (max_processes): kernel %s counts RLIMIT_NPROC per user "
+                "across the machine, so it would count your own processes; Linux 5.14+ counts it per "
+                "user namespace, or run Telescope as root to run sandboxes as uid %d",
+                os.uname().release,
+                self.kwargs.uid,
+            )
         elif self.kwargs.seccomp:
             try:
                 self._seccomp = deny_list_program()
@@ -182,6 +194,8 @@ class LocalSandboxProvider(SandboxProvider):
             private_uid=self._as_root,
             user_namespace=self.bwrap is not None,
         )
+        if not self._nproc_limit:
+            limits = dataclasses.replace(limits, sandbox_processes=None)
         uid = self.kwargs.uid if self._as_root else None
         env = self._environment(config)
         usernet = None
