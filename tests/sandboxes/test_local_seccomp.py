@@ -122,6 +122,35 @@ def test_every_denied_call_fails_with_eperm_inside_a_sandbox(
     }
 
 
+FOREIGN_ABI = """
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+x32_getpid = libc.syscall(0x40000000 | 39)
+print('x32', x32_getpid, ctypes.get_errno(), flush=True)
+code = b"\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3"  # mov eax, 20 (getpid of i386); int 0x80; ret
+page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(code)
+getpid_i386 = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+print('i386', getpid_i386() == os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="int 0x80 and x32 exist on x86_64 only")
+def test_a_call_through_another_abi_kills_the_process(
+    local_provider: Any, marked_config: SandboxConfig, marker: str
+) -> None:
+    from telescope.sandboxes.local import LocalSandboxKwargs, LocalSandboxProvider
+
+    bare = contained(
+        LocalSandboxProvider(LocalSandboxKwargs(seccomp=False)), marked_config, marker, FOREIGN_ABI
+    )
+    if "i386 True" not in bare.stdout:
+        pytest.skip(f"this kernel does not run i386 system calls (ia32_emulation off): {bare}")
+    result = contained(local_provider, marked_config, marker, FOREIGN_ABI)
+    assert result.stdout == f"x32 -1 {ENOSYS}\n", result  # x32 shares the arch: ENOSYS, not run
+    assert result.exit_code == 128 + 31 and "Bad system call" in result.stderr  # SIGSYS: killed
+
+
 def test_normal_python_and_numpy_work_runs_under_the_filter(local_provider: Any, marker: str) -> None:
     from telescope.sandboxes.local import LocalSandboxKwargs, LocalSandboxProvider
 

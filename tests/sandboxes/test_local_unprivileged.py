@@ -51,15 +51,16 @@ async def go():
     async with provider.sandbox(SandboxConfig(memory_mb=256, max_processes={limit})) as sb:
         await provider.upload_bytes(sb, 'bomb.py', BOMB.encode())
         result = await provider.execute(sb, 'python3 bomb.py', timeout=5)
-    return provider, result
+        status = await provider.execute(sb, 'grep -E "^(Uid|Seccomp):" /proc/self/status', timeout=5)
+    return provider, result, status
 
 try:
-    provider, result = asyncio.run(go())
+    provider, result, status = asyncio.run(go())
 finally:
     for proc in host:
         proc.kill(); proc.wait()
 print(json.dumps({{'euid': os.geteuid(), 'as_root': provider._as_root, 'stdout': result.stdout,
-                  'stderr': result.stderr, 'exit_code': result.exit_code}}))
+                  'stderr': result.stderr, 'exit_code': result.exit_code, 'status': status.stdout.split()}}))
 """
 
 
@@ -97,6 +98,7 @@ def home() -> Iterator[Path]:
 
 
 def test_fork_bomb_is_capped_without_root_and_the_users_other_processes_do_not_count(home: Path) -> None:
+    """Also checks that the seccomp filter is installed when bubblewrap runs unprivileged."""
     if not nproc_counted_per_user_namespace():
         pytest.skip(
             f"kernel {os.uname().release} counts RLIMIT_NPROC per user, not per user namespace (5.14+)"
@@ -115,6 +117,7 @@ def test_fork_bomb_is_capped_without_root_and_the_users_other_processes_do_not_c
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["euid"] != 0 and report["as_root"] is False
     assert report["exit_code"] == 0, report
+    assert report["status"][-2:] == ["Seccomp:", "2"], report  # the deny list is installed too
     forked = int(report["stdout"])
     # Capped: the sandbox's own processes (python, bubblewrap's init) count too. The 40 host
     # processes of the same user do not: they alone exceed the limit.
