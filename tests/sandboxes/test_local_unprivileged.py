@@ -103,17 +103,7 @@ def test_fork_bomb_is_capped_without_root_and_the_users_other_processes_do_not_c
         pytest.skip(
             f"kernel {os.uname().release} counts RLIMIT_NPROC per user, not per user namespace (5.14+)"
         )
-    prefix = _unprivileged_prefix(home)
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home)}
-    code = SCRIPT.format(host=HOST_PROCESSES, limit=MAX_PROCESSES)
-    done = subprocess.run(
-        [*prefix, sys.executable, "-c", code, str(home / "sandboxes")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _run_unprivileged(home, SCRIPT.format(host=HOST_PROCESSES, limit=MAX_PROCESSES))
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["euid"] != 0 and report["as_root"] is False
     assert report["exit_code"] == 0, report
@@ -136,3 +126,49 @@ def test_fork_bomb_is_capped_without_root_and_the_users_other_processes_do_not_c
 )
 def test_nproc_is_counted_per_user_namespace_since_linux_5_14(release: str, per_namespace: bool) -> None:
     assert nproc_counted_per_user_namespace(release) is per_namespace
+
+
+OLD_KERNEL = """
+import asyncio, json, logging, os, sys
+from telescope.core.sandbox import SandboxConfig
+from telescope.sandboxes.local import LocalSandboxKwargs, LocalSandboxProvider, provider
+
+logging.basicConfig(level=logging.WARNING)
+provider.nproc_counted_per_user_namespace = lambda: False
+
+async def go():
+    local = LocalSandboxProvider(LocalSandboxKwargs(workspace_root=sys.argv[1]))
+    async with local.sandbox(SandboxConfig(max_processes=20)) as sb:
+        command = "grep -E '^Max processes' /proc/self/limits; grep Seccomp: /proc/self/status"
+        return await local.execute(sb, command, timeout=5)
+
+result = asyncio.run(go())
+print(json.dumps({'euid': os.geteuid(), 'stdout': result.stdout.split(), 'stderr': result.stderr}))
+"""
+
+
+def test_before_linux_5_14_without_root_there_is_no_process_limit_but_the_filter_holds(home: Path) -> None:
+    """Where RLIMIT_NPROC counts per user across the machine, the limit is left out (it would
+    count the user's own processes) and a warning says so; the seccomp filter is unaffected."""
+    done = _run_unprivileged(home, OLD_KERNEL)
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["euid"] != 0, report
+    assert "no process limit (max_processes): kernel" in done.stderr
+    limits = report["stdout"]
+    assert limits[:2] == ["Max", "processes"] and limits[2] != "22", report  # not 20 + 2
+    assert limits[-2:] == ["Seccomp:", "2"], report
+
+
+def _run_unprivileged(home: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a user who is not root, with ``home`` as HOME, TMPDIR and workspaces."""
+    prefix = _unprivileged_prefix(home)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home)}
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", code, str(home / "sandboxes")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done

@@ -101,7 +101,13 @@ class LocalSandboxProvider(SandboxProvider):
         self._nproc_limit = self._as_root or nproc_counted_per_user_namespace()
         if self.bwrap is None:
             self._warn_unsandboxed()
-        elif not self._nproc_limit:
+            return
+        if self.kwargs.seccomp:
+            try:
+                self._seccomp = deny_list_program()
+            except ValueError as exc:
+                raise SandboxUnavailableError(str(exc)) from None
+        if not self._nproc_limit:
             _log.warning(
                 "local sandbox: no process limit (max_processes): kernel %s counts RLIMIT_NPROC per user "
                 "across the machine, so it would count your own processes; Linux 5.14+ counts it per "
@@ -109,11 +115,6 @@ class LocalSandboxProvider(SandboxProvider):
                 os.uname().release,
                 self.kwargs.uid,
             )
-        elif self.kwargs.seccomp:
-            try:
-                self._seccomp = deny_list_program()
-            except ValueError as exc:
-                raise SandboxUnavailableError(str(exc)) from None
 
     # ----------------------------------------------------------------- setup
     def _etc_dir(self) -> str:
