@@ -15,9 +15,8 @@ import time
 
 import torch
 
-from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.engine import VllmEngine
-from telescope.core.testing import join_local_sync_group, make_config
+from telescope.core.testing import join_local_sync_group, small_vllm_engine
 from telescope.core.weights import WeightSyncSettings
 from telescope.core.weights.group import free_port
 from telescope.core.weights.sender import WeightSender
@@ -90,15 +89,8 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
 def main() -> int:
     from telescope.core.models.tiny import resolve_model_path
 
-    cfg = make_config(
-        model="telescope/tiny",
-        inference_engine="vllm",
-        inference_num_workers=1,
-        max_model_len=512,
-        gpu_memory_utilization=0.3,
-        enable_vllm_tracing=False,
-    )
-    engine = VllmEngine(cfg, VllmEngineKwargs(extra_args=["--enforce-eager"]))
+    engine = small_vllm_engine()
+    cfg = engine.cfg
     print("| check | result |\n|---|---|")
     with tempfile.TemporaryDirectory() as logs:
         t0 = time.perf_counter()

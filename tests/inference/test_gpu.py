@@ -48,24 +48,14 @@ def test_vllm_serves_the_synced_lora_adapter(tiny_path: str, tmp_path: Any) -> N
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
-    from telescope.core.inference.settings import VllmEngineKwargs
-    from telescope.core.inference.vllm_engine.engine import VllmEngine
-    from telescope.core.testing import join_local_sync_group
+    from telescope.core.testing import join_local_sync_group, small_vllm_engine
     from telescope.core.weights import WeightSyncSettings
     from telescope.core.weights.lora import adapter_parameters, inject_lora
     from telescope.core.weights.sender import WeightSender
     from telescope.core.weights.verify import check_sync
 
-    cfg = make_cfg(
-        inference_engine="vllm",
-        lora_rank=8,
-        lora_alpha=16.0,
-        max_model_len=512,
-        gpu_memory_utilization=0.3,
-        enable_vllm_tracing=False,
-        inference_dtype="bfloat16",
-    )
-    engine = VllmEngine(cfg, VllmEngineKwargs(extra_args=["--enforce-eager"]))
+    engine = small_vllm_engine(lora_rank=8, lora_alpha=16.0, inference_dtype="bfloat16")
+    cfg = engine.cfg
     torch.manual_seed(0)
     model = inject_lora(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.bfloat16), cfg).cuda()
     with torch.no_grad():  # a trained adapter: lora_B away from its zero start

@@ -221,6 +221,26 @@ def recording_plugin_manager(*plugins: object) -> tuple[pluggy.PluginManager, Ru
     return pm, recorder
 
 
+def small_vllm_engine(**fields: Any) -> Any:
+    """A vLLM engine sized for one GPU shared with a test or benchmark (bench/vllm_smoke.py and the vLLM
+    GPU tests): the built-in tiny model, a 512-token context, 30% of GPU memory, no tracing, and
+    eager mode (no CUDA-graph capture, so it starts in seconds). ``fields`` are config fields that
+    win (e.g. ``lora_rank``); the run config is the engine's ``cfg``. Needs vLLM (GPU machines)."""
+    from telescope.core.inference.settings import VllmEngineKwargs
+    from telescope.core.inference.vllm_engine.engine import VllmEngine
+
+    settings = {
+        "model": "telescope/tiny",
+        "inference_engine": "vllm",
+        "inference_num_workers": 1,
+        "max_model_len": 512,
+        "gpu_memory_utilization": 0.3,
+        "enable_vllm_tracing": False,
+        **fields,
+    }
+    return VllmEngine(make_config(**settings), VllmEngineKwargs(extra_args=["--enforce-eager"]))
+
+
 async def join_local_sync_group(client: Any, *, timeout_s: float = 300) -> Any:
     """Form a two-member weight-sync group over gloo on this host: this process is the trainer
     (rank 0) and the server behind ``client`` rank 1 (one GPU cannot hold two NCCL ranks). Returns
