@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from telescope.core.env.base import MultiTurnKwargs, SingleTurnKwargs
 from telescope.core.env.data import DatasetKwargs
 from telescope.core.env.tool_env import ToolEnvironmentKwargs
+from telescope.core.registry import did_you_mean
 from telescope.core.sandbox.check import sandbox_provider_problems
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "CountdownKwargs",
     "I3CodeKwargs",
     "MathKwargs",
+    "ReasoningGymKwargs",
     "ReverseTextKwargs",
     "WordleKwargs",
 ]
@@ -128,3 +130,68 @@ class I3CodeKwargs(SingleTurnKwargs, DatasetKwargs):
     def registry_problems(self, registry: Any) -> list[str]:
         """The sandbox provider must be registered and available, and its kwargs valid."""
         return sandbox_provider_problems(registry, self.provider, self.provider_kwargs)
+
+
+class ReasoningGymKwargs(SingleTurnKwargs):
+    """Kwargs of the reasoning_gym environment: tasks of the reasoning-gym library, scored by its own
+    ``score_answer``. Any other key is task configuration: with one task, the fields of its config
+    (e.g. ``max_terms: 3`` for basic_arithmetic); with several, ``NAME: {fields}`` per task."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str | list[str] = "basic_arithmetic"
+    """A reasoning-gym task name, or a list of them (`telescope envs list` shows the installed ones)."""
+    size: int = Field(default=500, ge=1, le=1_000_000)
+    """Samples generated per task."""
+    seed: int = 0
+    """Seed of every task's generator (adding a task leaves the others' samples unchanged)."""
+    prompt_style: str = "default"
+    """reasoning-gym's system prompt asking for the answer in <answer></answer> (SYSTEM_PROMPTS key)."""
+    num_samples: int = Field(default=-1, ge=-1)
+    """Keep at most this many samples over all tasks (-1 = all)."""
+
+    @field_validator("task")
+    @classmethod
+    def _tasks_named(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if not names or any(not n for n in names):
+            raise ValueError("name at least one reasoning-gym task, e.g. task: basic_arithmetic")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a task is named twice in {names}")
+        return value
+
+    @model_validator(mode="after")
+    def _configs_shaped(self) -> ReasoningGymKwargs:
+        self.task_configs()
+        return self
+
+    @property
+    def tasks(self) -> list[str]:
+        """The task names, in order."""
+        return [self.task] if isinstance(self.task, str) else list(self.task)
+
+    def task_configs(self) -> dict[str, dict[str, Any]]:
+        """Each task's configuration from the extra keys (shape checked; fields are checked against
+        the library by ``registry_problems``). Raises ValueError naming a misplaced key."""
+        extra = dict(self.model_extra or {})
+        tasks = self.tasks
+        if len(tasks) == 1:
+            return {tasks[0]: extra}
+        configs: dict[str, dict[str, Any]] = {name: {} for name in tasks}
+        for key, value in extra.items():
+            if key not in configs:
+                raise ValueError(
+                    f"'{key}' is not one of the tasks {tasks}.{did_you_mean(key, tasks)} With several "
+                    f"tasks, each other key names one of them and holds its config, e.g. {tasks[0]}: "
+                    "{field: value}"
+                )
+            if not isinstance(value, dict):
+                raise ValueError(f"{key}: must be a mapping of {key}'s config fields, got {value!r}")
+            configs[key] = dict(value)
+        return configs
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """Task names, task configuration and prompt_style checked against the installed library."""
+        from telescope.envs.reasoning_gym_env import kwargs_problems
+
+        return kwargs_problems(self)

@@ -13,6 +13,7 @@ from telescope.core import hookimpl
 from telescope.core.registry import Register
 
 _MATH_INSTALL = "pip install 'telescope-envs[math]'"
+_REASONING_GYM_INSTALL = "pip install 'telescope-envs[reasoning-gym]'"
 
 
 def _missing(module: str, install: str) -> str | None:
@@ -85,6 +86,17 @@ def telescope_register_environments(register: Register) -> None:
         "Arithmetic with calculator tools (ToolEnvironment demo)",
         multi_turn=True,
         tools=True,
+    )
+    _add(
+        register,
+        "reasoning_gym",
+        "reasoning_gym_env:ReasoningGymEnvironment",
+        kw.ReasoningGymKwargs,
+        "reasoning-gym's procedural tasks (kwargs.task), scored by the library's own score_answer",
+        requires=["reasoning-gym"],
+        install=_REASONING_GYM_INSTALL,
+        unavailable=_missing("reasoning_gym", _REASONING_GYM_INSTALL),
+        choices={"task": "telescope.envs.reasoning_gym_env:task_names"},
     )
     _add(
         register,
