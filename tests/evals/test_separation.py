@@ -32,7 +32,7 @@ def trained_keys(
     return {sample_key(env.get_sample(i.sample_idx)) for i in items}, {i.sample_idx for i in items}
 
 
-@pytest.mark.parametrize("name", REGISTRY.names("environment"))
+@pytest.mark.parametrize("name", REGISTRY.names("environment", available_only=True))
 def test_eval_samples_never_reach_training(name: str) -> None:
     kwargs = offline_kwargs(name)
     size = len(create_environment(REGISTRY, name, kwargs).samples())

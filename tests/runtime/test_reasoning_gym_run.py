@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from rundriver import finish, launch, settings
+from rundriver import train_to_end
 
 from telescope.core.observe.rundir.reader import RunDirReader
 
@@ -17,12 +16,8 @@ rg = pytest.importorskip("reasoning_gym")
 
 
 def train(tmp_path: Path, kwargs: dict[str, Any]) -> RunDirReader:
-    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
-    fields = settings(run_dir, environments=[{"name": "reasoning_gym", "kwargs": kwargs}], max_tokens=8)
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(fields))
-    assert finish(launch(config, log), log, 480) == 0, log.read_text()[-3000:]
-    return RunDirReader(run_dir)
+    environments = [{"name": "reasoning_gym", "kwargs": kwargs}]
+    return RunDirReader(train_to_end(tmp_path, environments=environments, max_tokens=8))
 
 
 def check_rewards(

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from telescope.core.env.agent import AgentKwargs
 from telescope.core.env.base import MultiTurnKwargs, SingleTurnKwargs
 from telescope.core.env.data import DatasetKwargs
 from telescope.core.env.tool_env import ToolEnvironmentKwargs
@@ -23,6 +24,7 @@ __all__ = [
     "MathKwargs",
     "ReasoningGymKwargs",
     "ReverseTextKwargs",
+    "VerifiersKwargs",
     "WordleKwargs",
 ]
 
@@ -193,5 +195,23 @@ class ReasoningGymKwargs(SingleTurnKwargs):
     def registry_problems(self, registry: Any) -> list[str]:
         """Task names, task configuration and prompt_style checked against the installed library."""
         from telescope.envs.reasoning_gym_env import kwargs_problems
+
+        return kwargs_problems(self)
+
+
+class VerifiersKwargs(AgentKwargs):
+    """Kwargs of the verifiers environment: a taskset of PrimeIntellect's verifiers (v1 stack), its tasks
+    as prompts, its model calls through the run's gateway, its own rewards and metrics."""
+
+    taskset: str = ""
+    """A verifiers taskset id: an installed module or package exporting one vf.Taskset subclass in __all__."""
+    taskset_args: dict[str, Any] = Field(default_factory=dict)
+    """Fields of the taskset's config (its TasksetConfig subclass), validated by verifiers."""
+    num_samples: int = Field(default=-1, ge=-1)
+    """Take at most this many tasks (-1 = all; needed for an infinite taskset)."""
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """The taskset must load and use only what this adapter supports (each refusal names the feature)."""
+        from telescope.envs.verifiers_env import kwargs_problems
 
         return kwargs_problems(self)

@@ -14,6 +14,7 @@ from telescope.core.registry import Register
 
 _MATH_INSTALL = "pip install 'telescope-envs[math]'"
 _REASONING_GYM_INSTALL = "pip install 'telescope-envs[reasoning-gym]'"
+_VERIFIERS_INSTALL = "pip install 'telescope-envs[verifiers]'"
 
 
 def _missing(module: str, install: str) -> str | None:
@@ -97,6 +98,17 @@ def telescope_register_environments(register: Register) -> None:
         install=_REASONING_GYM_INSTALL,
         unavailable=_missing("reasoning_gym", _REASONING_GYM_INSTALL),
         choices={"task": "telescope.envs.reasoning_gym_env:task_names"},
+    )
+    _add(
+        register,
+        "verifiers",
+        "verifiers_env:VerifiersEnvironment",
+        kw.VerifiersKwargs,
+        "a verifiers taskset (kwargs.taskset), its model calls through the gateway, its own rewards",
+        requires=["verifiers==0.4.0"],
+        install=_VERIFIERS_INSTALL,
+        unavailable=_missing("verifiers", _VERIFIERS_INSTALL) or _missing("openai", _VERIFIERS_INSTALL),
+        multi_turn=True,
     )
     _add(
         register,
