@@ -74,7 +74,7 @@ if [ "$only_daytona" = 0 ] && ! up_to_date "$VENV"; then
   fi
   "$VENV/bin/pip" install --quiet \
     -e "./telescope-core[$core_extras]" \
-    -e ./telescope-fsdp -e "$megatron_pkg" -e "./telescope-envs[datasets,math,reasoning-gym]" \
+    -e ./telescope-fsdp -e "$megatron_pkg" -e "./telescope-envs[datasets,math,reasoning-gym,openenv]" \
     -e "./telescope-sandboxes[e2b,modal,prime]" -e "./telescope-cli[ui]" -e ".[dev]"
   echo "$want" > "$VENV/.telescope-install-stamp"
 fi

@@ -17,8 +17,10 @@ _, REGISTRY = load_plugins()
 
 def offline_kwargs(name: str) -> dict[str, Any]:
     """Kwargs that load without the hub: the shipped sample file where the environment has one."""
-    model = REGISTRY.get("environment", name).kwargs_model
-    return {"sample_data": True} if model is not None and "sample_data" in model.model_fields else {}
+    component = REGISTRY.get("environment", name)
+    model = component.kwargs_model
+    kwargs = {"sample_data": True} if model is not None and "sample_data" in model.model_fields else {}
+    return {**kwargs, **component.meta.get("example_kwargs", {})}
 
 
 def trained_keys(

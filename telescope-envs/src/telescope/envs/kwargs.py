@@ -22,6 +22,7 @@ __all__ = [
     "CountdownKwargs",
     "I3CodeKwargs",
     "MathKwargs",
+    "OpenEnvKwargs",
     "ReasoningGymKwargs",
     "ReverseTextKwargs",
     "VerifiersKwargs",
@@ -215,3 +216,46 @@ class VerifiersKwargs(AgentKwargs):
         from telescope.envs.verifiers_env import kwargs_problems
 
         return kwargs_problems(self)
+
+
+class OpenEnvKwargs(AgentKwargs):
+    """Kwargs of the openenv environment: an OpenEnv environment server (reset/step over its WebSocket
+    protocol), played by the model turn by turn through the run's gateway; the reward is the server's."""
+
+    url: str | None = None
+    """Base URL of a running OpenEnv server (http://host:port); null = start `app` locally."""
+    app: str | None = None
+    """`module:attribute` of an OpenEnv server app (openenv's create_app(...)), started on a free loopback port."""
+    action_field: str = "message"
+    """The action field that receives the model's reply text (the action is {action_field: text})."""
+    observation_field: str | None = None
+    """The observation field sent to the model as the next user message (null = every field as JSON)."""
+    num_samples: int = Field(default=100, ge=1)
+    """Episodes per epoch; episode i resets the environment with seed + i."""
+    seed: int = 0
+    """Seed of the first episode's reset."""
+    step_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds one reset or step may take."""
+
+    @model_validator(mode="after")
+    def _one_server(self) -> OpenEnvKwargs:
+        if (self.url is None) == (self.app is None):
+            raise ValueError(
+                "set exactly one of url (a running OpenEnv server) and app (module:attribute of its app, "
+                f"started locally); got url={self.url!r}, app={self.app!r}"
+            )
+        if self.app is not None and ":" not in self.app:
+            raise ValueError(f"app: '{self.app}' must be module:attribute, e.g. my_env.server.app:app")
+        return self
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """``app`` must import (nothing starts: the server is started before the first rollout)."""
+        if self.app is None:
+            return []
+        from telescope.envs.openenv_env import load_app
+
+        try:
+            load_app(self.app)
+        except Exception as exc:  # noqa: BLE001 - any import failure of the user's app, named
+            return [f"app: '{self.app}' does not import: {type(exc).__name__}: {exc}"]
+        return []
