@@ -89,3 +89,16 @@ def test_the_guides_taskset_and_config_validate(tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(tmp_path)
     run = load_run(tmp_path / "run.yaml", ["--use_wandb", "false"])  # .venv-verifiers has no wandb
     assert run.cfg.environments[0].kwargs["taskset"] == "reverse_taskset"
+
+
+def test_env_check_plays_one_task_against_the_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from telescope.cli.app import app
+
+    monkeypatch.chdir(Path(__file__).parent / "verifiers_tasksets")
+    result = CliRunner().invoke(
+        app, ["env", "check", "verifiers", "-p", "vf_reverse.py", "--kwargs", "{taskset: vf_reverse}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "1 call(s)" in result.output and "every check passed" in result.output

@@ -117,8 +117,6 @@ def _print_entry(console: Console, e: dict[str, Any], show_kwargs: bool) -> None
         )
     for kwarg, values in e["choices"].items():
         console.print(f"      {kwarg} ({len(values)}): {escape(', '.join(values))}")
-    if not e["available"] and e["install"]:
-        console.print(f"      [yellow]install: {escape(str(e['install']))}[/]")
     if show_kwargs:
         for k in e["kwargs"]:
             req = "required" if k["required"] else f"default {k['default']!r}"
