@@ -16,7 +16,8 @@ pytest.importorskip("ray")
 pytest.importorskip("verifiers.v1")
 pytestmark = pytest.mark.verifiers
 
-TASKSET = Path(__file__).resolve().parents[1] / "envs" / "verifiers_tasksets" / "vf_reverse.py"
+TASKSETS = Path(__file__).resolve().parents[1] / "envs" / "verifiers_tasksets"
+TASKSET = TASKSETS / "vf_reverse.py"
 
 
 @pytest.mark.slow
@@ -41,3 +42,24 @@ def test_a_verifiers_taskset_trains_end_to_end(tmp_path: Path) -> None:
         assert row["sample_metrics"]["reply_chars"] == float(len(reply))
         assert row["reward"] == pytest.approx(overlap + 0.5 * float(reply == answer))
     assert reader.steps() and reader.steps()[-1]["step"] == 2
+
+
+@pytest.mark.slow
+def test_a_verifiers_tool_taskset_trains_end_to_end(tmp_path: Path) -> None:
+    """vf_adder offers its vf.Toolset's tool on every call (the tiny model's template does not render tools,
+    so it answers in text; test_verifiers_env.py plays the tool loop with a scripted model)."""
+    shutil.copy(TASKSETS / "vf_adder.py", tmp_path / "vf_adder.py")
+    run_dir = train_to_end(
+        tmp_path,
+        environments=[{"name": "verifiers", "kwargs": {"taskset": "vf_adder", "max_turns": 3}}],
+        plugins=["vf_adder.py"],
+        max_tokens=6,
+    )
+    rows = [r for r in RunDirReader(run_dir).rollouts() if r.get("discard_reason") is None]
+    assert rows, "no trained rollouts"
+    for row in rows:
+        metrics = row["sample_metrics"]
+        assert "agent_error" not in metrics or metrics["agent_error"] == 0.0, row["info_turns"]
+        assert metrics["tool_calls"] == metrics["tool_results"] == float(row["num_turns"] - 1)
+        assert row["reward"] == metrics["correct"]
+        assert len(row["completion_ids"]) == len(row["completion_logprobs"]) > 0
