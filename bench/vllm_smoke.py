@@ -15,14 +15,11 @@ import time
 
 import torch
 
-from telescope.core.inference.protocol import WeightSyncInitRequest
-from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.engine import VllmEngine
-from telescope.core.testing import make_config
-from telescope.core.weights import GroupSpec, WeightSyncSettings
-from telescope.core.weights.group import WeightSyncGroup, free_port
+from telescope.core.testing import join_local_sync_group, small_vllm_engine
+from telescope.core.weights import WeightSyncSettings
+from telescope.core.weights.group import free_port
 from telescope.core.weights.sender import WeightSender
-from telescope.core.weights.settings import new_group_name
 from telescope.core.weights.verify import check_sync
 
 
@@ -45,20 +42,7 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
             f"{'ok' if good else 'FAILED'}: {first.token_ids} in {time.perf_counter() - t0:.2f} s",
         )
         ok &= good
-        port = free_port()
-        spec = GroupSpec(
-            host="127.0.0.1",
-            port=port,
-            world_size=2,
-            backend="gloo",
-            timeout_s=300,
-            group_name=new_group_name(),
-        )
-        init = asyncio.create_task(
-            client.init_weight_sync(WeightSyncInitRequest(**spec.model_dump(), rank=1))
-        )
-        group = await asyncio.to_thread(WeightSyncGroup, spec, 0)
-        await init
+        group = await join_local_sync_group(client)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
         named = [(n, t.detach()) for n, t in model.state_dict().items()]
         sender = WeightSender(group, WeightSyncSettings(dtype="bfloat16"))
@@ -105,15 +89,8 @@ async def smoke(engine: VllmEngine, url: str, model_path: str) -> bool:
 def main() -> int:
     from telescope.core.models.tiny import resolve_model_path
 
-    cfg = make_config(
-        model="telescope/tiny",
-        inference_engine="vllm",
-        inference_num_workers=1,
-        max_model_len=512,
-        gpu_memory_utilization=0.3,
-        enable_vllm_tracing=False,
-    )
-    engine = VllmEngine(cfg, VllmEngineKwargs(extra_args=["--enforce-eager"]))
+    engine = small_vllm_engine()
+    cfg = engine.cfg
     print("| check | result |\n|---|---|")
     with tempfile.TemporaryDirectory() as logs:
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command on a CUDA machine: every `gpu`-marked test (CUDA FSDP packed vs per-sequence logprobs,
-# bf16 train steps, the transformers engine on CUDA vs teacher forcing, ...), the Megatron GPU tests
+# bf16 train steps, the transformers engine on CUDA vs teacher forcing, a LoRA sync into vLLM, ...), the Megatron GPU tests
 # (when megatron-core imports), bench/trainer.py --gpu (MFU), bench/inference.py, bench/weight_sync.py,
 # bench/gpu_sync.py (a verified two-process sync: NCCL on two GPUs, else CUDA staging over gloo; and
 # the cost of verification on the device vs on the host) and, when vLLM imports, bench/vllm_smoke.py

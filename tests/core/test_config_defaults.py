@@ -27,6 +27,8 @@ ADDED_FIELDS = {
     "trainer_torch_threads": None,
     "inference_torch_threads": None,
     "stall_timeout_s": 1800.0,
+    "trainer_overdue_factor": 10.0,
+    "trainer_overdue_floor_s": 60.0,
     "overwrite": False,
     "checkpoint_failure": "stop",
     "inference_dtype": None,
@@ -39,6 +41,7 @@ ADDED_FIELDS = {
     "mlflow_experiment_name": "telescope",
     "inference_access_log": False,
     "rollout_token_view_max_tokens": 512,
+    "agent_tool_call_parser": "xml",
 }
 
 

@@ -20,6 +20,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -442,3 +443,144 @@ def test_pause_keep_with_clear_cache_resets_running_requests_kv() -> None:
     names = [a.arg for a in handler.args.args][-len(handler.args.defaults) :]
     defaults = dict(zip(names, handler.args.defaults, strict=True))
     assert "True" in ast.unparse(defaults["clear_cache"])  # vLLM's default: the client must say false
+
+
+# -- LoRA (issue #31) --------------------------------------------------------------------------------
+
+
+def test_lora_launch_flags_are_vllm_serve_options_and_the_rank_one_of_its_choices() -> None:
+    from telescope.core.inference.vllm_engine.args import VLLM_LORA_RANKS
+
+    fields = _cli_fields()
+    assert fields["enable_lora"].startswith("bool")
+    assert fields["max_lora_rank"] == "MaxLoRARanks"
+    assert tuple(_literal("MaxLoRARanks")) == VLLM_LORA_RANKS
+    assert fields["max_loras"].startswith("int") and fields["max_cpu_loras"].startswith("int")
+    for rank in (1, 4, 16, 100, 512):
+        argv = build_vllm_args(
+            make_cfg(lora_rank=rank), VllmEngineKwargs(), model_path="/m", index=0, host="h", port=1
+        )
+        at = argv.index("--max-lora-rank")
+        assert int(argv[at + 1]) in _literal("MaxLoRARanks") and int(argv[at + 1]) >= rank
+    # max_cpu_loras below max_loras is refused by vLLM; ours are equal (one adapter)
+    assert "max_cpu_loras < self.max_loras" in ast.unparse(_class("config/lora.py", "LoRAConfig"))
+
+
+def _parse_fine_tuned_lora_name() -> Any:
+    """vLLM's own ``parse_fine_tuned_lora_name`` (pure Python), executed from its source."""
+    node = next(
+        n
+        for n in _tree("lora/utils.py").body
+        if isinstance(n, ast.FunctionDef) and n.name == "parse_fine_tuned_lora_name"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "vllm/lora/utils.py", "exec"), namespace)
+    return namespace["parse_fine_tuned_lora_name"]
+
+
+def test_our_adapter_names_map_to_the_modules_vllms_own_parser_gives() -> None:
+    from telescope.core.inference.vllm_engine.lora import vllm_lora_module
+
+    theirs = _parse_fine_tuned_lora_name()
+    for name in (
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+        "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight",
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        "model.layers.0.self_attn.o_proj.lora_B.weight",
+    ):
+        assert vllm_lora_module(name) == theirs(name, None), name
+    with pytest.raises(ValueError, match="unsupported LoRA weight"):
+        theirs("base_model.model.model.layers.0.self_attn.q_proj.weight", None)
+
+
+def test_the_adapter_folder_we_write_is_what_vllms_loader_reads() -> None:
+    from telescope.core.inference.vllm_engine import lora
+
+    source = ast.unparse(_tree("lora/lora_model.py")) + ast.unparse(_tree("lora/peft_helper.py"))
+    assert f"'{lora.ADAPTER_FILE}'" in source and f"'{lora.CONFIG_FILE}'" in source
+    helper = _fields("lora/peft_helper.py", "PEFTHelper")
+    required = {"r", "lora_alpha", "target_modules"}
+    assert required <= set(helper)
+    names = ["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    config = lora.adapter_config({"lora_rank": 8, "lora_alpha": 16.0, "model": "m"}, names)
+    assert required <= set(config)
+    # bias "none", no DoRA, no modules_to_save: what PEFTHelper.validate_legal accepts
+    assert config["bias"] == "none" and not config["use_dora"] and "modules_to_save" not in config
+    # vLLM scales the adapter by lora_alpha / r of the folder, as peft does in the trainer (no rsLoRA)
+    post_init = ast.unparse(_method("lora/peft_helper.py", "PEFTHelper", "__post_init__"))
+    assert "self.vllm_lora_scaling_factor = self.lora_alpha / self.r" in post_init
+    assert not config["use_rslora"]
+
+
+def test_the_guard_loads_adapters_through_vllms_serving_models_in_place() -> None:
+    # app.state.openai_serving_models is set at start-up
+    assert "state.openai_serving_models = OpenAIServingModels(" in ast.unparse(
+        _tree("entrypoints/openai/api_server.py")
+    )
+    # the request we pass carries every field of vLLM's LoadLoRAAdapterRequest ...
+    assert set(_fields("entrypoints/serve/lora/protocol.py", "LoadLoRAAdapterRequest")) == {
+        "lora_name",
+        "lora_path",
+        "load_inplace",
+    }
+    # ... and load_lora_adapter (and its check) reads no other
+    read: set[str] = set()
+    for name in ("load_lora_adapter", "_check_load_lora_adapter_request"):
+        method = _method("entrypoints/openai/models/serving.py", "OpenAIServingModels", name)
+        read |= {
+            n.attr
+            for n in ast.walk(method)
+            if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "request"
+        }
+    assert read == {"lora_name", "lora_path", "load_inplace"}
+    load = ast.unparse(
+        _method("entrypoints/openai/models/serving.py", "OpenAIServingModels", "load_lora_adapter")
+    )
+    assert "self.lora_requests[lora_name].lora_int_id if lora_name in self.lora_requests" in load  # same id
+    assert "load_inplace=request.load_inplace" in load
+    assert "self.lora_requests[lora_name] = lora_request" in load  # the request kept is the one loaded
+    assert "await self.engine_client.add_lora(lora_request)" in load
+    # an ErrorResponse (not a str) on failure: the guard raises on anything but a str
+    assert "ErrorResponse | str" in ast.unparse(
+        _method("entrypoints/openai/models/serving.py", "OpenAIServingModels", "load_lora_adapter").returns  # type: ignore[arg-type]
+    )
+
+
+def test_load_inplace_reloads_from_disk_at_every_step_which_is_why_the_guard_clears_it() -> None:
+    fields = _fields("lora/request.py", "LoRARequest")
+    assert {"lora_name", "lora_int_id", "lora_path", "load_inplace"} <= set(fields)
+    assert "msgspec.Struct" in ast.unparse(_class("lora/request.py", "LoRARequest").bases[0])
+    assert "frozen" not in ast.unparse(_class("lora/request.py", "LoRARequest"))  # settable
+    add = ast.unparse(_method("lora/worker_manager.py", "LRUCacheWorkerLoRAManager", "add_adapter"))
+    assert "lora_request.lora_int_id not in self.list_adapters() or lora_request.load_inplace" in add
+    assert "self._adapter_manager.remove_adapter(lora.id)" in add  # replaced in place, under its id
+    # the engine client's add_lora reaches that method in every worker
+    assert "return self.model_executor.add_lora(lora_request)" in ast.unparse(
+        _method("v1/engine/core.py", "EngineCore", "add_lora")
+    )
+    assert "return self.model_runner.add_lora(lora_request)" in ast.unparse(
+        _method("v1/worker/gpu_worker.py", "Worker", "add_lora")
+    )
+    mixin = "v1/worker/lora_model_runner_mixin.py"
+    assert "return self.lora_manager.add_adapter(lora_request)" in ast.unparse(
+        _method(mixin, "LoRAModelRunnerMixin", "add_lora")
+    )
+    assert "self.lora_manager = LRUCacheWorkerLoRAManager(" in ast.unparse(_tree(mixin))
+    # the worker applies the running requests' adapters at every step
+    assert "self.lora_manager.set_active_adapters(lora_requests" in ast.unparse(
+        _tree("v1/worker/lora_model_runner_mixin.py")
+    )
+
+
+def test_a_completion_naming_the_adapter_as_its_model_is_served_with_it() -> None:
+    get = ast.unparse(_method("entrypoints/openai/engine/serving.py", "OpenAIServing", "_maybe_get_adapters"))
+    assert "if request.model in self.models.lora_requests:" in get
+    assert "return self.models.lora_requests[request.model]" in get
+    assert "self._maybe_get_adapters(request)" in ast.unparse(
+        _tree("entrypoints/openai/completion/serving.py")
+    )
+    assert "model" in _fields("entrypoints/openai/completion/protocol.py", "CompletionRequest")
+
+
+def test_the_worker_extensions_lora_path_uses_vllms_tp_rank() -> None:
+    assert "get_tensor_model_parallel_rank" in _defined_names(_module_file("vllm.distributed"))

@@ -373,3 +373,13 @@ def test_each_engine_returns_its_own_client() -> None:
         type(TransformersEngine(make_cfg(), TransformersEngineKwargs()).client("http://h:1"))
         is InferenceClient
     )
+
+
+def test_the_small_test_engine_is_one_eager_tiny_server_and_takes_overrides() -> None:
+    from telescope.core.testing import small_vllm_engine
+
+    engine = small_vllm_engine(lora_rank=8)
+    args = build_vllm_args(engine.cfg, engine.kwargs, model_path="m", index=0, host="h", port=1)
+    assert engine.cfg.lora_rank == 8 and engine.cfg.inference_num_workers == 1
+    assert flag(args, "--max-model-len") == "512" and flag(args, "--gpu-memory-utilization") == "0.3"
+    assert "--enforce-eager" in args and "--enable-lora" in args

@@ -58,9 +58,15 @@ class Engine:
 
 
 def serve(
-    method: str, path: str, headers: dict[str, str], body: bytes = b"", kind: str = "http"
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: bytes = b"",
+    kind: str = "http",
+    serving_models: Any = None,
 ) -> tuple[int, dict[str, Any], Engine, list[str]]:
-    """One request through ``TelescopeGuard`` in front of a stand-in for vLLM's routes."""
+    """One request through ``TelescopeGuard`` in front of a stand-in for vLLM's routes
+    (``serving_models``: what ``app.state.openai_serving_models`` holds)."""
     engine = Engine()
     reached: list[str] = []
 
@@ -78,7 +84,9 @@ def serve(
         "root_path": "",
         "query_string": query.encode(),
         "headers": [(k.encode(), v.encode()) for k, v in {"host": "127.0.0.1:8000", **headers}.items()],
-        "app": SimpleNamespace(state=SimpleNamespace(engine_client=engine)),
+        "app": SimpleNamespace(
+            state=SimpleNamespace(engine_client=engine, openai_serving_models=serving_models)
+        ),
     }
     sent: list[dict[str, Any]] = []
 

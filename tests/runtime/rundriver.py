@@ -99,6 +99,19 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
+def actor_pids(sid: int, actor_class: str) -> list[int]:
+    """Processes of session ``sid`` that run a Ray actor of ``actor_class`` (``TrainerWorker``)."""
+    out = []
+    for pid in session_pids(sid):
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if name.startswith(f"ray::{actor_class}".encode()):
+            out.append(pid)
+    return out
+
+
 def enospc_prelude(path_part: str, good_writes: int = 0) -> str:
     """Code that makes the CLI's own writes to files whose path contains ``path_part`` fail as on a
     full disk (``OSError(ENOSPC)``, what ``write`` raises then) after ``good_writes`` writes.

@@ -58,3 +58,22 @@ def test_no_restart_past_the_budget_without_a_checkpoint_or_for_driver_failures(
     assert _restart_plan(full, session(tmp_path, 4), set(), 0) is None
     assert _restart_plan(ValueError("an environment's bug"), session(tmp_path, 3), set(), 0) is None
     assert _restart_plan(worker_error(), session(tmp_path, 3), set(), 0) is not None
+
+
+def test_a_hung_trainer_restarts_like_a_dead_rank_until_it_hangs_at_the_same_step_again(
+    tmp_path: Path,
+) -> None:
+    from telescope.core.runtime.supervision.heartbeat import TrainerHungError
+
+    def hung(running_for: str, ranks: list[int]) -> TrainerHungError:
+        return TrainerHungError(f"step 7 is overdue: running for {running_for}; trainer rank ...", ranks, [])
+
+    assert _restart_plan(hung("1m01s", [1]), session(tmp_path, 7), set(), 0) is None  # no checkpoint yet
+    checkpointed(tmp_path, 4)
+    seen: set[Any] = set()
+    plan = _restart_plan(hung("1m01s", [1]), session(tmp_path, 7), seen, 0)
+    assert plan is not None and plan.point.step == 4
+    assert plan.reason == "TrainerHungError: step 7 is overdue: running for 1m01s; trainer rank ..."
+    # the same ranks hung at the same step again (other durations): deterministic, the run stops
+    assert _restart_plan(hung("1m04s", [1]), session(tmp_path, 7), seen, 1) is None
+    assert _restart_plan(hung("1m04s", [0]), session(tmp_path, 7), seen, 1) is not None

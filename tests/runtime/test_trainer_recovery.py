@@ -9,23 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rundriver import finish, launch, read_jsonl, run_meta, session_pids, settings, wait_for
+from rundriver import actor_pids, finish, launch, read_jsonl, run_meta, settings, wait_for
 
 from telescope.core.observe import RunDirReader
 
 pytest.importorskip("ray")
-
-
-def trainer_pids(sid: int) -> list[int]:
-    out = []
-    for pid in session_pids(sid):
-        try:
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if name.startswith(b"ray::TrainerWorker"):
-            out.append(pid)
-    return out
 
 
 @pytest.mark.slow
@@ -46,7 +34,7 @@ def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_finishes(tmp_pat
         )
 
     wait_for(past_checkpoint, proc, log, timeout_s=240)
-    (victim,) = trainer_pids(proc.pid)
+    (victim,) = actor_pids(proc.pid, "TrainerWorker")
     os.kill(victim, signal.SIGKILL)
     assert finish(proc, log, 400) == 0, log.read_text()[-4000:]
 

@@ -389,8 +389,8 @@ def test_no_privilege_escalation(local_provider: Any, marked_config: SandboxConf
 def test_ptrace_and_namespace_tricks_fail(
     local_provider: Any, marked_config: SandboxConfig, marker: str
 ) -> None:
-    # ptrace is not filtered (no seccomp yet): it can only reach the sandbox's own processes,
-    # which hold no capabilities; new namespaces and mounts are refused.
+    # The seccomp filter refuses unshare and mount (test_local_seccomp.py); beneath it, the
+    # sandbox's processes hold no capabilities and cannot create user namespaces.
     source = (
         "import ctypes, os\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"

@@ -5,6 +5,7 @@ at ERROR, rollout sorting."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,41 @@ def test_runs_show_says_a_step_is_overdue(tmp_path: Path) -> None:
     assert "overdue: step 4 running for 14m" in out.output and "(median step 1s)" in out.output
     as_json = json.loads(CliRunner().invoke(app, ["runs", "show", str(tmp_path / "run"), "--json"]).output)
     assert as_json["health"]["state"] == "overdue" and as_json["health"]["step"] == 4
+    hub.finish("finished")
+
+
+def test_after_a_restart_the_step_after_the_checkpoint_runs_since_the_restart(tmp_path: Path) -> None:
+    """What the driver records when a hung trainer restarts the run from checkpoint step 4, and what
+    ``runs show`` and the dashboard's data make of it (issue #28)."""
+    from telescope.cli.ui.data import RunData
+
+    run_dir = tmp_path / "run"
+    restart_at = time.time() - 252.0  # the restarted step has run 4m12s by now
+    clock = Clock(restart_at - 70.0 - 6 * 0.5)
+    hub = start_hub(run_dir, clock=clock, number_of_steps=20)
+    for step in range(1, 7):  # steps of 0.5 s (the first holds the set-up: not timed)
+        clock.t += 0.5
+        log_step(hub, step)
+    clock.t = restart_at  # step 7 hung for 70 s, then the run restarted from step 4's checkpoint
+    hub.log_info({"restarts": [{"from_step": 4, "reason": "TrainerHungError: ...", "time": restart_at}]})
+    meta = read_run_meta(run_dir)
+    assert meta["progress"]["step"] == 5 and meta["progress"]["step_started_at"] == restart_at
+    assert meta["progress"]["recent_step_seconds"] == [0.5] * 5
+    # the step the restart redoes, and how long it has run, against the median of the recorded ones
+    text = run_health(meta, restart_at + 252.0)["text"]
+    assert text == "step 5 running for 4m12s (median step 0.5s) · last step 5m22s ago"
+    pattern = r"step 5 running for 4m1\ds \(median step 0\.5s\)"  # the clock moves while they read
+    shown = CliRunner().invoke(app, ["runs", "show", str(run_dir)], env={"COLUMNS": "200"}).output
+    assert re.search(pattern, shown), shown
+    board = RunData(run_dir, "run")
+    assert re.fullmatch(pattern + r" · last step 5m2\ds ago", board.summary()["health"]["text"])
+    assert re.fullmatch(pattern + r" · last step 5m2\ds ago", board.revisions()["health"]["text"])
+    # the first step after the restart holds its set-up: not a step duration; the next one is
+    clock.t = restart_at + 30.0
+    log_step(hub, 5)
+    clock.t += 0.75
+    log_step(hub, 6)
+    assert read_run_meta(run_dir)["progress"]["recent_step_seconds"] == [0.5] * 5 + [0.75]
     hub.finish("finished")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from telescope.core.observe.loggers.progress import format_duration
+from telescope.core.observe.loggers.progress import format_duration, format_seconds
 
 __all__ = ["OVERDUE_FACTOR", "SLOW_FACTOR", "run_health"]
 
@@ -64,6 +64,6 @@ def run_health(meta: dict[str, Any], now: float) -> dict[str, Any]:
     running_for = max(0.0, now - started)
     step = progress.get("step")
     what = f"step {step}" if step is not None else "first step"
-    typical = f" (median step {format_duration(median)})" if median is not None else ""
+    typical = f" (median step {format_seconds(median)})" if median is not None else ""
     text = f"{what} running for {format_duration(running_for)}{typical} · {last}"
     return {**out, "state": _state(running_for, median), "running_for": running_for, "text": text}

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from telescope.core.rollouts.groups import RolloutGroup
 
 __all__ = [
+    "join_local_sync_group",
     "RunRecorder",
     "discarded_rows",
     "heavy_imports_after",
@@ -218,3 +219,48 @@ def recording_plugin_manager(*plugins: object) -> tuple[pluggy.PluginManager, Ru
     for plugin in (recorder, *plugins):
         pm.register(plugin)
     return pm, recorder
+
+
+def small_vllm_engine(**fields: Any) -> Any:
+    """A vLLM engine sized for one GPU shared with a test or benchmark (bench/vllm_smoke.py and the vLLM
+    GPU tests): the built-in tiny model, a 512-token context, 30% of GPU memory, no tracing, and
+    eager mode (no CUDA-graph capture, so it starts in seconds). ``fields`` are config fields that
+    win (e.g. ``lora_rank``); the run config is the engine's ``cfg``. Needs vLLM (GPU machines)."""
+    from telescope.core.inference.settings import VllmEngineKwargs
+    from telescope.core.inference.vllm_engine.engine import VllmEngine
+
+    settings = {
+        "model": "telescope/tiny",
+        "inference_engine": "vllm",
+        "inference_num_workers": 1,
+        "max_model_len": 512,
+        "gpu_memory_utilization": 0.3,
+        "enable_vllm_tracing": False,
+        **fields,
+    }
+    return VllmEngine(make_config(**settings), VllmEngineKwargs(extra_args=["--enforce-eager"]))
+
+
+async def join_local_sync_group(client: Any, *, timeout_s: float = 300) -> Any:
+    """Form a two-member weight-sync group over gloo on this host: this process is the trainer
+    (rank 0) and the server behind ``client`` rank 1 (one GPU cannot hold two NCCL ranks). Returns
+    the trainer's ``WeightSyncGroup`` (bench/vllm_smoke.py and the vLLM GPU tests)."""
+    import asyncio
+
+    from telescope.core.inference.protocol import WeightSyncInitRequest
+    from telescope.core.weights import GroupSpec
+    from telescope.core.weights.group import WeightSyncGroup, free_port
+    from telescope.core.weights.settings import new_group_name
+
+    spec = GroupSpec(
+        host="127.0.0.1",
+        port=free_port(),
+        world_size=2,
+        backend="gloo",
+        timeout_s=timeout_s,
+        group_name=new_group_name(),
+    )
+    init = asyncio.create_task(client.init_weight_sync(WeightSyncInitRequest(**spec.model_dump(), rank=1)))
+    group = await asyncio.to_thread(WeightSyncGroup, spec, 0)
+    await init
+    return group

@@ -65,9 +65,6 @@ class Aime2024Eval(_MathEval):
     default_dataset = "HuggingFaceH4/aime_2024"
     sample_file = "aime_2024.jsonl"
 
-    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
-        return Sample(row["problem"], str(row["answer"]), {})
-
 
 class Aime2025Eval(_MathEval):
     """AIME 2025 (``opencompass/AIME2025``, configs AIME2025-I and AIME2025-II, test)."""

@@ -44,7 +44,8 @@ def boxed_answer_correct(completion: str, answer: str) -> tuple[float, str]:
 
 
 class MathEnvironment(SingleTurnEnvironment):
-    """Base of the math environments; subclasses set the dataset and ``row_to_sample``."""
+    """Base of the math environments; subclasses set the dataset (and ``row_to_sample`` when its
+    columns are not ``problem`` and ``answer``)."""
 
     kwargs_model: ClassVar[type[MathKwargs]] = MathKwargs  # type: ignore[assignment]
     default_system_prompt = SYSTEM_PROMPT
@@ -82,8 +83,9 @@ class MathEnvironment(SingleTurnEnvironment):
         return f"The answer is \\boxed{{{sample.answer}}}."
 
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
-        """One dataset row as a Sample (None skips the row)."""
-        raise NotImplementedError(f"{type(self).__name__}.row_to_sample")
+        """One dataset row as a Sample (None skips the row); by default the ``problem`` and
+        ``answer`` columns (DeepScaleR, AIME 2024): datasets laid out otherwise override it."""
+        return Sample(row["problem"], str(row["answer"]), {})
 
     def load_dataset(self, num_samples: int = -1) -> list[Sample]:
         """Samples from the rows that convert, optionally shuffled and cut."""
@@ -134,9 +136,6 @@ class DeepScalerEnvironment(MathEnvironment):
     default_name = "deepscaler"
     default_dataset = "agentica-org/DeepScaleR-Preview-Dataset"
     sample_file = "deepscaler.jsonl"
-
-    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
-        return Sample(row["problem"], str(row["answer"]), {})
 
 
 class Gsm8kEnvironment(MathEnvironment):

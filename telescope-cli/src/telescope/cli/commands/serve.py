@@ -29,10 +29,10 @@ def serve(
         help="Inference engine (transformers, vllm); default: the config's inference_engine.",
     ),
     tool_call_parser: str = typer.Option(
-        "xml",
+        None,
         "--tool_call_parser",
         "--tool-call-parser",
-        help="How tool calls are read from the text: xml (<tool_call>) or python.",
+        help="How tool calls are read from the text: xml (<tool_call>) or python; default: the config's agent_tool_call_parser (xml).",
     ),
     served_model_name: str = typer.Option(
         None, "--served_model_name", "--served-model-name", help="Model id clients use."
@@ -52,7 +52,7 @@ def serve(
     from telescope.core.inference.gateway.standalone import serve as run_serve
     from telescope.core.plugins import load_plugins
 
-    if tool_call_parser not in ("xml", "python"):
+    if tool_call_parser not in (None, "xml", "python"):
         raise typer.BadParameter(f"--tool_call_parser {tool_call_parser!r}: use xml or python")
     given = bool(os.environ.get(ENV_VAR))
     secret = ensure_run_secret()

@@ -92,6 +92,10 @@ class TelescopeConfig(BaseModel):
     """Cancel in-flight rollouts after this many weight updates (-1 disables cancellation)."""
     stall_timeout_s: float = Field(default=1800.0, ge=0)
     """Fail the run, with a dump of what every server, lane and group is doing, when no training step completes for this many seconds (0 = never)."""
+    trainer_overdue_factor: float = Field(default=10.0, ge=0)
+    """A step running longer than this many times the median of the recent steps (and trainer_overdue_floor_s) while a trainer rank does not answer its heartbeat or is stuck in one phase is a hung trainer: the run restarts from its latest checkpoint (max_run_restarts) or fails naming the rank and phase (0 = never)."""
+    trainer_overdue_floor_s: float = Field(default=60.0, ge=0)
+    """The least time, in seconds, a step runs before it can count as overdue (trainer_overdue_factor), whatever the median step."""
     inference_max_restarts: int = Field(default=3, ge=0)
     """How many times each inference server that dies is restarted (re-synced to the current weights, its groups re-queued) before the run fails."""
 
@@ -189,6 +193,8 @@ class TelescopeConfig(BaseModel):
     """Pass enable_thinking=True to apply_chat_template() for models with native thinking support."""
     chat_template: str | None = None
     """Jinja2 chat template overriding the tokenizer's own (required for base models without one)."""
+    agent_tool_call_parser: Literal["xml", "python"] = "xml"
+    """How the agent gateway reads tool calls from the model's text: xml (<tool_call>{json}</tool_call>, Hermes/Qwen) or python (name(arg=...) calls of the request's tools)."""
 
     # --- Checkpointing -------------------------------------------------------------
     checkpoint_every: int | bool = False

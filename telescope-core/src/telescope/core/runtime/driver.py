@@ -189,6 +189,7 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
     error naming the dead trainer ranks when there are any)."""
     from telescope.core.config import ConfigError
     from telescope.core.observe.rundir.storage import StorageError
+    from telescope.core.runtime.supervision.heartbeat import TrainerHungError
     from telescope.core.runtime.supervision.recovery import (
         dead_trainer_ranks,
         report_dead,
@@ -196,10 +197,11 @@ def _restart_plan(exc: BaseException, session: RunSession, seen: set[Any], done:
         signature,
     )
 
-    if isinstance(exc, ConfigError | StorageError) or not _from_a_worker(exc):
+    hung = isinstance(exc, TrainerHungError)  # a frozen or stuck rank heals like a dead one
+    if isinstance(exc, ConfigError | StorageError) or not (hung or _from_a_worker(exc)):
         return None  # the driver's own failures (config, storage, code) do not heal by restarting
     step = session.current_step()
-    dead = dead_trainer_ranks(session.trainers) if session.trainers else []
+    dead = dead_trainer_ranks(session.trainers) if session.trainers and not hung else []
     died = report_dead(dead, step) if dead else None
     sig = signature(exc, step, dead)
     point = restart_point(session.cfg)

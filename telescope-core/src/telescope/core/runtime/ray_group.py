@@ -141,7 +141,11 @@ def start_trainers(
     """Create the trainer rank actors (one bundle each) on a shared rendezvous address."""
     import ray
 
-    remote: Any = ray.remote(TrainerWorker)
+    from telescope.core.runtime.supervision.heartbeat import HEALTH_GROUP
+
+    # heartbeats get a thread of their own: a rank answers them in the middle of a step
+    make_remote: Any = ray.remote  # its stubs do not list concurrency_groups
+    remote: Any = make_remote(concurrency_groups={HEALTH_GROUP: 1})(TrainerWorker)
     master = rendezvous_host([bundle_ip(pools.trainer, rank) for rank in range(world_size)])
     port = node_free_port(pools.trainer, 0)
     actors = []

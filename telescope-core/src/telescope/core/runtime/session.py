@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from telescope.core.registry import Registry
     from telescope.core.runtime.checkpointing import ResumePoint
     from telescope.core.runtime.orchestrator import Orchestrator
+    from telescope.core.runtime.supervision.liveness import RunSnapshot
 
 __all__ = ["RunSession"]
 
@@ -148,27 +149,18 @@ class RunSession:
             raise self._failure
         work.result()
 
-    async def _watch_trainers(self, interval_s: float = 2.0) -> None:
-        """Supervise the trainer ranks: a dead one ends the training at once (``fail``), whatever the
-        orchestrator is waiting for. One liveness call per rank is in flight at a time (a rank busy in
-        a step answers after it)."""
-        import ray
+    def _watch_trainers(self) -> Awaitable[None]:
+        """Supervise the trainer ranks by heartbeats (``supervision/heartbeat.py``): a dead rank, or a
+        step overdue while a rank does not answer or is stuck, ends the training at once (``fail``)."""
+        from telescope.core.runtime.supervision.heartbeat import TrainerWatch, recorded_step_seconds
 
-        pending: dict[int, Any] = {}
-        while True:
-            for rank, actor in enumerate(self.trainers):
-                pending.setdefault(rank, actor.node_ip.remote())
-            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
-            for rank, ref in list(pending.items()):
-                if ref not in ready:
-                    continue
-                del pending[rank]
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    self.fail(exc)
-                    return
-            await asyncio.sleep(interval_s)
+        def snapshot() -> RunSnapshot | None:
+            return self.orchestrator.snapshot() if self.orchestrator is not None else None
+
+        watch = TrainerWatch(
+            self.trainers, self.cfg, snapshot, lambda: recorded_step_seconds(self.run_dir), self.fail
+        )
+        return watch.run()
 
     def stop(self) -> None:
         """Stop servers first (their processes), then kill every actor and release the pools."""
@@ -189,6 +181,10 @@ class RunSession:
         import ray
 
         from telescope.core.runtime.cluster import shutdown
+        from telescope.core.runtime.supervision.heartbeat import TrainerHungError, kill_silent_ranks
+
+        if isinstance(self._failure, TrainerHungError) and self._failure.silent:
+            kill_silent_ranks(self._failure.silent)  # frozen: they cannot exit when ray.kill asks
 
         if self.servers is not None:
             try:

@@ -57,8 +57,21 @@ def torch_thread_info(trainer_info: list[dict[str, Any]], servers: Any) -> dict[
     }
 
 
+def _checkpoint_name(directory: str) -> str:
+    """``step 8`` for ``.../step_8`` or its partial directory ``.../.step_8.partial-1f2e``."""
+    import re
+
+    found = re.search(r"step_(\d+)", os.path.basename(directory))
+    return f"step {found.group(1)}" if found else os.path.basename(directory)
+
+
 class TrainerWorker:
-    """One trainer rank: the configured backend plus the sending end of the weight sync."""
+    """One trainer rank: the configured backend plus the sending end of the weight sync.
+
+    Each method that works names its phase on ``self.phases``; ``heartbeat`` reports it from the
+    Ray concurrency group ``HEALTH_GROUP`` (its own thread), so the driver hears from a rank in the
+    middle of a step and notices one that stops answering (``supervision/heartbeat.py``).
+    """
 
     def __init__(
         self,
@@ -81,6 +94,9 @@ class TrainerWorker:
         self.cfg, registry = _load(cfg_data, plugins)
         self._threads = _set_threads(self.cfg, "trainer")
         self.rank = rank
+        from telescope.core.runtime.supervision.heartbeat import PhaseClock
+
+        self.phases = PhaseClock()
         from telescope.core.observe.samplers.torch_memory import TorchMemorySampler
 
         self._torch_memory = TorchMemorySampler.from_config(self.cfg, rank=rank).start()
@@ -98,7 +114,15 @@ class TrainerWorker:
 
     def init(self) -> dict[str, Any]:
         """Build model and optimizer (collective across ranks)."""
-        return {**self.backend.init(), "torch_threads": self._threads}
+        with self.phases.phase("init"):
+            return {**self.backend.init(), "torch_threads": self._threads}
+
+    def heartbeat(self) -> dict[str, Any]:
+        """What this rank is doing (``PhaseClock.beat``), its pid and node (called in ``HEALTH_GROUP``)."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return {**self.phases.beat(), "rank": self.rank, "pid": os.getpid(), "node_id": node}
 
     def node_ip(self) -> str:
         import ray
@@ -107,7 +131,8 @@ class TrainerWorker:
 
     def train_step(self, batch: RankBatch) -> dict[str, float]:
         """One training step on this rank's share of the batch (``batch.step`` is 0-based)."""
-        return dict(self.backend.train_step(batch))
+        with self.phases.phase(f"train_step (step {batch.step + 1})"):
+            return dict(self.backend.train_step(batch))
 
     def drain_torch_memory(self) -> list[dict[str, Any]]:
         """Torch memory samples taken since the last drain (the driver logs them)."""
@@ -121,11 +146,16 @@ class TrainerWorker:
         from telescope.core.weights.sender import WeightSender
         from telescope.core.weights.settings import GroupSpec, WeightSyncSettings
 
-        group = WeightSyncGroup(GroupSpec(**spec), rank=0)
-        self._sender = WeightSender(group, WeightSyncSettings.from_config(self.cfg))
+        with self.phases.phase("init_weight_sync"):
+            group = WeightSyncGroup(GroupSpec(**spec), rank=0)
+            self._sender = WeightSender(group, WeightSyncSettings.from_config(self.cfg))
 
     def send_weights(self, version: int) -> dict[str, Any]:
         """Stream the weights to every server (rank 0 sends; the other ranks join the gathers)."""
+        with self.phases.phase(f"send_weights (version {version})"):
+            return self._send_weights(version)
+
+    def _send_weights(self, version: int) -> dict[str, Any]:
         import time
 
         start = time.perf_counter()
@@ -144,11 +174,13 @@ class TrainerWorker:
 
     def save_checkpoint(self, directory: str, training_state: bool = True) -> None:
         """Write this rank's part of a checkpoint (collective)."""
-        self.backend.save_checkpoint(directory, training_state=training_state)
+        with self.phases.phase(f"save_checkpoint ({_checkpoint_name(directory)})"):
+            self.backend.save_checkpoint(directory, training_state=training_state)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restore a checkpoint on this rank (collective)."""
-        return dict(self.backend.load_checkpoint(directory) or {})
+        with self.phases.phase(f"load_checkpoint ({_checkpoint_name(directory)})"):
+            return dict(self.backend.load_checkpoint(directory) or {})
 
 
 class InferenceServerWorker:

@@ -7,6 +7,7 @@ import ctypes
 import hashlib
 import math
 import os
+import re
 import resource
 import shutil
 import stat
@@ -16,7 +17,15 @@ from dataclasses import dataclass
 
 from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, ensure_private_dir
 
-__all__ = ["DEFAULT_RO_PATHS", "Limits", "bwrap_argv", "make_preexec", "snapshot_etc", "wrapper_argv"]
+__all__ = [
+    "DEFAULT_RO_PATHS",
+    "Limits",
+    "bwrap_argv",
+    "make_preexec",
+    "nproc_counted_per_user_namespace",
+    "snapshot_etc",
+    "wrapper_argv",
+]
 
 #: Host paths visible (read-only) inside the sandbox: the system, never /home, /root or /work.
 DEFAULT_RO_PATHS: tuple[str, ...] = (
@@ -38,8 +47,14 @@ DEFAULT_RO_PATHS: tuple[str, ...] = (
     "/etc/python3.11",
 )
 
-#: Processes bubblewrap itself needs (outer bwrap, the namespace's init) on top of the user's.
+#: Processes bubblewrap itself needs (outer bwrap, the namespace's init) on top of the user's,
+#: when RLIMIT_NPROC is set before bubblewrap starts (without bubblewrap: the shell and spare).
 _BWRAP_PROCESSES = 4
+#: Inside the sandbox's user namespace: bubblewrap's init (pid 1) and the command's shell.
+_NAMESPACE_PROCESSES = 2
+#: Sets RLIMIT_NPROC (soft and hard) in the sandbox, then runs the command (``$1``): ``-u`` in
+#: bash, ``-p`` in dash and busybox.
+_ULIMIT_THEN_EXEC = 'ulimit -u {n} 2>/dev/null || ulimit -p {n} || exit 126; exec /bin/sh -c "$1"'
 _PR_SET_PDEATHSIG = 1
 
 
@@ -51,19 +66,40 @@ class Limits:
     cpu_seconds: int
     file_size_bytes: int
     processes: int | None
-    """RLIMIT_NPROC; None when not running as root (it would count the user's own processes)."""
+    """RLIMIT_NPROC set before the command starts; None inside bubblewrap (see
+    ``sandbox_processes``) and without it when not root (it would count the user's own processes)."""
+    sandbox_processes: int | None = None
+    """RLIMIT_NPROC set inside bubblewrap's new user namespace, where the kernel (5.14+:
+    per-namespace ucounts) counts only the sandbox's processes: holds without root."""
     open_files: int = 1024
 
     @classmethod
     def for_command(
-        cls, memory_mb: int, disk_gb: float, max_processes: int, timeout: float, *, private_uid: bool = True
+        cls,
+        memory_mb: int,
+        disk_gb: float,
+        max_processes: int,
+        timeout: float,
+        *,
+        private_uid: bool = True,
+        user_namespace: bool = True,
     ) -> Limits:
+        """``private_uid``: the command runs under a uid of its own (Telescope is root);
+        ``user_namespace``: under bubblewrap, which gives it a new user namespace."""
         return cls(
             address_space_bytes=memory_mb << 20,
             cpu_seconds=math.ceil(timeout) + 1,
             file_size_bytes=max(1, int(disk_gb * 1e9)),
-            processes=max_processes + _BWRAP_PROCESSES if private_uid else None,
+            processes=max_processes + _BWRAP_PROCESSES if private_uid and not user_namespace else None,
+            sandbox_processes=max_processes + _NAMESPACE_PROCESSES if user_namespace else None,
         )
+
+
+def nproc_counted_per_user_namespace(release: str | None = None) -> bool:
+    """Whether the kernel (``release``, default this one's) counts RLIMIT_NPROC per (user
+    namespace, uid), as Linux does since 5.14 (ucounts); before, per uid across the machine."""
+    found = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)
 
 
 def bwrap_argv(
@@ -78,6 +114,8 @@ def bwrap_argv(
     shm_bytes: int,
     etc_dir: str | None = None,
     network_args: tuple[str, ...] = (),
+    seccomp_fd: int | None = None,
+    max_processes: int | None = None,
 ) -> list[str]:
     """The bubblewrap command line for one command.
 
@@ -85,6 +123,10 @@ def bwrap_argv(
     ``/etc/...`` entries of ``ro_paths`` with one mount. The command always gets its own network
     namespace; with ``network`` it gets outbound access through ``network_args``
     (``_usernet.UserNet.bwrap_args``), never the host's namespace and its loopback services.
+    ``seccomp_fd`` (from ``_seccomp.program_fd``) is read by bubblewrap, which installs the
+    filter after its own setup, right before it runs the command. ``max_processes``
+    (``Limits.sandbox_processes``) is set as RLIMIT_NPROC inside the new user namespace, so that
+    it counts the sandbox's processes only, never the user's others on the host.
     """
     if network and not network_args:
         raise ValueError("network=True needs the user-mode network's bubblewrap options (UserNet.bwrap_args)")
@@ -106,11 +148,16 @@ def bwrap_argv(
     # bubblewrap's own root and /dev are writable tmpfs (host RAM outside the disk limit):
     # make them read-only once every mount point exists.
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     argv.append("--clearenv")
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    argv += ["--chdir", inside_cwd, "--", "/bin/sh", "-c", command]
-    return argv
+    argv += ["--chdir", inside_cwd, "--", "/bin/sh", "-c"]
+    if max_processes is None:
+        return [*argv, command]
+    limit, _ = _within_hard_limit(resource.RLIMIT_NPROC, max_processes)
+    return [*argv, _ULIMIT_THEN_EXEC.format(n=limit), "sh", command]
 
 
 def snapshot_etc(parent: str, ro_paths: tuple[str, ...]) -> str:

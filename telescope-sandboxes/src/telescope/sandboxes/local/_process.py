@@ -37,6 +37,8 @@ class RunSpec:
     running: set[asyncio.subprocess.Process] = field(default_factory=set)
     usernet: UserNet | None = None
     """The command's outbound-only network (``network_access``), attached once it started."""
+    owned_fds: tuple[int, ...] = ()
+    """Descriptors the child inherits (the seccomp program); closed here once it started."""
 
 
 class _CappedReader:
@@ -80,6 +82,7 @@ async def _watch_disk(spec: RunSpec) -> str:
 async def run_command(spec: RunSpec) -> ExecResult:
     """Run ``spec.argv``; never raises for what the command does (only for failing to start)."""
     started = time.monotonic()
+    child_fds = (*(spec.usernet.child_fds if spec.usernet else ()), *spec.owned_fds)
     try:
         proc = await asyncio.create_subprocess_exec(
             *spec.argv,
@@ -90,12 +93,15 @@ async def run_command(spec: RunSpec) -> ExecResult:
             cwd=spec.cwd,
             preexec_fn=spec.preexec,
             start_new_session=True,
-            pass_fds=spec.usernet.child_fds if spec.usernet else (),
+            pass_fds=child_fds,
         )
     except BaseException:
         if spec.usernet is not None:
             await spec.usernet.close()
         raise
+    finally:
+        for fd in spec.owned_fds:
+            os.close(fd)
     spec.running.add(proc)
     if spec.usernet is not None:
         try:

@@ -3,14 +3,15 @@
 Each sandbox is a private workspace directory; each ``execute`` starts a fresh bubblewrap
 container over it (its own network namespace: no network, or with ``network_access`` an
 outbound-only one through slirp4netns that cannot reach the host's loopback; read-only system
-paths, new user/pid/ipc/uts namespaces, all capabilities dropped, uid 65534, a new session,
-killed with its parent). When the command's
-main process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
+paths, new user/pid/ipc/uts namespaces, all capabilities dropped, a seccomp deny list
+(``_seccomp``), uid 65534, a new session, killed with its parent). When the command's main
+process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -33,10 +34,12 @@ from telescope.sandboxes.local._launch import (
     Limits,
     bwrap_argv,
     make_preexec,
+    nproc_counted_per_user_namespace,
     snapshot_etc,
     wrapper_argv,
 )
 from telescope.sandboxes.local._process import RunSpec, kill_group, run_command
+from telescope.sandboxes.local._seccomp import deny_list_program, program_fd
 from telescope.sandboxes.local._usernet import SLIRP_INSTALL, UserNet, slirp4netns_path
 from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, default_root
 
@@ -71,6 +74,10 @@ class LocalSandboxKwargs(BaseModel):
     they are installed; False: a ``preexec_fn`` in the forked child."""
     disk_check_interval_s: float = Field(default=0.1, gt=0, le=10)
     """How often the workspace size is checked against ``disk_size_gb`` while a command runs."""
+    seccomp: bool = True
+    """Install the seccomp deny list (``_seccomp.DENIED``: ptrace, mount, namespaces, keyring,
+    bpf, perf, io_uring, modules, ... answer EPERM). Supported on x86_64 and aarch64; turn it off
+    only on another machine, where it cannot be built."""
 
 
 @dataclass
@@ -89,8 +96,25 @@ class LocalSandboxProvider(SandboxProvider):
         self.bwrap = self._find_bwrap()
         self._as_root = os.geteuid() == 0
         self._etc: str | None = None
+        self._seccomp: bytes | None = None
+        # As root the command runs as uid 65534, whose other processes are few: limit it anyway.
+        self._nproc_limit = self._as_root or nproc_counted_per_user_namespace()
         if self.bwrap is None:
             self._warn_unsandboxed()
+            return
+        if self.kwargs.seccomp:
+            try:
+                self._seccomp = deny_list_program()
+            except ValueError as exc:
+                raise SandboxUnavailableError(str(exc)) from None
+        if not self._nproc_limit:
+            _log.warning(
+                "local sandbox: no process limit (max_processes): kernel %s counts RLIMIT_NPROC per user "
+                "across the machine, so it would count your own processes; Linux 5.14+ counts it per "
+                "user namespace, or run Telescope as root to run sandboxes as uid %d",
+                os.uname().release,
+                self.kwargs.uid,
+            )
 
     # ----------------------------------------------------------------- setup
     def _etc_dir(self) -> str:
@@ -164,14 +188,25 @@ class LocalSandboxProvider(SandboxProvider):
         config = handle.config
         inside_cwd = Workspace.inside_path(working_dir or INSIDE_WORKSPACE)
         limits = Limits.for_command(
-            config.memory_mb, config.disk_size_gb, config.max_processes, timeout, private_uid=self._as_root
+            config.memory_mb,
+            config.disk_size_gb,
+            config.max_processes,
+            timeout,
+            private_uid=self._as_root,
+            user_namespace=self.bwrap is not None,
         )
+        if not self._nproc_limit:
+            limits = dataclasses.replace(limits, sandbox_processes=None)
         uid = self.kwargs.uid if self._as_root else None
         env = self._environment(config)
         usernet = None
+        owned_fds: tuple[int, ...] = ()
         if self.bwrap is not None:
             if config.network_access:
                 usernet = UserNet(_require_slirp4netns(), run_as=uid)
+            etc_dir = self._etc_dir()
+            if self._seccomp is not None:  # last before the pure bwrap_argv: nothing can leak it
+                owned_fds = (program_fd(self._seccomp),)
             argv = bwrap_argv(
                 self.bwrap,
                 box.workspace,
@@ -181,8 +216,10 @@ class LocalSandboxProvider(SandboxProvider):
                 network=bool(config.network_access),
                 command=command,
                 shm_bytes=min(int(config.disk_size_gb * 1e9), _MAX_SHM_BYTES),
-                etc_dir=self._etc_dir(),
+                etc_dir=etc_dir,
                 network_args=tuple(usernet.bwrap_args()) if usernet else (),
+                seccomp_fd=owned_fds[0] if owned_fds else None,
+                max_processes=limits.sandbox_processes,
             )
             run_env, cwd = {}, None
         else:
@@ -204,6 +241,7 @@ class LocalSandboxProvider(SandboxProvider):
             self.kwargs.disk_check_interval_s,
             box.running,
             usernet,
+            owned_fds,
         )
         try:
             return await run_command(spec)

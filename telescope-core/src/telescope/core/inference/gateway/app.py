@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -39,6 +39,9 @@ from telescope.core.inference.gateway.errors import BadRequest, GatewayError, er
 from telescope.core.inference.gateway.schema import ChatCompletionsBody, CompletionsBody, _Sampling
 from telescope.core.inference.gateway.stream import chat_chunks, completion_chunks
 from telescope.core.inference.server_client import ServerClient
+
+if TYPE_CHECKING:
+    from telescope.core.config import TelescopeConfig
 
 __all__ = ["Gateway", "GatewaySettings"]
 
@@ -65,13 +68,14 @@ class GatewaySettings(BaseModel):
     """A Jinja chat template replacing the tokenizer's (a request's ``chat_template`` wins)."""
 
     @classmethod
-    def from_config(cls, cfg: Any, **fields: Any) -> GatewaySettings:
+    def from_config(cls, cfg: TelescopeConfig, **fields: Any) -> GatewaySettings:
         """Settings of a run config (``TelescopeConfig``): its model, context and chat settings; ``fields`` win."""
         values = {
             "served_model_name": cfg.model,
             "max_model_len": cfg.max_model_len,
             "enable_thinking": cfg.enable_thinking,
             "chat_template": cfg.chat_template,
+            "tool_call_parser": cfg.agent_tool_call_parser,
         }
         return cls(**{**values, **fields})
 

@@ -29,7 +29,8 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     engine: str | None = None
-    tool_call_parser: ToolCallParser = "xml"
+    tool_call_parser: ToolCallParser | None = None
+    """None: the run config's ``agent_tool_call_parser``."""
     served_model_name: str | None = None
     max_tokens: int = 1024
 
@@ -114,7 +115,7 @@ async def serve(
                 cfg,
                 served_model_name=name,
                 max_tokens=options.max_tokens,
-                tool_call_parser=options.tool_call_parser,
+                tool_call_parser=options.tool_call_parser or cfg.agent_tool_call_parser,
             )
             gateway = Gateway(engine.client(server.url), tokenizer, settings, secret=secret)
             runner, url = await start_gateway(gateway, options.host, options.port)

@@ -18,13 +18,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GUARD_MIDDLEWARE",
+    "LORA_ADAPTER_NAME",
+    "LORA_DIR_ENV",
     "MANAGED_FLAGS",
+    "VLLM_LORA_RANKS",
     "WORKER_EXTENSION",
     "build_vllm_args",
     "build_vllm_env",
     "build_vllm_secret_env",
     "check_vllm_config",
     "otlp_endpoint",
+    "vllm_max_lora_rank",
 ]
 
 log = logging.getLogger("telescope.inference")
@@ -32,6 +36,14 @@ log = logging.getLogger("telescope.inference")
 WORKER_EXTENSION = "telescope.core.inference.vllm_engine.worker.TelescopeWeightSyncExtension"
 #: The ASGI middleware that guards every route and serves the control routes (``vllm_engine.guard``).
 GUARD_MIDDLEWARE = "telescope.core.inference.vllm_engine.guard.TelescopeGuard"
+
+#: The name requests give as ``model`` to be served with the run's adapter (``lora_rank > 0``): the
+#: adapter is registered under it at the first applied sync and reloaded in place at every later one.
+LORA_ADAPTER_NAME = "telescope-lora"
+#: Where a LoRA server's worker writes each received adapter (a PEFT folder per version) for vLLM to load.
+LORA_DIR_ENV = "TELESCOPE_LORA_DIR"
+#: ``--max-lora-rank`` accepts only these values (vLLM 0.17.1's ``MaxLoRARanks``; the contract tests check it).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 #: Flags Telescope sets itself; ``extra_args`` may not repeat them.
 MANAGED_FLAGS = (
@@ -54,6 +66,10 @@ MANAGED_FLAGS = (
     "--max-num-batched-tokens",
     "--disable-uvicorn-access-log",
     "--api-key",
+    "--enable-lora",
+    "--max-lora-rank",
+    "--max-loras",
+    "--max-cpu-loras",
 )
 
 
@@ -65,12 +81,27 @@ def check_vllm_config(cfg: TelescopeConfig, kwargs: VllmEngineKwargs) -> None:
             "top-p nucleus, which differs from the trainer's temperature-only logprobs; set top_p: null or use "
             "inference_engine: transformers"
         )
+    if cfg.lora_rank > 0:
+        vllm_max_lora_rank(cfg.lora_rank)  # raises for a rank vLLM cannot serve
     repeated = sorted({a.split("=", 1)[0] for a in kwargs.extra_args} & set(MANAGED_FLAGS))
     if repeated:
         raise ValueError(
             f"vllm extra_args repeat flags Telescope sets from the run config: {', '.join(repeated)}; "
             "set the matching config field instead"
         )
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds an adapter of rank ``rank``
+    (vLLM pads smaller adapters to it; their scaling stays ``lora_alpha / rank``)."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"lora_rank: {rank} with inference_engine vllm: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]} "
+        f"(--max-lora-rank is one of {', '.join(map(str, VLLM_LORA_RANKS))}); set lora_rank <= "
+        f"{VLLM_LORA_RANKS[-1]} or use inference_engine: transformers"
+    )
 
 
 def build_vllm_args(
@@ -118,6 +149,18 @@ def build_vllm_args(
         "--middleware",
         GUARD_MIDDLEWARE,
     ]
+    if cfg.lora_rank > 0:
+        # One adapter, the run's: loaded at the first sync and reloaded in place at each later one
+        # (worker.py), so one GPU slot and one CPU cache entry are all it ever needs.
+        args += [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(vllm_max_lora_rank(cfg.lora_rank)),
+            "--max-loras",
+            "1",
+            "--max-cpu-loras",
+            "1",
+        ]
     if not cfg.inference_access_log:  # a line per request buries the server's own log lines
         args.append("--disable-uvicorn-access-log")
     if otlp_endpoint is not None:

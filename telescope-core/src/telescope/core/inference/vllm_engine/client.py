@@ -14,6 +14,11 @@ transformers engine, each checked against vLLM's source by the contract tests
 - **Prefix cache**: each request carries a ``cache_salt`` that changes at every applied sync, so a
   request never reuses KV blocks computed with older weights.
 - **Seeds** are sent only with ``per_request_seed`` (vLLM samples seeded requests one by one).
+- **LoRA** (``lora_name``): after the worker extension wrote a sync's adapter, the guard reloads it in
+  place under ``lora_name`` (``POST /telescope/lora/load``), still paused; from the first such load
+  on, every request names the adapter as its ``model`` (vLLM's OpenAI server picks the LoRA by
+  name). Before it, requests go to the base model: the trainer's adapters start with ``lora_B = 0``,
+  so base and adapter give the same tokens and logprobs until the first sync.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from telescope.core.inference.client import Completion, InferenceClient, InferenceServerError
 from telescope.core.inference.protocol import ENDPOINTS, WeightSyncInitRequest, WeightUpdateResponse
-from telescope.core.inference.vllm_engine.guard import RPC_PATH
+from telescope.core.inference.vllm_engine.guard import LORA_LOAD_PATH, RPC_PATH
 from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchError
 from telescope.core.weights.verify import compare_fingerprints
 
@@ -48,15 +53,20 @@ class VllmClient(InferenceClient):
         *,
         pause_clear_cache: bool = False,
         per_request_seed: bool = False,
+        lora_name: str | None = None,
         on_request: Callable[[str], None] | None = None,
         **options: Any,
     ) -> None:
         """``on_request(request_id)`` runs before each completion with an id is sent (the run's OTLP
-        receiver keeps only the spans of ids it was told about: ``OtlpReceiver.expect``)."""
+        receiver keeps only the spans of ids it was told about: ``OtlpReceiver.expect``).
+        ``lora_name``: the server serves the run's LoRA adapter under this name (``lora_rank > 0``)."""
         super().__init__(base_url, **options)
         self.pause_clear_cache = pause_clear_cache
         self.per_request_seed = per_request_seed
         self.on_request = on_request
+        self.lora_name = lora_name
+        self.lora_loaded = False
+        """Whether the adapter was loaded (requests then name it as their ``model``)."""
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
         """Request id -> the task awaiting its completion (cancelling it closes the connection)."""
         # The prefix-cache namespace: new at every applied sync (and per client, so a restarted
@@ -74,6 +84,8 @@ class VllmClient(InferenceClient):
         if not self.per_request_seed:
             params.pop("seed", None)
         params["cache_salt"] = self.cache_salt
+        if self.lora_loaded:
+            params["model"] = self.lora_name
         request_id = params.get("request_id")
         if request_id is not None and self.on_request is not None:
             self.on_request(str(request_id))
@@ -124,6 +136,8 @@ class VllmClient(InferenceClient):
             await self.pause("keep")
             try:
                 results = await self._rpc("telescope_update_weights", str(version), apply="true")
+                if self.lora_name is not None:
+                    await self._load_adapter(version, results)
             finally:
                 # Also after a failed load: the weights may have changed part way.
                 self._weights_epoch += 1
@@ -140,6 +154,18 @@ class VllmClient(InferenceClient):
                 fingerprints=first.get("fingerprints"),
             )
         )
+
+    async def _load_adapter(self, version: int, results: list[Any]) -> None:
+        """Reload the run's adapter from the folder worker 0 wrote for ``version`` (through the guard)."""
+        path = results[0].get("adapter_path") if isinstance(results[0], dict) else None
+        if not path:
+            raise WeightSyncError(
+                f"weight sync version {version} on {self.base_url}: the workers wrote no adapter (no "
+                "adapter_path in their answer) although the client serves LoRA adapter "
+                f"{self.lora_name!r}; the server's resolved config must have the run's lora_rank > 0"
+            )
+        await self._request("POST", LORA_LOAD_PATH, json={"lora_name": self.lora_name, "lora_path": path})
+        self.lora_loaded = True
 
     async def weight_version(self) -> int:
         """The weight version the server serves (worker 0's)."""

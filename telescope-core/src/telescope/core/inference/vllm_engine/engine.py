@@ -15,6 +15,8 @@ from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.supervise import supervised_argv
 from telescope.core.inference.transformers_engine.engine import local_url
 from telescope.core.inference.vllm_engine.args import (
+    LORA_ADAPTER_NAME,
+    LORA_DIR_ENV,
     build_vllm_args,
     build_vllm_env,
     build_vllm_secret_env,
@@ -83,6 +85,8 @@ class VllmEngine(InferenceEngine):
             "TELESCOPE_RESOLVED_CONFIG": config_path,
             BOUND_HOST_ENV: host,
         }
+        if self.cfg.lora_rank > 0:  # the worker writes each synced adapter here for vLLM to load
+            env[LORA_DIR_ENV] = str(Path(config_path).parent / f"vllm-lora-{index}")
         # vllm serve cannot run our parent watch: the supervisor ends it if the launcher dies.
         argv = supervised_argv([vllm_executable(), "serve", *args])
         secret_env = build_vllm_secret_env(tracing=endpoint is not None)
@@ -100,6 +104,8 @@ class VllmEngine(InferenceEngine):
 
         options.setdefault("pause_clear_cache", self.kwargs.pause_clear_cache)
         options.setdefault("per_request_seed", self.kwargs.per_request_seed)
+        if self.cfg.lora_rank > 0:
+            options.setdefault("lora_name", LORA_ADAPTER_NAME)
         return VllmClient(url, **options)
 
 

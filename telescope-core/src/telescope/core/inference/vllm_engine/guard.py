@@ -10,7 +10,10 @@ dev mode and this ASGI middleware, which sees every request before vLLM routes i
 - serves the control routes the run needs itself, through vLLM's engine client
   (``app.state.engine_client``): ``POST /pause?mode=&clear_cache=``, ``POST /resume``,
   ``GET /is_paused`` and ``POST /telescope/collective_rpc``, which calls only the methods of
-  Telescope's worker extension (``telescope_*``), never an arbitrary worker method.
+  Telescope's worker extension (``telescope_*``), never an arbitrary worker method;
+- LoRA runs: ``POST /telescope/lora/load`` (``{"lora_name", "lora_path"}``) (re)loads the run's adapter
+  in place through vLLM's ``OpenAIServingModels.load_lora_adapter`` (``app.state.openai_serving_models``),
+  without vLLM's runtime-LoRA routes (``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` stays off).
 
 Everything the contract tests check against vLLM's source (tests/inference/test_vllm_contract.py):
 ``--middleware`` classes are added last (outermost), the engine client's method signatures, that
@@ -28,10 +31,12 @@ from urllib.parse import parse_qs
 from telescope.core.cluster.http_guard import refusal
 from telescope.core.cluster.run_secret import current_run_secret
 
-__all__ = ["BOUND_HOST_ENV", "RPC_PATH", "RPC_PREFIX", "TelescopeGuard"]
+__all__ = ["BOUND_HOST_ENV", "LORA_LOAD_PATH", "RPC_PATH", "RPC_PREFIX", "TelescopeGuard"]
 
 #: Path of the worker-extension calls (vLLM's dev-mode ``/collective_rpc`` is never enabled).
 RPC_PATH = "/telescope/collective_rpc"
+#: Path of the LoRA adapter (re)load (``lora_rank > 0``).
+LORA_LOAD_PATH = "/telescope/lora/load"
 #: Only worker-extension methods with this prefix can be called (``vllm_engine.worker``).
 RPC_PREFIX = "telescope_"
 #: The address the server is bound to (set by ``VllmEngine.server_command``): a Host it answers to.
@@ -61,6 +66,7 @@ class TelescopeGuard:
             ("POST", "/resume"): self._resume,
             ("GET", "/is_paused"): self._is_paused,
             ("POST", RPC_PATH): self._rpc,
+            ("POST", LORA_LOAD_PATH): self._load_lora,
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -97,15 +103,15 @@ class TelescopeGuard:
         try:
             body = await _read_body(receive)
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            engine = scope["app"].state.engine_client
-            status, answer = 200, await route(engine, query, body)
+            status, answer = 200, await route(scope["app"].state, query, body)
         except _BadRequest as exc:
             status, answer = 400, {"error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - the caller gets the worker's error, as from vLLM's route
             status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
         await _json(send, status, answer)
 
-    async def _pause(self, engine: Any, query: dict[str, list[str]], body: bytes) -> Any:
+    async def _pause(self, state: Any, query: dict[str, list[str]], body: bytes) -> Any:
+        engine = state.engine_client
         mode = _one(query, "mode", "abort")
         if mode not in PAUSE_MODES:
             raise _BadRequest(f"/pause mode={mode!r}: use one of {', '.join(PAUSE_MODES)}")
@@ -113,14 +119,17 @@ class TelescopeGuard:
         await engine.pause_generation(mode=mode, clear_cache=clear_cache)
         return {"status": "paused"}
 
-    async def _resume(self, engine: Any, query: dict[str, list[str]], body: bytes) -> Any:
+    async def _resume(self, state: Any, query: dict[str, list[str]], body: bytes) -> Any:
+        engine = state.engine_client
         await engine.resume_generation()
         return {"status": "resumed"}
 
-    async def _is_paused(self, engine: Any, query: dict[str, list[str]], body: bytes) -> Any:
+    async def _is_paused(self, state: Any, query: dict[str, list[str]], body: bytes) -> Any:
+        engine = state.engine_client
         return {"is_paused": bool(await engine.is_paused())}
 
-    async def _rpc(self, engine: Any, query: dict[str, list[str]], body: bytes) -> Any:
+    async def _rpc(self, state: Any, query: dict[str, list[str]], body: bytes) -> Any:
+        engine = state.engine_client
         try:
             request = json.loads(body or b"{}")
         except ValueError as exc:
@@ -139,6 +148,53 @@ class TelescopeGuard:
         timeout = request.get("timeout")
         results = await engine.collective_rpc(method=method, timeout=timeout, args=tuple(args), kwargs=kwargs)
         return {"results": [r if r is None or isinstance(r, dict | list) else str(r) for r in results or []]}
+
+    async def _load_lora(self, state: Any, query: dict[str, list[str]], body: bytes) -> Any:
+        """Load the run's adapter from ``lora_path`` under ``lora_name``, replacing the one loaded (in place:
+        same name, same id, so requests naming it, in flight ones included, get the new weights)."""
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError as exc:
+            raise _BadRequest(f"{LORA_LOAD_PATH}: the body is not JSON ({exc})") from None
+        name = request.get("lora_name") if isinstance(request, dict) else None
+        path = request.get("lora_path") if isinstance(request, dict) else None
+        if not (isinstance(name, str) and name and isinstance(path, str) and path):
+            raise _BadRequest(
+                f"{LORA_LOAD_PATH}: send {{'lora_name': str, 'lora_path': str}}, got {request!r}"
+            )
+        models = getattr(state, "openai_serving_models", None)
+        if models is None:
+            raise _BadRequest(
+                f"{LORA_LOAD_PATH}: this vLLM server serves no models API (openai_serving_models)"
+            )
+        answer = await models.load_lora_adapter(_LoadLoRA(lora_name=name, lora_path=path, load_inplace=True))
+        if not isinstance(answer, str):  # vLLM's ErrorResponse
+            error = getattr(answer, "error", answer)
+            raise RuntimeError(
+                f"vLLM refused LoRA adapter {name!r} from {path}: {getattr(error, 'message', error)} "
+                "(is the server launched with --enable-lora and a --max-lora-rank >= lora_rank?)"
+            )
+        # vLLM keeps the request it loaded with as the adapter's request, load_inplace included, and
+        # its worker reloads an adapter from disk at every step while its request says load_inplace:
+        # clear it, so requests use the loaded weights until the next sync.
+        loaded = models.lora_requests.get(name)
+        if loaded is None or loaded.lora_path != path:
+            raise RuntimeError(
+                f"vLLM answered {answer!r} but serves LoRA adapter {name!r} from "
+                f"{getattr(loaded, 'lora_path', None)!r}, not {path!r}: requests would sample another adapter"
+            )
+        loaded.load_inplace = False
+        return {"status": answer, "lora_name": name, "lora_int_id": getattr(loaded, "lora_int_id", None)}
+
+
+class _LoadLoRA:
+    """The fields of vLLM's ``LoadLoRAAdapterRequest`` that ``load_lora_adapter`` reads (the contract
+    tests check that it reads no other), without importing vLLM here."""
+
+    def __init__(self, lora_name: str, lora_path: str, load_inplace: bool) -> None:
+        self.lora_name = lora_name
+        self.lora_path = lora_path
+        self.load_inplace = load_inplace
 
 
 def _one(query: dict[str, list[str]], name: str, default: str) -> str:

@@ -9,6 +9,13 @@ context and its layer-wise reload (``initialize_layerwise_reload`` / ``finalize_
 exactly as vLLM's own ``reload_weights`` and weight-transfer ``update_weights`` do: quantized and
 post-processed layers (fp8, Marlin repacking, ...) get their ``process_weights_after_loading`` again.
 
+LoRA runs (``lora_rank > 0``, vLLM launched with ``--enable-lora``): a sync brings only the adapter
+tensors (PEFT's names). vLLM 0.17.1 loads adapters from a PEFT folder only, so TP worker 0 writes
+them as ``$TELESCOPE_LORA_DIR/v<version>`` (``vllm_engine.lora.write_adapter``) and returns its path;
+the client then asks the guard to reload the run's adapter from it in place
+(``POST /telescope/lora/load``: vLLM's ``load_lora_adapter`` with ``load_inplace``). The base
+weights are never touched.
+
 Verification on vLLM covers the transport (per-tensor fingerprints of what arrived equal the
 sender's); vLLM fuses parameters (e.g. ``qkv_proj``), so the per-name check of the loaded model
 that the transformers engine does is not possible here.
@@ -65,9 +72,14 @@ class TelescopeWeightSyncExtension:
         if receiver is None:
             raise RuntimeError("no weight-sync group: call telescope_init_weight_sync first")
         apply_flag = _parse_flag("apply", apply)
+        config = _resolved_config()
+        lora = int(config.get("lora_rank", 0) or 0) > 0
+        adapter_path: str | None = None
         # The version is checked on the first header, before load_weights sees any tensor.
         stream = receiver.receive(expect_version=int(version))
-        if apply_flag:
+        if apply_flag and lora:
+            adapter_path = self._telescope_write_adapter(stream, int(version), config)
+        elif apply_flag:
             self._telescope_load(stream)
         else:
             for _ in stream:  # take part in every broadcast; fingerprinted as they arrive
@@ -79,13 +91,44 @@ class TelescopeWeightSyncExtension:
             )
         if apply_flag:
             self._telescope_version = last.version
-        return {
+        result = {
             "version": self.telescope_weight_version(),
             "received_version": last.version,
             "applied": apply_flag,
             "num_tensors": last.num_tensors,
             "fingerprints": last.received_fingerprints,
         }
+        if adapter_path is not None:
+            result["adapter_path"] = adapter_path
+        return result
+
+    def _telescope_write_adapter(
+        self, weights: Iterator[tuple[str, Any]], version: int, config: dict[str, Any]
+    ) -> str:
+        """Write the received adapter as the PEFT folder vLLM loads (TP worker 0 writes; every worker
+        returns its path). Any tensor that is not an adapter tensor is refused, naming it."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        from telescope.core.inference.vllm_engine.lora import (
+            adapter_config,
+            prune_adapters,
+            vllm_lora_module,
+            write_adapter,
+        )
+
+        tensors: dict[str, Any] = {}
+        for name, tensor in weights:
+            vllm_lora_module(name)  # raises for a non-adapter tensor
+            tensors[name] = tensor.detach().to("cpu", copy=True)
+        if not tensors:
+            raise RuntimeError(f"weight sync version {version} brought no adapter tensor to a LoRA server")
+        root = _lora_dir()
+        path = os.path.join(root, f"v{version}")
+        if get_tensor_model_parallel_rank() == 0:
+            path = write_adapter(root, version, tensors, adapter_config(config, tensors))
+            # The adapter vLLM serves now (a reload from it stays possible) and the new one.
+            prune_adapters(root, keep={self.telescope_weight_version(), version})
+        return path
 
     def _telescope_load(self, weights: Iterator[tuple[str, Any]]) -> None:
         """``model.load_weights`` the way vLLM reloads checkpoint-format weights in place."""
@@ -113,9 +156,27 @@ def _parse_flag(name: str, value: str) -> bool:
     raise ValueError(f"telescope_update_weights: {name}={value!r}; send the string 'true' or 'false'")
 
 
-def _verify_enabled() -> bool:
+def _resolved_config() -> dict[str, Any]:
+    """The run's resolved config (``TELESCOPE_RESOLVED_CONFIG``, set by ``VllmEngine.server_command``)."""
     path = os.environ.get("TELESCOPE_RESOLVED_CONFIG")
     if not path:
-        return True
+        return {}
     with open(path) as fh:
-        return bool(json.load(fh).get("weight_sync_verify", True))
+        return dict(json.load(fh))
+
+
+def _verify_enabled() -> bool:
+    return bool(_resolved_config().get("weight_sync_verify", True))
+
+
+def _lora_dir() -> str:
+    """Where this server's adapters are written (``TELESCOPE_LORA_DIR``, set by ``VllmEngine.server_command``)."""
+    from telescope.core.inference.vllm_engine.args import LORA_DIR_ENV
+
+    root = os.environ.get(LORA_DIR_ENV)
+    if not root:
+        raise RuntimeError(
+            f"{LORA_DIR_ENV} is not set in this vLLM server: a LoRA run's servers are launched by "
+            "VllmEngine.server_command, which sets it"
+        )
+    return root

@@ -54,11 +54,12 @@ RECENT_STEPS = 20
 def next_progress(progress: dict[str, Any], step: int, now: float) -> dict[str, Any]:
     """run.json ``progress`` once ``step`` is logged at ``now``: the next step starts then.
 
-    A step's duration is the time since the previous step was logged in this process (the first
-    step after a start also holds the set-up, so it is not a duration).
+    A step's duration is the time since the previous step was logged in this process; a step that
+    did not start then (the first one after a start or a restart holds the set-up) is not timed.
     """
     recent = list(progress.get("recent_step_seconds") or [])
-    if progress.get("last_step_at") is not None and progress.get("step_started_at") is not None:
+    started = progress.get("step_started_at")
+    if started is not None and started == progress.get("last_step_at"):
         recent = [*recent, round(now - float(progress["step_started_at"]), 3)][-RECENT_STEPS:]
     return {
         "step": step + 1,
@@ -67,6 +68,12 @@ def next_progress(progress: dict[str, Any], step: int, now: float) -> dict[str, 
         "last_step_at": now,
         "recent_step_seconds": recent,
     }
+
+
+def restarted_progress(progress: dict[str, Any], restart: dict[str, Any], now: float) -> dict[str, Any]:
+    """run.json ``progress`` once the run restarted from checkpoint step ``restart["from_step"]`` at
+    ``now``: the step after the checkpoint is in progress since then (not timed: it holds the set-up)."""
+    return {**progress, "step": int(restart["from_step"]) + 1, "step_started_at": now}
 
 
 def model_info(cfg: TelescopeConfig) -> dict[str, str]:
@@ -263,6 +270,9 @@ class LocalLogger(Logger):
             for note in setup.get("notes") or []:
                 self._log_line(f"note: {note}")
         self._meta.setdefault("info", {}).update(info)
+        restarts = info.get("restarts")
+        if isinstance(restarts, list) and restarts and self._meta.get("progress") is not None:
+            self._meta["progress"] = restarted_progress(self._meta["progress"], restarts[-1], self._clock())
         if self.run_dir is not None:
             self._write_meta()
 

@@ -17,6 +17,7 @@ __all__ = [
     "fit_fields",
     "format_duration",
     "format_progress",
+    "format_seconds",
     "progress_fields",
 ]
 
@@ -47,6 +48,14 @@ def format_duration(seconds: float | None) -> str:
     if s >= 60:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s}s"
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``format_duration`` with tenths below 10 s (``0.6s``, ``3s``): a step of the quickstart takes
+    under a second."""
+    if seconds is None or seconds < 0 or seconds >= 10:
+        return format_duration(seconds)
+    return f"{seconds:.1f}".rstrip("0").rstrip(".") + "s"
 
 
 @dataclass(frozen=True)

@@ -134,12 +134,17 @@ class FileTail:
         data, base, reset = self.read_chunk(limit)
         return list(split_lines(data, base)), reset
 
+    @property
+    def file_position(self) -> int:
+        """The byte offset in the file of the next unread data (a plain file: ``offset``)."""
+        return self.offset
+
     def pending(self) -> bool:
-        """True when the file holds bytes past the offset (more to read, or a torn end)."""
+        """True when the file holds bytes past the read position (more to read, or a torn end)."""
         if self.refused:
             return False
         try:
-            return self.path.stat().st_size > self.offset
+            return self.path.stat().st_size > self.file_position
         except FileNotFoundError:
             return False
 
@@ -221,13 +226,9 @@ class FrameTail(FileTail):
         self.torn_tail = scan.incomplete and at_eof
         return b"".join(contents), base, reset
 
-    def pending(self) -> bool:
-        if self.refused:
-            return False
-        try:
-            return self.path.stat().st_size > self.file_offset
-        except FileNotFoundError:
-            return False
+    @property
+    def file_position(self) -> int:
+        return self.file_offset
 
     def _frame(self, i: int) -> bytes:
         content = self._cache.get(i)

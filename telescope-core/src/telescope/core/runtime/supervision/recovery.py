@@ -73,10 +73,13 @@ class FailureSignature:
 
 def signature(exc: BaseException, step: int, dead: list[DeadRank]) -> FailureSignature:
     from telescope.core.errors import root_cause
+    from telescope.core.runtime.supervision.heartbeat import TrainerHungError
 
     if dead:  # the pids and actor ids in a death report differ every time: the ranks are what repeats
         return FailureSignature("TrainerDied", ",".join(str(d.rank) for d in dead), step)
     cause = root_cause(exc)
+    if isinstance(cause, TrainerHungError):  # its durations differ every time: the ranks repeat
+        return FailureSignature("TrainerHung", ",".join(str(r) for r in cause.ranks), step)
     first = (str(cause).strip().splitlines() or [""])[0]
     return FailureSignature(type(cause).__name__, first, step)
 
