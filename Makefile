@@ -7,8 +7,10 @@ DAYTONA_VENV ?= .venv-daytona
 # and the Dockerfile installs; tests/core/test_dockerfile.py keeps the two equal.
 VLLM_CONTRACT_VERSION ?= 0.17.1
 VLLM_VENV ?= .venv-vllm
+# PrimeIntellect's verifiers pins openai<3: it and its tests live in their own venv (a whole CPU Telescope).
+VERIFIERS_VENV ?= .venv-verifiers
 
-.PHONY: bootstrap quickstart test lint typecheck test-slow test-daytona test-vllm-contract
+.PHONY: bootstrap quickstart test lint typecheck test-slow test-daytona test-verifiers test-vllm-contract
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -27,6 +29,7 @@ typecheck: bootstrap
 test: lint typecheck
 	$(BIN)/python -m pytest -q
 	@$(MAKE) --no-print-directory test-daytona
+	@$(MAKE) --no-print-directory test-verifiers
 
 # The tests marked `daytona`, in the venv that has Daytona's SDK (no torch or Ray there).
 # `import daytona` first: with the SDK missing they would only skip.
@@ -34,6 +37,13 @@ test-daytona:
 	@bash scripts/bootstrap.sh --daytona
 	$(DAYTONA_VENV)/bin/python -c "import daytona"
 	$(DAYTONA_VENV)/bin/python -m pytest -q -rs -m daytona tests/sandboxes
+
+# The tests marked `verifiers` (the real run among them), in the venv that has verifiers 0.4.0.
+# `import verifiers.v1` first: with the library missing they would only skip.
+test-verifiers:
+	@bash scripts/bootstrap.sh --verifiers
+	$(VERIFIERS_VENV)/bin/python -c "import verifiers.v1"
+	$(VERIFIERS_VENV)/bin/python -m pytest -q -rs -m verifiers --run-slow tests/envs tests/runtime
 
 # The tests marked `slow` (> ~20 s each): the end-to-end resilience runs (docs/faults.md), the two-node
 # cluster, two runs at once, ... (about 10 minutes on 2 cores). CI runs them after `make test`.

@@ -50,6 +50,20 @@ else
   only_daytona=0
 fi
 
+# --verifiers: .venv-verifiers, a whole CPU Telescope (torch, Ray, FSDP) with PrimeIntellect's verifiers,
+# which pins openai<3 (the main venv has the newest openai); `make test-verifiers` runs its tests there.
+if [ "${1:-}" = "--verifiers" ]; then
+  VERIFIERS_VENV="${TELESCOPE_VERIFIERS_VENV:-.venv-verifiers}"
+  if ! up_to_date "$VERIFIERS_VENV"; then
+    echo "bootstrap: installing verifiers and a CPU Telescope into $VERIFIERS_VENV (a few minutes)" >&2
+    "$VERIFIERS_VENV/bin/python" -c "import torch" 2>/dev/null || "$VERIFIERS_VENV/bin/pip" install --quiet "$TORCH_SPEC"
+    "$VERIFIERS_VENV/bin/pip" install --quiet -e "./telescope-core[torch,inference,ray,agents]" \
+      -e ./telescope-fsdp -e "./telescope-envs[verifiers]" -e ./telescope-cli "pytest>=8" "pytest-timeout>=2.3"
+    echo "$want" > "$VERIFIERS_VENV/.telescope-install-stamp"
+  fi
+  exit 0
+fi
+
 if [ "$only_daytona" = 0 ] && ! up_to_date "$VENV"; then
   echo "bootstrap: installing Telescope into $VENV (first run takes a few minutes)" >&2
   # vLLM pins its own torch build: let it choose unless a torch spec was given explicitly.
@@ -60,7 +74,7 @@ if [ "$only_daytona" = 0 ] && ! up_to_date "$VENV"; then
   fi
   "$VENV/bin/pip" install --quiet \
     -e "./telescope-core[$core_extras]" \
-    -e ./telescope-fsdp -e "$megatron_pkg" -e "./telescope-envs[datasets,math]" \
+    -e ./telescope-fsdp -e "$megatron_pkg" -e "./telescope-envs[datasets,math,reasoning-gym,openenv]" \
     -e "./telescope-sandboxes[e2b,modal,prime]" -e "./telescope-cli[ui]" -e ".[dev]"
   echo "$want" > "$VENV/.telescope-install-stamp"
 fi

@@ -14,9 +14,11 @@ import shlex
 import sys
 import tomllib
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from telescope.cli.app import app
@@ -57,9 +59,12 @@ def test_every_code_block_of_the_guide_runs(project: Path) -> None:
         if kind == "python":
             exec(compile(text, f"{DOC.name} block {ran}", "exec"), namespace)
         elif kind == "yaml":
+            names = [e["name"] for e in yaml.safe_load(text)["environments"]]
+            if "verifiers" in names and find_spec("verifiers") is None:
+                continue  # verifiers lives in .venv-verifiers: test_verifiers_env.py validates this block
             (project / "run.yaml").write_text(text)
             run = load_run(project / "run.yaml", [])
-            assert run.cfg.environments[0].name == "acme_puzzle"
+            assert [e.name for e in run.cfg.environments] == names
         elif kind == "bash":
             for line in text.splitlines():
                 args = shlex.split(line)
@@ -72,4 +77,5 @@ def test_every_code_block_of_the_guide_runs(project: Path) -> None:
         else:
             raise AssertionError(f"a {kind} block in {DOC.name}: teach this test to run it")
         ran += 1
-    assert ran == len(kinds)
+    skipped = 0 if find_spec("verifiers") else 1
+    assert ran + skipped == len(kinds)

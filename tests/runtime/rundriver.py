@@ -30,6 +30,18 @@ def settings(run_dir: Path, **overrides: Any) -> dict[str, Any]:
     return smallest_run_settings(**{**defaults, **overrides})
 
 
+def train_to_end(tmp_path: Path, timeout_s: float = 480, **overrides: Any) -> Path:
+    """Write the smallest run's config with ``overrides`` to ``tmp_path/run.yaml``, train it to the end
+    with the CLI (failing with the log's tail otherwise) and return its run directory."""
+    import yaml
+
+    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings(run_dir, **overrides)))
+    assert finish(launch(config, log), log, timeout_s) == 0, log.read_text()[-3000:]
+    return run_dir
+
+
 def launch(config: Path, log: Path, *extra: str, prelude: str = "") -> subprocess.Popen[bytes]:
     """``telescope train CONFIG`` in a new session; ``prelude`` runs first (e.g. to inject a fault)."""
     code = f"{prelude}\nfrom telescope.cli.app import main; main()"

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
-from rundriver import finish, launch, settings
+from rundriver import train_to_end
 
 from telescope.core.observe.rundir.reader import RunDirReader
 
@@ -46,16 +45,12 @@ def telescope_register_environments(register):
 @pytest.mark.slow
 def test_an_openai_agent_trains_end_to_end(tmp_path: Path) -> None:
     (tmp_path / "agent_env.py").write_text(AGENT_PLUGIN)
-    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
-    fields = settings(
-        run_dir,
+    run_dir = train_to_end(
+        tmp_path,
         environments=[{"name": "tool_agent", "kwargs": {"max_turns": 4}}],
         plugins=["agent_env.py"],
         max_tokens=6,
     )
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(fields))
-    assert finish(launch(config, log), log, 480) == 0, log.read_text()[-3000:]
     reader = RunDirReader(run_dir)
     rows = reader.rollouts()
     assert rows, "no rollout records"

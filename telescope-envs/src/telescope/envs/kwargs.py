@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from telescope.core.env.agent import AgentKwargs
 from telescope.core.env.base import MultiTurnKwargs, SingleTurnKwargs
 from telescope.core.env.data import DatasetKwargs
 from telescope.core.env.tool_env import ToolEnvironmentKwargs
+from telescope.core.registry import did_you_mean
 from telescope.core.sandbox.check import sandbox_provider_problems
 
 __all__ = [
@@ -20,7 +22,10 @@ __all__ = [
     "CountdownKwargs",
     "I3CodeKwargs",
     "MathKwargs",
+    "OpenEnvKwargs",
+    "ReasoningGymKwargs",
     "ReverseTextKwargs",
+    "VerifiersKwargs",
     "WordleKwargs",
 ]
 
@@ -128,3 +133,129 @@ class I3CodeKwargs(SingleTurnKwargs, DatasetKwargs):
     def registry_problems(self, registry: Any) -> list[str]:
         """The sandbox provider must be registered and available, and its kwargs valid."""
         return sandbox_provider_problems(registry, self.provider, self.provider_kwargs)
+
+
+class ReasoningGymKwargs(SingleTurnKwargs):
+    """Kwargs of the reasoning_gym environment: tasks of the reasoning-gym library, scored by its own
+    ``score_answer``. Any other key is task configuration: with one task, the fields of its config
+    (e.g. ``max_terms: 3`` for basic_arithmetic); with several, ``NAME: {fields}`` per task."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str | list[str] = "basic_arithmetic"
+    """A reasoning-gym task name, or a list of them (`telescope envs list` shows the installed ones)."""
+    size: int = Field(default=500, ge=1, le=1_000_000)
+    """Samples generated per task."""
+    seed: int = 0
+    """Seed of every task's generator (adding a task leaves the others' samples unchanged)."""
+    prompt_style: str = "default"
+    """reasoning-gym's system prompt asking for the answer in <answer></answer> (SYSTEM_PROMPTS key)."""
+    num_samples: int = Field(default=-1, ge=-1)
+    """Keep at most this many samples over all tasks (-1 = all)."""
+
+    @field_validator("task")
+    @classmethod
+    def _tasks_named(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if not names or any(not n for n in names):
+            raise ValueError("name at least one reasoning-gym task, e.g. task: basic_arithmetic")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a task is named twice in {names}")
+        return value
+
+    @model_validator(mode="after")
+    def _configs_shaped(self) -> ReasoningGymKwargs:
+        self.task_configs()
+        return self
+
+    @property
+    def tasks(self) -> list[str]:
+        """The task names, in order."""
+        return [self.task] if isinstance(self.task, str) else list(self.task)
+
+    def task_configs(self) -> dict[str, dict[str, Any]]:
+        """Each task's configuration from the extra keys (shape checked; fields are checked against
+        the library by ``registry_problems``). Raises ValueError naming a misplaced key."""
+        extra = dict(self.model_extra or {})
+        tasks = self.tasks
+        if len(tasks) == 1:
+            return {tasks[0]: extra}
+        configs: dict[str, dict[str, Any]] = {name: {} for name in tasks}
+        for key, value in extra.items():
+            if key not in configs:
+                raise ValueError(
+                    f"'{key}' is not one of the tasks {tasks}.{did_you_mean(key, tasks)} With several "
+                    f"tasks, each other key names one of them and holds its config, e.g. {tasks[0]}: "
+                    "{field: value}"
+                )
+            if not isinstance(value, dict):
+                raise ValueError(f"{key}: must be a mapping of {key}'s config fields, got {value!r}")
+            configs[key] = dict(value)
+        return configs
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """Task names, task configuration and prompt_style checked against the installed library."""
+        from telescope.envs.reasoning_gym_env import kwargs_problems
+
+        return kwargs_problems(self)
+
+
+class VerifiersKwargs(AgentKwargs):
+    """Kwargs of the verifiers environment: a taskset of PrimeIntellect's verifiers (v1 stack), its tasks
+    as prompts, its model calls through the run's gateway, its own rewards and metrics."""
+
+    taskset: str = ""
+    """A verifiers taskset id: an installed module or package exporting one vf.Taskset subclass in __all__."""
+    taskset_args: dict[str, Any] = Field(default_factory=dict)
+    """Fields of the taskset's config (its TasksetConfig subclass), validated by verifiers."""
+    num_samples: int = Field(default=-1, ge=-1)
+    """Take at most this many tasks (-1 = all; needed for an infinite taskset)."""
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """The taskset must load and use only what this adapter supports (each refusal names the feature)."""
+        from telescope.envs.verifiers_env import kwargs_problems
+
+        return kwargs_problems(self)
+
+
+class OpenEnvKwargs(AgentKwargs):
+    """Kwargs of the openenv environment: an OpenEnv environment server (reset/step over its WebSocket
+    protocol), played by the model turn by turn through the run's gateway; the reward is the server's."""
+
+    url: str | None = None
+    """Base URL of a running OpenEnv server (http://host:port); null = start `app` locally."""
+    app: str | None = None
+    """`module:attribute` of an OpenEnv server app (openenv's create_app(...)), started on a free loopback port."""
+    action_field: str = "message"
+    """The action field that receives the model's reply text (the action is {action_field: text})."""
+    observation_field: str | None = None
+    """The observation field sent to the model as the next user message (null = every field as JSON)."""
+    num_samples: int = Field(default=100, ge=1)
+    """Episodes per epoch; episode i resets the environment with seed + i."""
+    seed: int = 0
+    """Seed of the first episode's reset."""
+    step_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds one reset or step may take."""
+
+    @model_validator(mode="after")
+    def _one_server(self) -> OpenEnvKwargs:
+        if (self.url is None) == (self.app is None):
+            raise ValueError(
+                "set exactly one of url (a running OpenEnv server) and app (module:attribute of its app, "
+                f"started locally); got url={self.url!r}, app={self.app!r}"
+            )
+        if self.app is not None and ":" not in self.app:
+            raise ValueError(f"app: '{self.app}' must be module:attribute, e.g. my_env.server.app:app")
+        return self
+
+    def registry_problems(self, registry: Any) -> list[str]:
+        """``app`` must import (nothing starts: the server is started before the first rollout)."""
+        if self.app is None:
+            return []
+        from telescope.envs.openenv_env import load_app
+
+        try:
+            load_app(self.app)
+        except Exception as exc:  # noqa: BLE001 - any import failure of the user's app, named
+            return [f"app: '{self.app}' does not import: {type(exc).__name__}: {exc}"]
+        return []

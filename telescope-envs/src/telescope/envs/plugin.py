@@ -28,6 +28,13 @@ def _math_meta() -> dict[str, Any]:
     }
 
 
+def _library_meta(extra: str, module: str, pip_name: str, *more_modules: str) -> dict[str, Any]:
+    """An environment of another library: listed as unavailable, with the install command, without it."""
+    install = f"pip install 'telescope-envs[{extra}]'"
+    missing = [m for m in (_missing(name, install) for name in (module, *more_modules)) if m]
+    return {"requires": [pip_name], "install": install, "unavailable": missing[0] if missing else None}
+
+
 def _hub_meta() -> dict[str, Any]:
     return {"optional": ["datasets"], "optional_install": "pip install 'telescope-envs[datasets]'"}
 
@@ -86,6 +93,46 @@ def telescope_register_environments(register: Register) -> None:
         multi_turn=True,
         tools=True,
     )
+    _add(
+        register,
+        "reasoning_gym",
+        "reasoning_gym_env:ReasoningGymEnvironment",
+        kw.ReasoningGymKwargs,
+        "reasoning-gym's procedural tasks (kwargs.task), scored by the library's own score_answer",
+        **_library_meta("reasoning-gym", "reasoning_gym", "reasoning-gym"),
+        choices={"task": "telescope.envs.reasoning_gym_env:task_names"},
+    )
+    for name, factory, kwargs_model, description, pip_name, module, example in (
+        (
+            "verifiers",
+            "verifiers_env:VerifiersEnvironment",
+            kw.VerifiersKwargs,
+            "a verifiers taskset (kwargs.taskset), its model calls through the gateway, its own rewards",
+            "verifiers==0.4.0",
+            "verifiers",
+            {},
+        ),
+        (
+            "openenv",
+            "openenv_env:OpenEnvEnvironment",
+            kw.OpenEnvKwargs,
+            "an OpenEnv environment server (kwargs.url, or kwargs.app started locally), played turn by turn",
+            "openenv-core",
+            "openenv",
+            {"app": "telescope.envs.openenv_demo:app", "observation_field": "text"},
+        ),
+    ):  # agents: the gateway's client (openai) is needed too
+        meta = _library_meta(name, module, pip_name, "openai")
+        _add(
+            register,
+            name,
+            factory,
+            kwargs_model,
+            description,
+            **meta,
+            multi_turn=True,
+            example_kwargs=example,
+        )
     _add(
         register,
         "i3_code",

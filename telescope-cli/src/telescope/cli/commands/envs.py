@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from importlib.util import find_spec
 from typing import Any
@@ -60,6 +61,21 @@ def _missing_optional(meta: dict[str, Any]) -> list[str]:
     return [pkg for pkg in meta.get("optional", []) if find_spec(pkg.replace("-", "_")) is None]
 
 
+def _choices(comp: Component) -> dict[str, list[str]]:
+    """The values a kwarg takes here, from the component's ``choices`` meta (``{kwarg: "module:function"}``,
+    called only for an available component: it may import the library it lists)."""
+    if not comp.available:
+        return {}
+    out = {}
+    for kwarg, source in dict(comp.meta.get("choices") or {}).items():
+        module, _, attr = str(source).partition(":")
+        try:
+            out[kwarg] = [str(v) for v in getattr(importlib.import_module(module), attr)()]
+        except Exception as exc:  # noqa: BLE001 - a listing never fails because one library is broken
+            out[kwarg] = [f"(cannot list: {type(exc).__name__}: {exc})"]
+    return out
+
+
 def environment_listing() -> list[dict[str, Any]]:
     """One entry per environment and eval (the ``--json`` payload)."""
     _, registry = load_plugins()
@@ -83,6 +99,7 @@ def environment_listing() -> list[dict[str, Any]]:
                     "missing_optional": missing,
                     "optional_install": meta.get("optional_install") if missing else None,
                     "kwargs": _kwargs_table(comp),
+                    "choices": _choices(comp),
                 }
             )
     return out
@@ -98,6 +115,8 @@ def _print_entry(console: Console, e: dict[str, Any], show_kwargs: bool) -> None
             f"      [yellow]optional, not installed: {', '.join(e['missing_optional'])}[/] "
             f"(hub datasets; install: {escape(str(e['optional_install']))})"
         )
+    for kwarg, values in e["choices"].items():
+        console.print(f"      {kwarg} ({len(values)}): {escape(', '.join(values))}")
     if show_kwargs:
         for k in e["kwargs"]:
             req = "required" if k["required"] else f"default {k['default']!r}"
