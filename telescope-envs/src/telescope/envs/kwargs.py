@@ -195,9 +195,7 @@ class ReasoningGymKwargs(SingleTurnKwargs):
 
     def registry_problems(self, registry: Any) -> list[str]:
         """Task names, task configuration and prompt_style checked against the installed library."""
-        from telescope.envs.reasoning_gym_env import kwargs_problems
-
-        return kwargs_problems(self)
+        return _env_class(registry, "reasoning_gym").kwargs_problems(self)
 
 
 class VerifiersKwargs(AgentKwargs):
@@ -213,9 +211,7 @@ class VerifiersKwargs(AgentKwargs):
 
     def registry_problems(self, registry: Any) -> list[str]:
         """The taskset must load and use only what this adapter supports (each refusal names the feature)."""
-        from telescope.envs.verifiers_env import kwargs_problems
-
-        return kwargs_problems(self)
+        return _env_class(registry, "verifiers").kwargs_problems(self)
 
 
 class OpenEnvKwargs(AgentKwargs):
@@ -252,10 +248,26 @@ class OpenEnvKwargs(AgentKwargs):
         """``app`` must import (nothing starts: the server is started before the first rollout)."""
         if self.app is None:
             return []
-        from telescope.envs.openenv_env import load_app
-
         try:
             load_app(self.app)
         except Exception as exc:  # noqa: BLE001 - any import failure of the user's app, named
             return [f"app: '{self.app}' does not import: {type(exc).__name__}: {exc}"]
         return []
+
+
+def _env_class(registry: Any, name: str) -> Any:
+    """The environment class the registry holds under ``name`` (its module loads only now: the
+    library checks live beside the environment, and this module stays import-light)."""
+    return registry.get("environment", name).load_factory()
+
+
+def load_app(spec: str) -> Any:
+    """The object ``module:attribute`` names (an OpenEnv server app)."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(f"app: module '{module_name}' has no '{attr}'") from None

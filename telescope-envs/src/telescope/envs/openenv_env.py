@@ -14,13 +14,12 @@ the rewards the environment returned (a step without one counts 0 and is counted
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import threading
 from typing import Any, ClassVar
 
 from telescope.core.env import AgentEnvironment, RewardResult, Sample
-from telescope.envs.kwargs import OpenEnvKwargs
+from telescope.envs.kwargs import OpenEnvKwargs, load_app
 
 __all__ = ["LocalServer", "OpenEnvEnvironment"]
 
@@ -61,16 +60,6 @@ class LocalServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-def load_app(spec: str) -> Any:
-    """The object ``module:attribute`` names (an OpenEnv server app)."""
-    module_name, _, attr = spec.partition(":")
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise AttributeError(f"app: module '{module_name}' has no '{attr}'") from None
 
 
 class OpenEnvEnvironment(AgentEnvironment):

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from telescope.core.env import RewardResult, Rubric, Sample, SingleTurnEnvironment
+from telescope.core.env.base import refuse_kwargs_problems
 from telescope.core.registry import did_you_mean
 from telescope.envs.kwargs import ReasoningGymKwargs
 
@@ -92,15 +93,15 @@ class ReasoningGymEnvironment(SingleTurnEnvironment):
 
     kwargs_model: ClassVar[type[ReasoningGymKwargs]] = ReasoningGymKwargs  # type: ignore[assignment]
     default_name = "reasoning_gym"
+    kwargs_problems = staticmethod(kwargs_problems)
+    """What ``config validate`` refuses in these kwargs (``registry_problems`` calls it)."""
     reward_min = 0.0
     reward_max = 1.0
 
     def __init__(self, kwargs: ReasoningGymKwargs | None = None, **extra: Any) -> None:
         super().__init__(kwargs, **extra)
         kw: ReasoningGymKwargs = self.kwargs  # type: ignore[assignment]
-        problems = kwargs_problems(kw)
-        if problems:
-            raise ValueError("reasoning_gym: " + "; ".join(problems))
+        refuse_kwargs_problems("reasoning_gym", kwargs_problems(kw))
         library = _library()
         from reasoning_gym.utils import SYSTEM_PROMPTS
 

@@ -21,6 +21,7 @@ import json
 from typing import Any, ClassVar
 
 from telescope.core.env import AgentEnvironment, RewardResult, Sample
+from telescope.core.env.base import refuse_kwargs_problems
 from telescope.envs.kwargs import VerifiersKwargs
 
 __all__ = ["VerifiersEnvironment", "kwargs_problems", "unsupported_features"]
@@ -131,13 +132,13 @@ class VerifiersEnvironment(AgentEnvironment):
 
     kwargs_model: ClassVar[type[VerifiersKwargs]] = VerifiersKwargs  # type: ignore[assignment]
     default_name = "verifiers"
+    kwargs_problems = staticmethod(kwargs_problems)
+    """What ``config validate`` refuses in these kwargs (``registry_problems`` calls it)."""
 
     def __init__(self, kwargs: VerifiersKwargs | None = None, **extra: Any) -> None:
         super().__init__(kwargs, **extra)
         kw: VerifiersKwargs = self.kwargs  # type: ignore[assignment]
-        problems = kwargs_problems(kw)
-        if problems:
-            raise ValueError("verifiers: " + "; ".join(problems))
+        refuse_kwargs_problems("verifiers", kwargs_problems(kw))
         self.taskset = load_taskset(kw)
         self._tasks: list[Any] = []
         self._shared: list[Any] | None = None

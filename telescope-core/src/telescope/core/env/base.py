@@ -47,6 +47,13 @@ class EnvironmentKwargs(BaseModel):
         return []
 
 
+def refuse_kwargs_problems(env_name: str, problems: list[str]) -> None:
+    """Raise ``ValueError`` naming ``env_name`` and each of ``problems`` (what ``registry_problems``
+    reports at ``config validate``), so an environment built without that check fails as clearly."""
+    if problems:
+        raise ValueError(f"{env_name}: " + "; ".join(problems))
+
+
 class SingleTurnKwargs(EnvironmentKwargs):
     """Kwargs of single-turn environments."""
 
