@@ -184,3 +184,24 @@ def test_normal_python_and_numpy_work_runs_under_the_filter(local_provider: Any,
 
 def _chunks(program: bytes) -> list[bytes]:
     return [program[i : i + 8] for i in range(0, len(program), 8)]
+
+
+def test_a_read_only_path_under_tmp_is_mounted_over_the_sandboxs_own_tmp(
+    local_provider: Any, marker: str
+) -> None:
+    """A venv or checkout under the host's /tmp, named in ro_paths, is visible (the sandbox's /tmp is
+    mounted first, then the user's paths over it)."""
+    import tempfile
+
+    from telescope.sandboxes.local import LocalSandboxKwargs, LocalSandboxProvider
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as shared:
+        (Path(shared) / "data.txt").write_text("visible")
+        Path(shared).chmod(0o755)  # the sandbox's uid 65534 reads it
+        provider = LocalSandboxProvider(
+            LocalSandboxKwargs(ro_paths=[*local_provider.kwargs.ro_paths, shared])
+        )
+        config = SandboxConfig(environment_vars={MARKER_VAR: marker})
+        source = f"print(open({str(Path(shared) / 'data.txt')!r}).read())\nopen('/tmp/own', 'w').write('x')\n"
+        result = contained(provider, config, marker, source)
+    assert result.exit_code == 0 and result.stdout.strip() == "visible", result

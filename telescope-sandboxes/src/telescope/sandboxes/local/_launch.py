@@ -138,13 +138,15 @@ def bwrap_argv(
     if etc_dir is not None:
         argv += ["--ro-bind", etc_dir, "/etc"]
         ro_paths = tuple(p for p in ro_paths if not p.startswith("/etc/"))
+    # The workspace and its /tmp first: a read-only path the user names under /tmp (a venv, a
+    # checkout) is then mounted over the sandbox's /tmp instead of hidden by it.
+    argv += ["--bind", ws.work, INSIDE_WORKSPACE, "--bind", ws.tmp, INSIDE_TMP]
     for path in ro_paths:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
-    argv += ["--bind", ws.work, INSIDE_WORKSPACE, "--bind", ws.tmp, INSIDE_TMP]
     # bubblewrap's own root and /dev are writable tmpfs (host RAM outside the disk limit):
     # make them read-only once every mount point exists.
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
