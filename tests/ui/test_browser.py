@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ui_browser import Page, launch, require_browser, wait_plotted
+from ui_browser import Page, launch, require_browser, wait_plotted, wait_points
 from ui_runs import append_frame, append_jsonl, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
@@ -219,7 +219,7 @@ def test_live_metrics_line_and_first_rollouts_appear_within_3s(
     chart = "document.querySelector('.chart[data-key=\"entropy\"]')"
     p.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1, 2]}})")  # the user zooms in
     log_step(hub, 4)
-    p.wait_for_function(f"{chart}.data[0].x.length === 4", timeout=3000)
+    wait_points(p, '.chart[data-key="entropy"]', "==", 4, timeout=3000)
     assert p.evaluate(f"{chart}.layout.xaxis.range") == [1, 2]  # the new step kept the zoom
     first_errors = tab.errors
     # the Rollouts page of a run that has logged no step yet shows its first step once logged
@@ -392,7 +392,7 @@ def test_infra_page_groups_gpus_and_sources(browser: Any, live: tuple[ServerThre
     chart = "document.querySelector('.chart[data-key=\"gpu/*/gpu_utilization_percent\"]')"
     p.evaluate(f"{chart}._seen = true; Plotly.relayout({chart}, {{'xaxis.range': [0, 1]}})")
     append_jsonl(system, {**records[2], "time": 103.0})
-    p.wait_for_function(f"{chart}.data[0].x.length === 4", timeout=5000)
+    wait_points(p, '.chart[data-key="gpu/*/gpu_utilization_percent"]', "==", 4, timeout=5000)
     assert p.evaluate(f"[{chart}._seen, {chart}.layout.xaxis.range]") == [True, [0, 1]]
     assert (
         p.evaluate(
@@ -450,10 +450,7 @@ def test_dashboard_follows_a_real_quickstart_run(browser: Any, tmp_path: Path) -
         wait_plotted(p, '.chart[data-key="reward/mean"]')
         shown = tab.points("reward/mean")
         # a later step appears in the open page (no reload): the page polls every second
-        p.wait_for_function(
-            f"document.querySelector('.chart[data-key=\"reward/mean\"]').data[0].x.length > {shown}",
-            timeout=120_000,
-        )
+        wait_points(p, '.chart[data-key="reward/mean"]', ">", shown, timeout=120_000)
         logs = tab.open("logs?runs=quickstart")
         logs.wait_for_selector("#log-lines div")
         before = len(logs.query_selector_all("#log-lines div"))

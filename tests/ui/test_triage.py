@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ui_browser import Page, launch, require_browser, wait_plotted
+from ui_browser import Page, launch, require_browser, wait_plotted, wait_points
 from ui_runs import append_frame, log_step, start_hub, step_rows, write_run
 
 from telescope.cli.ui.data import Workspace
@@ -152,7 +152,7 @@ def test_zoom_survives_a_new_metric_key(browser: Any, tmp_path: Path) -> None:
         hub.log_step(4, {"entropy": 0.25, "discarded/never_seen/count": 1.0})
         p.wait_for_selector('.chart[data-key="discarded/never_seen/count"]', state="attached", timeout=5000)
         wait_plotted(p, '.chart[data-key="entropy"]')
-        p.wait_for_function(f"{chart}.data && {chart}.data[0].x.length === 4", timeout=5000)
+        wait_points(p, '.chart[data-key="entropy"]', "==", 4, timeout=5000)
         assert p.evaluate(f"{chart}.layout.xaxis.range") == [1, 2]
         assert not tab.errors
     finally:

@@ -79,3 +79,16 @@ PLOTTED = """sel => {
 def wait_plotted(page: Any, selector: str, timeout: float = 30_000) -> None:
     """Wait until the element `selector` names holds a plotly chart with its traces."""
     page.wait_for_function(PLOTTED, arg=selector, timeout=timeout)
+
+
+POINTS = """([sel, op, n]) => {
+  const el = document.querySelector(sel);
+  const x = el && el.data && el.data[0] && el.data[0].x;
+  return !!x && (op === '>' ? x.length > n : x.length === n);
+}"""
+
+
+def wait_points(page: Any, selector: str, op: str, n: int, timeout: float = 30_000) -> None:
+    """Wait until the chart ``selector`` names has ``op`` (``'>'`` or ``'=='``) ``n`` points in its first
+    trace; a chart element swapped in by a redraw, not drawn yet, counts as not there yet."""
+    page.wait_for_function(POINTS, arg=[selector, op, n], timeout=timeout)
