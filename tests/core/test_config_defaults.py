@@ -29,6 +29,7 @@ ADDED_FIELDS = {
     "stall_timeout_s": 1800.0,
     "trainer_overdue_factor": 10.0,
     "trainer_overdue_floor_s": 60.0,
+    "ray_network_namespace": "auto",
     "overwrite": False,
     "checkpoint_failure": "stop",
     "inference_dtype": None,

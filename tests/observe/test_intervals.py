@@ -159,3 +159,29 @@ def test_hub_tick_thread_flushes_while_running(tmp_path: Path) -> None:
     hub.finish("finished")
     assert [s["metrics"]["x"] for s in system] == [7.0]
     assert [e["name"] for e in tail] == ["live"]
+
+
+def test_the_tail_keeps_at_most_its_byte_cap_of_the_newest_events_and_every_event_stays_in_its_block(
+    tmp_path: Path,
+) -> None:
+    from telescope.core.observe.rundir.blocks import EventBlocks
+    from telescope.core.observe.rundir.jsonl import _dumps
+
+    now = [1000.0]
+    events = [{"name": "e", "step": i, "pad": "x" * 90} for i in range(10, 60)]
+    size = len(_dumps(events[0]).encode())  # steps of two digits: every event has this length
+    blocks = EventBlocks(
+        tmp_path,
+        origin=now[0],
+        block_duration_s=3600,
+        tail_window_s=600,
+        tail_max_bytes=10 * size,
+        clock=lambda: now[0],
+    )
+    for event in events:
+        blocks.write([event])
+        now[0] += 0.01  # all within the 600 s window: only the byte cap cuts the tail
+    assert blocks.write_tail() == 10
+    assert _event_steps(tmp_path / "tail.jsonl.zst") == list(range(50, 60))
+    blocks.close()
+    assert _event_steps(tmp_path / "block_000000.jsonl.zst") == list(range(10, 60))

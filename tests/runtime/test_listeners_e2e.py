@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -68,10 +70,11 @@ def _address(hex_addr: str) -> str:
     return str(ipaddress.IPv6Address(words))
 
 
-def _listening() -> dict[str, tuple[str, int]]:
-    """socket inode -> (address, port) of every TCP socket in LISTEN state."""
+def _listening(net: str = "/proc/self/net") -> dict[str, tuple[str, int]]:
+    """socket inode -> (address, port) of every TCP socket in LISTEN state in the network namespace
+    whose ``/proc/<pid>/net`` is ``net`` (this process's own by default: what ``ss`` shows here)."""
     out = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"{net}/tcp", f"{net}/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A":
@@ -89,8 +92,13 @@ def _describe(pid: int) -> tuple[str, str]:
     return comm, cmdline
 
 
-def _sample(pids: set[int], seen: dict[tuple[int, str, int], str], cmdlines: dict[int, str]) -> None:
-    listening = _listening()
+def _sample(
+    pids: set[int],
+    seen: dict[tuple[int, str, int], str],
+    cmdlines: dict[int, str],
+    listening: dict[str, tuple[str, int]] | None = None,
+) -> None:
+    listening = _listening() if listening is None else listening
     for pid in pids:
         comm, cmdline = _describe(pid)
         if cmdline:
@@ -123,7 +131,8 @@ def test_a_single_machine_run_listens_beyond_loopback_only_with_rays_authenticat
     monkeypatch.setenv("TELESCOPE_RUN_SECRET", SECRET)
     run_dir, log = tmp_path / "run", tmp_path / "cli.log"
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=4)))
+    # without the private network namespace: what Ray and Telescope open on the host's network
+    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=4, ray_network_namespace="off")))
     proc = launch(config, log)
     seen: dict[tuple[int, str, int], str] = {}
     cmdlines: dict[int, str] = {}
@@ -163,3 +172,84 @@ def test_a_single_machine_run_listens_beyond_loopback_only_with_rays_authenticat
     assert not [c for c in cmdlines.values() if SECRET in c]
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaked == [] and SECRET not in log.read_text()
+
+
+def _namespace_unusable() -> str | None:
+    from telescope.core.cluster.netns import missing_tools
+
+    if missing_tools():
+        return f"{' and '.join(missing_tools())} not installed"
+    probe = subprocess.run(["unshare", "--user", "--map-current-user", "--net", "true"], capture_output=True)
+    return f"no user namespaces here: {probe.stderr.decode()[-200:]}" if probe.returncode else None
+
+
+def _host_address() -> str | None:
+    """The address other hosts reach this one by (the source address of its default route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            return str(probe.getsockname()[0])
+        except OSError:
+            return None
+
+
+def _refused_from_here(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_a_single_machine_run_in_its_private_network_namespace_listens_on_nothing_outside_it(
+    tmp_path: Path,
+) -> None:
+    """``ray_network_namespace: auto`` (the default): the host's table (``ss``) holds no listener of the
+    run beyond loopback; the run's own namespace holds Ray's every-interface ports, and they refuse a
+    connection from the host at its address."""
+    if reason := _namespace_unusable():
+        pytest.skip(reason)
+    run_dir, log = tmp_path / "run", tmp_path / "cli.log"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings(run_dir, number_of_steps=4)))
+    proc = launch(config, log)
+    here = os.readlink("/proc/self/ns/net")
+    on_host: dict[tuple[int, str, int], str] = {}
+    inside: dict[tuple[int, str, int], str] = {}
+    cmdlines: dict[int, str] = {}
+    namespaces: dict[str, str] = {}  # process -> its network namespace
+    reachable: list[str] = []
+    address = _host_address()
+    deadline = time.time() + 400
+    while proc.poll() is None and time.time() < deadline:
+        pids = _descendants(proc.pid)
+        _sample(pids, on_host, cmdlines)
+        for pid in pids:
+            try:
+                netns = os.readlink(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue
+            namespaces[_describe(pid)[0]] = netns
+            if netns != here:
+                before = set(inside)
+                try:
+                    tables = _listening(f"/proc/{pid}/net")
+                except OSError:  # the process just ended
+                    continue
+                _sample({pid}, inside, cmdlines, tables)
+                host_ports = {port for _, port in _listening().values()}
+                for key in set(inside) - before:
+                    if address and not _loopback(key[1]) and key[2] not in host_ports:
+                        if not _refused_from_here(address, key[2]):
+                            reachable.append(f"{address}:{key[2]} ({inside[key]})")
+        time.sleep(0.5)
+    assert finish(proc, log, 60) == 0, log.read_text()[-3000:]
+
+    outside = sorted(key for key in on_host if not _loopback(key[1]))
+    assert outside == [], f"listeners of the run on the host's network: {outside}"
+    assert namespaces.get("raylet") and namespaces["raylet"] != here, namespaces
+    assert any("transformers_engine.server" in c for c in cmdlines.values()), "the server was never seen"
+    ray_wildcards = [what for (_, addr, _), what in inside.items() if not _loopback(addr)]
+    assert any("raylet" in what or "gcs_server" in what for what in ray_wildcards), inside
+    assert reachable == [], f"reached from the host: {reachable}"

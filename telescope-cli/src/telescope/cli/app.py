@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from telescope.cli.commands import checkpoint as checkpoint_cmd
@@ -82,4 +84,7 @@ _add_optional_commands()
 
 def main() -> None:
     """Console-script entry point."""
+    from telescope.cli import context
+
+    context.program_command = [sys.executable, *sys.orig_argv[1:]]
     app()

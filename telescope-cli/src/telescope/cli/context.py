@@ -9,7 +9,12 @@ from telescope.core.config.loader import resolve_layers
 from telescope.core.plugins import PluginSet, load_plugins, local_plugin_name
 from telescope.core.registry import Registry
 
-__all__ = ["RunContext", "load_run"]
+__all__ = ["RunContext", "load_run", "program_command"]
+
+program_command: list[str] | None = None
+"""This process's command line when it runs as the ``telescope`` program (``app.main``), what
+``telescope train`` runs again inside its private network namespace; None when the app is called from
+Python (tests, notebooks), which then trains in its own process."""
 
 
 class RunContext:

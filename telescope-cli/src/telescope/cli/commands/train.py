@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import typer
 from telescope.cli.context import load_run
 from telescope.cli.errors import run_reporting_failures, say, user_errors
 from telescope.cli.options import PLUGINS, RUN_YAML
+from telescope.core.cluster.netns import INSIDE_ENV
+from telescope.core.config import TelescopeConfig
 
 
 @user_errors
@@ -42,11 +45,15 @@ def train(
         enable_debug_logging()
     engine, why = resolve_inference_engine(cfg.inference_engine)  # auto on a GPU without vLLM: refused here
     summary = startup_summary(cfg, engine, why)  # before the runtime exists (and for --dry-run)
-    say("telescope train", f"{run_yaml}: {summary.line}", style="bold")
-    for line in summary.notes:
-        say("note:", line, style="bold yellow")
+    if os.environ.get(INSIDE_ENV) != "1":  # said once, by the command that started the namespace
+        say("telescope train", f"{run_yaml}: {summary.line}", style="bold")
+        for line in summary.notes:
+            say("note:", line, style="bold yellow")
     if dry_run:
         _dry_run(run)
+    code = _in_private_network(cfg)
+    if code is not None:
+        raise typer.Exit(code=code)
     code = run_reporting_failures(
         lambda: _train(run),
         what="training",
@@ -55,6 +62,47 @@ def train(
         debug=debug,
     )
     raise typer.Exit(code=code)
+
+
+def _in_private_network(cfg: TelescopeConfig) -> int | None:
+    """Run this command again inside the run's private network namespace (``cluster.netns``) and
+    return its exit status; None: train in this process (and say why, when it matters)."""
+    from telescope.cli import context
+    from telescope.core.cluster import netns
+    from telescope.core.cluster.addresses import is_loopback
+    from telescope.core.runtime.cluster import starts_private_cluster
+
+    if os.environ.get(netns.INSIDE_ENV) == "1":
+        return None
+    if context.program_command is None:  # called from Python: this process cannot be moved
+        if cfg.ray_network_namespace == "required":
+            raise netns.NetworkNamespaceError(
+                "ray_network_namespace: required needs the `telescope train` program (a training "
+                "started from Python stays in its process's namespace); run the command, or set auto"
+            )
+        return None
+    private = starts_private_cluster(cfg)
+    open_listeners = [] if is_loopback(cfg.inference_host) else [f"inference_host {cfg.inference_host}"]
+    plan = netns.plan_namespace(
+        cfg.ray_network_namespace, private_cluster=private, open_listeners=open_listeners
+    )
+    if not plan.use:
+        if private and cfg.ray_network_namespace == "auto":
+            say(
+                "note:",
+                f"no private network namespace ({plan.reason}): Ray's ports listen on every "
+                "interface, token-protected (docs/security.md)",
+                style="yellow",
+            )
+        return None
+    say("network:", "private namespace for this run (nothing it listens on is reachable from outside it)")
+    try:
+        return netns.run_inside(context.program_command)
+    except netns.NetworkNamespaceError as exc:
+        if cfg.ray_network_namespace == "required":
+            raise
+        say("note:", f"no private network namespace ({exc}); training without it", style="yellow")
+        return None
 
 
 def _train(run: Any) -> int:

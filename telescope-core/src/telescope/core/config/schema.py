@@ -283,6 +283,12 @@ class TelescopeConfig(BaseModel):
     (never another run's or program's private cluster)."""
     ray_auto_start_local: bool = True
     """Auto-start a local Ray cluster if none is running."""
+    ray_network_namespace: Literal["auto", "required", "off"] = "auto"
+    """`telescope train` with a private Ray cluster runs inside its own network namespace (user-mode
+    outbound network through pasta, no port forwarded in): Ray's ports, which listen on every
+    interface, and every server of the run are reachable from the run only. auto = when the run
+    starts a private cluster, listens on loopback only and `unshare`/`pasta` work here, else it says
+    why not; required = fail instead; off = never (Ray's ports then answer other hosts, token-protected)."""
     ray_namespace: str = "telescope"
     """Ray namespace."""
     ray_log_to_driver: bool = True

@@ -16,7 +16,7 @@ from typing import Any
 from telescope.core import faults
 from telescope.core.config import ConfigError, TelescopeConfig
 
-__all__ = ["Pools", "connect", "reserve_pools", "shutdown"]
+__all__ = ["Pools", "connect", "reserve_pools", "shutdown", "starts_private_cluster"]
 
 log = logging.getLogger("telescope.runtime")
 
@@ -107,6 +107,12 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
     }
 
 
+def starts_private_cluster(cfg: TelescopeConfig) -> bool:
+    """Whether ``connect`` will start this run's own local cluster (no ``ray start`` cluster to
+    join); an explicit address that turns out not to answer is not counted (it may be remote)."""
+    return _resolve_auto(cfg.ray_address, announce=False) == "local"
+
+
 def _start_private(options: dict[str, Any]) -> None:
     """Start this run's own Ray cluster, with Ray's token authentication and a token of this run.
 
@@ -134,7 +140,7 @@ def _start_private(options: dict[str, Any]) -> None:
     )
 
 
-def _resolve_auto(address: str) -> str:
+def _resolve_auto(address: str, announce: bool = True) -> str:
     """``auto``: the cluster ``ray start`` recorded on this machine, else ``local`` (a private one).
 
     Ray's own ``auto`` also joins any cluster it sees running here, including the private
@@ -153,6 +159,8 @@ def _resolve_auto(address: str) -> str:
     if started and started in running and _private_owner(started) is None:
         return str(started)
     others = sorted(running - {started} if started else running)
+    if not announce:
+        return "local"
     if others:
         log.warning(
             "ray_address auto: not joining %s; starting a private local Ray cluster for this run (give "

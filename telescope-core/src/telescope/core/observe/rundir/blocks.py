@@ -9,7 +9,9 @@ when ``flush`` is called (every tick of the hub), when the buffer holds ``FRAME_
 its oldest event is ``EVENT_FLUSH_SECONDS`` old at the next write, and when the block changes;
 ``k`` counts ``event_block_duration_seconds`` windows since the run was created (so a resume
 continues the numbering). It keeps the events of the last ``event_tail_window_seconds`` in
-memory to rewrite ``events/tail.jsonl.zst`` (atomically) when asked. ``StepBlocks`` appends each
+memory to rewrite ``events/tail.jsonl.zst`` (atomically) when asked, at most ``TAIL_MAX_BYTES`` of
+them (oldest dropped first): a driver writing thousands of events a second keeps a bounded tail, and
+every event stays in its block. ``StepBlocks`` appends each
 step's rollouts as one frame (or more, past ``FRAME_MAX_BYTES``) to
 ``rollouts/block_{k}.jsonl.zst`` with ``k = step // rollout_block_size``.
 """
@@ -101,6 +103,10 @@ class _RotatingWriter:
             self._writer = None
 
 
+TAIL_MAX_BYTES = 16 * 2**20
+"""Most bytes of JSON the events tail holds in memory (the window is cut shorter past it)."""
+
+
 class EventBlocks:
     """Timeline events into time blocks plus a rewritable tail window (see module doc)."""
 
@@ -111,6 +117,7 @@ class EventBlocks:
         origin: float,
         block_duration_s: float,
         tail_window_s: float,
+        tail_max_bytes: int = TAIL_MAX_BYTES,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if block_duration_s <= 0 or tail_window_s <= 0:
@@ -124,7 +131,9 @@ class EventBlocks:
         self.tail_window_s = float(tail_window_s)
         self._clock = clock
         self._blocks = _RotatingWriter(folder)
+        self.tail_max_bytes = int(tail_max_bytes)
         self._tail: deque[tuple[float, bytes]] = deque()
+        self._tail_bytes = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._pending_index = 0
@@ -152,6 +161,7 @@ class EventBlocks:
             self._pending.extend(lines)
             self._pending_bytes += sum(len(line) for line in lines)
             self._tail.extend((now, line) for line in lines)
+            self._tail_bytes += sum(len(line) for line in lines)
             self._prune(now)
             if self._pending_bytes >= FRAME_MAX_BYTES or now - self._pending_since >= EVENT_FLUSH_SECONDS:
                 self._flush()
@@ -168,8 +178,9 @@ class EventBlocks:
         self._blocks.writer_for(self._pending_index).write_lines(lines)
 
     def _prune(self, now: float) -> None:
-        while self._tail and self._tail[0][0] < now - self.tail_window_s:
-            self._tail.popleft()
+        oldest = now - self.tail_window_s
+        while self._tail and (self._tail[0][0] < oldest or self._tail_bytes > self.tail_max_bytes):
+            self._tail_bytes -= len(self._tail.popleft()[1])
 
     def write_tail(self) -> int:
         """Rewrite ``tail.jsonl.zst`` with the events written in the last window; returns their count."""
