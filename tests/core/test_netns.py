@@ -64,6 +64,17 @@ def _unusable() -> str | None:
     return f"no user namespaces here: {probe.stderr.decode()[-200:]}" if probe.returncode else None
 
 
+def _pasta_processes() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith(("pasta", "passt")):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 needs_namespaces = pytest.mark.skipif(bool(_unusable()), reason=str(_unusable()))
 
 
@@ -83,7 +94,9 @@ def test_the_command_runs_in_a_new_network_namespace_with_a_routed_interface_and
         sys.exit(7)
         """
     )
+    pastas = _pasta_processes()
     assert netns.run_inside([sys.executable, "-c", script]) == 7
+    assert _pasta_processes() == pastas  # the namespace's network helper ended with the run
     ns, uid, mark, links, routes = report.read_text().splitlines()
     assert ns != os.readlink("/proc/self/ns/net")
     assert uid == str(os.getuid())  # --map-current-user: the same user inside

@@ -24,7 +24,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from telescope.core.config import ConfigError
@@ -114,16 +117,19 @@ def run_inside(argv: list[str]) -> int:
     os.close(go_r)
     try:
         inner_pid = _read_pid(ready_r, child)
-        _start_pasta(inner_pid)
+        pasta = _start_pasta(inner_pid)
     except BaseException:
         os.write(go_w, _GIVE_UP)
         child.wait()
         raise
     finally:
         os.close(ready_r)
-    os.write(go_w, _GO)
-    os.close(go_w)
-    return _wait_forwarding_signals(child, inner_pid)
+    try:
+        os.write(go_w, _GO)
+        os.close(go_w)
+        return _wait_forwarding_signals(child, inner_pid)
+    finally:
+        _stop(pasta)
 
 
 def _read_pid(ready_r: int, child: subprocess.Popen[bytes]) -> int:
@@ -145,18 +151,70 @@ def _read_pid(ready_r: int, child: subprocess.Popen[bytes]) -> int:
     return pid
 
 
-def _start_pasta(pid: int) -> None:
+def _start_pasta(pid: int) -> subprocess.Popen[bytes]:
     """pasta joins ``pid``'s namespaces, gives them a network interface with the host's addresses and
-    routes, forwards no port in either direction, and exits when the namespace is gone."""
-    command = ["pasta", "--config-net", "--quiet", "-t", "none", "-u", "none", "-T", "none", "-U", "none"]
+    routes, and forwards no port in either direction. It runs in the foreground as our child (a
+    daemon pasta outlives the namespace) in its own session (Ctrl-C is for the run, not the network),
+    and dies with us (``PR_SET_PDEATHSIG``); ready once the namespace has a default route."""
+    command = [
+        "pasta",
+        "--foreground",
+        "--config-net",
+        "--quiet",
+        "-t",
+        "none",
+        "-u",
+        "none",
+        "-T",
+        "none",
+        "-U",
+        "none",
+    ]
     if os.geteuid() == 0:
         command += ["--runas", "0"]  # pasta drops root to nobody, who may not enter root's namespace
-    done = subprocess.run([*command, str(pid)], capture_output=True, text=True, timeout=_SETUP_TIMEOUT_S)
-    if done.returncode != 0:
-        raise NetworkNamespaceError(
-            f"pasta could not connect the run's network namespace (exit {done.returncode}): "
-            f"{(done.stderr or done.stdout).strip()[-300:]}"
-        )
+    errors = tempfile.TemporaryFile()
+    pasta = subprocess.Popen(
+        [*command, str(pid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=errors,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    while not _has_default_route(pid):
+        if pasta.poll() is not None or time.monotonic() > deadline:
+            _stop(pasta)
+            errors.seek(0)
+            raise NetworkNamespaceError(
+                f"pasta could not connect the run's network namespace (exit {pasta.returncode}): "
+                f"{errors.read().decode(errors='replace').strip()[-300:]}"
+            )
+        time.sleep(0.02)
+    errors.close()
+    return pasta
+
+
+def _has_default_route(pid: int) -> bool:
+    try:
+        routes = Path(f"/proc/{pid}/net/route").read_text().splitlines()[1:]
+        routes6 = Path(f"/proc/{pid}/net/ipv6_route").read_text().splitlines()
+    except OSError:
+        return False
+    default6 = "0" * 32 + " 00"
+    return any(line.split()[1] == "00000000" for line in routes) or any(
+        r.startswith(default6) for r in routes6
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _wait_forwarding_signals(child: subprocess.Popen[bytes], run_pid: int) -> int:
@@ -181,7 +239,7 @@ def _wait_forwarding_signals(child: subprocess.Popen[bytes], run_pid: int) -> in
 
 def _die_with_parent() -> None:
     """The namespace (and the run in it) ends with the command that started it, even on SIGKILL."""
-    pr_set_pdeathsig = 1  # SIGKILL: unshare ignores SIGTERM; --kill-child then ends the run
+    pr_set_pdeathsig = 1  # SIGKILL: unshare ignores SIGTERM (--kill-child then ends the run)
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 

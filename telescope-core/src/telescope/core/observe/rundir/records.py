@@ -61,8 +61,14 @@ _EVENT_FIELDS = ("name", "step", "group_id", "sample_id", "server", "lane", "ran
 
 
 def _shallow_dict(obj: Any) -> dict[str, Any]:
-    """Field dict without ``asdict``'s deep copy (serialised at once; copying 1k-token lists is slow)."""
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    """Field dict without ``asdict``'s deep copy (serialised at once; copying 1k-token lists is slow).
+    A plain dataclass's ``__dict__`` holds exactly its fields, in order: copying it is ~4x cheaper than
+    a ``getattr`` per field (a driver writes several events per sample)."""
+    fields = obj.__dataclass_fields__
+    values = getattr(obj, "__dict__", None)
+    if values is not None and len(values) == len(fields):
+        return dict(values)
+    return {name: getattr(obj, name) for name in fields}
 
 
 @dataclass
