@@ -99,6 +99,20 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
+def training_pid(sid: int) -> int:
+    """The process that trains in session ``sid`` (launched with ``launch``): the CLI itself, or, when
+    it re-ran itself inside the run's private network namespace (``cluster.netns``), that re-run: the
+    child of ``unshare``."""
+    for pid in session_pids(sid):
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if Path(f"/proc/{parent}/comm").read_text().strip() == "unshare":
+                return pid
+        except (OSError, ValueError):
+            continue
+    return sid
+
+
 def actor_pids(sid: int, actor_class: str) -> list[int]:
     """Processes of session ``sid`` that run a Ray actor of ``actor_class`` (``TrainerWorker``)."""
     out = []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rundriver import finish, launch, run_meta, session_pids, settings, wait_for
+from rundriver import finish, launch, run_meta, session_pids, settings, training_pid, wait_for
 
 from telescope.core.config import ConfigError, load_config
 from telescope.core.plugins import load_plugins
@@ -81,7 +81,8 @@ def test_a_live_run_holds_its_run_dir_against_a_second_run_even_with_overwrite(t
         before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
         out = cli_train(config, "--overwrite")  # --overwrite would delete a finished run: never a live one
         assert out.returncode == 2, out.stderr[-3000:]
-        assert f"run_dir {run_dir.resolve()} is in use by the live run with pid {proc.pid}" in out.stderr
+        holder = training_pid(proc.pid)
+        assert f"run_dir {run_dir.resolve()} is in use by the live run with pid {holder}" in out.stderr
         assert "Traceback" not in out.stderr
         assert set(before) <= set(p.relative_to(run_dir) for p in run_dir.rglob("*"))  # nothing deleted
         assert proc.poll() is None and run_meta(run_dir)["status"] == "running"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rundriver import finish, launch, run_meta, wait_for
+from rundriver import finish, launch, run_meta, training_pid, wait_for
 
 pytest.importorskip("ray")
 
@@ -28,6 +28,7 @@ def test_two_quickstarts_at_once_both_finish(tmp_path: Path) -> None:
         wait_for(
             lambda: "started a private local Ray cluster" in _log(dirs[0]), first, logs[0], timeout_s=180
         )
+        first_pid = training_pid(first.pid)
         second = launch(QUICKSTART, logs[1], "--run_dir", str(dirs[1]), *SHORT)
         procs.append(second)
         assert finish(second, logs[1], 420) == 0, logs[1].read_text()[-3000:]
@@ -43,7 +44,7 @@ def test_two_quickstarts_at_once_both_finish(tmp_path: Path) -> None:
     assert "started a private local Ray cluster" in second_log
     assert "joined the running Ray cluster" not in second_log
     # `auto` saw the first run's cluster and named it
-    assert f"the private cluster of the Telescope run with pid {first.pid} (run_dir {dirs[0]})" in second_log
+    assert f"the private cluster of the Telescope run with pid {first_pid} (run_dir {dirs[0]})" in second_log
     # the first run holds 8100 (or the first free block): the second moved to another block
     moved = re.search(r"inference ports 8100-8100 are in use .* listen on (\d+)-\d+ instead", second_log)
     assert moved is not None and int(moved.group(1)) > 8100, second_log[-2000:]
