@@ -11,7 +11,6 @@ forward (``core.PaddedBatch``); prefill always uses it.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -61,10 +60,36 @@ def _rms_norm(module: Any) -> Fn:
         return cast(Fn, module)
 
     def norm(x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
-        return module.weight * normed.to(x.dtype)
+        if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
+        return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
     return norm
+
+
+def _fuse(modules: list[Any]) -> Fn | None:
+    """One matmul for several plain ``nn.Linear`` of the same input (q/k/v; gate/up), or None.
+
+    Their weights (and biases) are moved into one tensor and each module's parameter becomes a view
+    of its rows: no extra memory, the Hugging Face forward (prefill) reads the same numbers, and an
+    in-place weight update (``param.data.copy_``, as ``weights.load``) lands in the fused tensor.
+    """
+    if any(type(m) is not torch.nn.Linear for m in modules):
+        return None  # a LoRA wrapper or other module: each keeps its own forward
+    biases = [m.bias for m in modules]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    with torch.no_grad():
+        weight = torch.cat([m.weight.data for m in modules])
+        bias = torch.cat([b.data for b in biases]) if biases[0] is not None else None
+        row = 0
+        for m in modules:
+            rows = m.weight.shape[0]
+            m.weight.data = weight[row : row + rows]
+            if bias is not None:
+                m.bias.data = bias[row : row + rows]
+            row += rows
+    return lambda x: F.linear(x, weight, bias)
 
 
 class _Layer:
@@ -73,26 +98,35 @@ class _Layer:
     def __init__(self, layer: Any) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.ln1, self.ln2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
-        self.q, self.k, self.v, self.o = (
-            _linear(attn.q_proj),
-            _linear(attn.k_proj),
-            _linear(attn.v_proj),
-            _linear(attn.o_proj),
-        )
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.qkv = _fuse(projections)
+        self.q, self.k, self.v = (_linear(m) for m in projections)
+        self.o = _linear(attn.o_proj)
         self.q_norm = _rms_norm(attn.q_norm) if hasattr(attn, "q_norm") else None  # Qwen3
         self.k_norm = _rms_norm(attn.k_norm) if hasattr(attn, "k_norm") else None
         self.scaling = float(attn.scaling)
-        gated = all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-        if gated:
-            gate, up, down, act = (
-                _linear(mlp.gate_proj),
-                _linear(mlp.up_proj),
-                _linear(mlp.down_proj),
-                mlp.act_fn,
-            )
-            self.mlp: Fn = lambda x: down(act(gate(x)) * up(x))
-        else:
-            self.mlp = mlp
+        self.mlp: Fn = mlp
+        if all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            down, act = _linear(mlp.down_proj), mlp.act_fn
+            gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
+            if gate_up is not None:
+
+                def fused_mlp(x: torch.Tensor) -> torch.Tensor:
+                    gate, up = gate_up(x).chunk(2, dim=-1)
+                    return down(act(gate) * up)
+
+                self.mlp = fused_mlp
+            else:
+                gate, up = _linear(mlp.gate_proj), _linear(mlp.up_proj)
+                self.mlp = lambda x: down(act(gate(x)) * up(x))
+
+    def project(self, x: torch.Tensor, heads: int, kv_heads: int, dim: int) -> torch.Tensor:
+        """Queries, keys and values of ``x`` [rows, hidden] as [rows, heads + 2 * kv_heads, dim]."""
+        rows = x.shape[0]
+        if self.qkv is not None:
+            return self.qkv(x).view(rows, heads + 2 * kv_heads, dim)
+        parts = (self.q(x), self.k(x), self.v(x))
+        return torch.cat(parts, dim=-1).view(rows, heads + 2 * kv_heads, dim)
 
 
 class SlotDecoder:
@@ -111,10 +145,7 @@ class SlotDecoder:
         attn = inner.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
         self.kv_heads = int(model.config.num_key_value_heads)
-        # the model's own rotary helper: the exact arithmetic of its forward
-        self._rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sys.modules[
-            type(attn).__module__
-        ].apply_rotary_pos_emb
+        self.heads = int(model.config.num_attention_heads)
         self.max_rows, self.max_len = max_rows, max_len
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -135,7 +166,15 @@ class SlotDecoder:
         probe = torch.zeros(1, dtype=self.dtype, device=self.device)
         positions = torch.arange(length, device=self.device).unsqueeze(0)
         cos, sin = self.model.model.rotary_emb(probe, positions)
-        self._cos, self._sin = cos[0], sin[0]
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated): one table, no cat
+        self._cos, self._sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary positions on x [rows, heads, dim] (the model's ``x * cos + rotate_half(x) * sin``)."""
+        rows, heads, dim = x.shape
+        swapped = x.reshape(rows, heads, 2, dim // 2).flip(2).reshape(rows, heads, dim)
+        return torch.addcmul(x * cos, swapped, sin)
 
     def _allocate(self, rows: int, cols: int) -> None:
         """(Re)allocate to at least ``rows`` x ``cols``, keeping the running rows' contents."""
@@ -200,44 +239,56 @@ class SlotDecoder:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``tokens`` [rows]); returns the next-token logits [rows, vocab]."""
-        rows = self.rows
+        rows, heads, kv_heads, dim = self.rows, self.heads, self.kv_heads, self.head_dim
         width = max(self._lens) + 1
         self._ensure(rows, width)
         self._rope_table(width)
         lens = self.lens  # each row's new token sits after its tokens: at position lens[r]
-        hidden = self.model.model.embed_tokens(tokens.unsqueeze(1))  # [rows, 1, hidden]
-        cos, sin = self._cos[lens].unsqueeze(1), self._sin[lens].unsqueeze(1)  # [rows, 1, head_dim]
-        # [rows, 1, 1, width], added to the scores: row r sees its columns 0..lens[r] (the new token included)
-        seen = torch.arange(width, device=self.device) <= lens.unsqueeze(1)
-        mask = torch.zeros(rows, 1, 1, width, dtype=torch.float32, device=self.device)
-        mask.masked_fill_(~seen.view(rows, 1, 1, width), float("-inf"))
+        hidden = self.model.model.embed_tokens(tokens)  # [rows, hidden]
+        cos, sin = self._cos[lens].unsqueeze(1), self._sin[lens].unsqueeze(1)  # [rows, 1, dim]
+        mask = self._mask(lens, width)
         at = torch.arange(rows, device=self.device)
-        shape = (rows, 1, -1, self.head_dim)
         for layer, (keys, values) in zip(self.layers, self.kv, strict=True):
-            x = layer.ln1(hidden)
-            q, k, v = layer.q(x).view(shape), layer.k(x).view(shape), layer.v(x).view(shape)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
-            q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            keys[at, :, lens] = k[:, :, 0]  # in place: no copy of the cache per step
-            values[at, :, lens] = v[:, 0]
-            out = self._attend(q, keys[:rows, :, :width], values[:rows, :, :width], mask, layer.scaling)
+            qkv = layer.project(layer.ln1(hidden), heads, kv_heads, dim)
+            qk = qkv[:, : heads + kv_heads]
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: RMS norm per head
+                qk = torch.cat([layer.q_norm(qk[:, :heads]), layer.k_norm(qk[:, heads:])], dim=1)
+            qk = self._rotate(qk, cos, sin)  # queries and keys together: one set of kernels
+            keys[at, :, lens] = qk[:, heads:]  # in place: no copy of the cache per step
+            values[at, :, lens] = qkv[:, heads + kv_heads :]
+            out = self._attend(qk[:, :heads], keys[:rows, :, :width], values[:rows, :, :width], mask, layer)
             hidden = hidden + layer.o(out)
             hidden = hidden + layer.mlp(layer.ln2(hidden))
-        logits = self.lm_head(self.final_norm(hidden[:, -1]))
+        logits = self.lm_head(self.final_norm(hidden))
         self._lens = [n + 1 for n in self._lens]
         self.lens += 1
         return logits
 
+    def _mask(self, lens: torch.Tensor, width: int) -> torch.Tensor:
+        """Added to the scores [rows * kv_heads, group, width]: row r sees columns 0..lens[r] (the new
+        token included), -inf beyond."""
+        rows = lens.shape[0]
+        hidden = torch.arange(width, device=self.device) > lens.unsqueeze(1)
+        mask = torch.zeros(rows, width, dtype=torch.float32, device=self.device).masked_fill_(
+            hidden, float("-inf")
+        )
+        return mask.repeat_interleave(self.kv_heads, dim=0).unsqueeze(1)
+
     def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, layer: _Layer
     ) -> torch.Tensor:
-        """Attention of one query per row: q [rows, heads, 1, dim] over keys/values [rows, kv_heads, width,
-        dim]; returns [rows, 1, heads * dim]. Two batched matmuls: for a single query, torch's fused CPU
-        kernel (flash attention) costs several times more. The query heads sharing a key/value head
-        (grouped-query attention: heads h = kv * group + j, as ``repeat_kv``) form that head's rows."""
-        rows, heads = q.shape[0], q.shape[1]
-        grouped = q.reshape(rows, self.kv_heads, heads // self.kv_heads, self.head_dim)
-        scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * scale + mask
+        """Attention of one query per row: q [rows, heads, dim] over keys/values [rows, kv_heads, width,
+        dim]; returns [rows, heads * dim]. Batched matmuls: for a single query torch's fused CPU kernel
+        (flash attention) costs several times more. The query heads sharing a key/value head
+        (grouped-query attention: head h reads kv head h // group, as ``repeat_kv``) are its rows."""
+        rows, heads, dim = q.shape
+        width = keys.shape[2]
+        q3 = q.reshape(rows * self.kv_heads, heads // self.kv_heads, dim)
+        k3 = keys.reshape(rows * self.kv_heads, width, dim)
+        v3 = values.reshape(rows * self.kv_heads, width, dim)
+        if q.dtype == torch.float32:
+            scores = torch.baddbmm(mask, q3, k3.transpose(1, 2), alpha=layer.scaling)
+        else:  # half precision: scores and softmax in float32, as the fused kernels do
+            scores = torch.bmm(q3, k3.transpose(1, 2)).float() * layer.scaling + mask
         probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(probs, values).reshape(rows, 1, heads * self.head_dim)
+        return torch.bmm(probs, v3).reshape(rows, heads * dim)
