@@ -131,3 +131,50 @@ def test_other_architectures_keep_the_hugging_face_forward() -> None:
         assert not isinstance(engine.batch, SlotDecoder)
     finally:
         engine.stop()
+
+
+def test_in_place_weight_updates_reach_the_fused_projections(tiny_path: str) -> None:
+    """The engine fuses q/k/v and gate/up into one tensor each; a weight update written into the
+    modules' parameters in place (as ``weights.load`` does) must change what it decodes, exactly as
+    the same update changes an untouched copy of the model."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+    reference = copy.deepcopy(model)
+    options = EngineOptions(8, 256, "fcfs", 0, frozenset())
+    engine = GenerationEngine(model, options)
+    prompt = [5, 9, 14, 3, 8]
+    names = ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"]
+    gen = torch.Generator().manual_seed(3)
+    updates = {n: torch.randn(dict(model.named_parameters())[n].shape, generator=gen) for n in names}
+
+    def greedy() -> list[int]:
+        done = threading.Event()
+        request = RequestState(f"r{random.random()}", 0, lambda _: done.set())
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        request.sequences = [Sequence(request, 0, prompt, params)]
+        engine.submit(request)
+        assert done.wait(60)
+        return request.sequences[0].output_ids
+
+    def expected() -> list[int]:
+        out = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        return out[0, len(prompt) :].tolist()
+
+    try:
+        before = expected()
+        assert greedy() == before
+        params = dict(model.named_parameters())
+        engine.run_between_steps(lambda: [params[n].data.copy_(t) for n, t in updates.items()])
+        with torch.no_grad():
+            for n, t in updates.items():
+                dict(reference.named_parameters())[n].copy_(t)
+        after = expected()
+        assert after != before, "the update changes greedy decoding"
+        assert greedy() == after
+    finally:
+        engine.stop()

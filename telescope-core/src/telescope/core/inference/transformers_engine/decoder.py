@@ -154,21 +154,24 @@ class SlotDecoder:
         self._lens: list[int] = []  # host copy: the longest row sizes the attention window without a sync
         self.kv: KV = []
         self._allocate(0, 0)
-        self._cos = self._sin = torch.zeros(0)
+        self._rope = self._columns = torch.zeros(0)
+        self._row_index = torch.arange(max_rows, device=self.device)
         self._rope_table(64)
 
     def _rope_table(self, length: int) -> None:
         """cos/sin of positions 0..length-1 by the model's rotary module (elementwise in the position,
         so a table row equals what the module computes for that position alone)."""
-        if self._cos.shape[0] >= length:
+        if self._rope.shape[0] >= length:
             return
-        length = min(max(length, 2 * self._cos.shape[0]), self.max_len)
+        length = min(max(length, 2 * self._rope.shape[0]), self.max_len)
         probe = torch.zeros(1, dtype=self.dtype, device=self.device)
         positions = torch.arange(length, device=self.device).unsqueeze(0)
         cos, sin = self.model.model.rotary_emb(probe, positions)
         half = self.head_dim // 2
         # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated): one table, no cat
-        self._cos, self._sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        self._rope = torch.stack([cos[0], signed_sin], dim=1)  # [length, 2, dim]: one gather per step
+        self._columns = torch.arange(length, device=self.device)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary positions on x [rows, heads, dim] (the model's ``x * cos + rotate_half(x) * sin``)."""
@@ -245,9 +248,10 @@ class SlotDecoder:
         self._rope_table(width)
         lens = self.lens  # each row's new token sits after its tokens: at position lens[r]
         hidden = self.model.model.embed_tokens(tokens)  # [rows, hidden]
-        cos, sin = self._cos[lens].unsqueeze(1), self._sin[lens].unsqueeze(1)  # [rows, 1, dim]
+        rope = self._rope[lens]
+        cos, sin = rope[:, :1], rope[:, 1:]  # [rows, 1, dim]
         mask = self._mask(lens, width)
-        at = torch.arange(rows, device=self.device)
+        at = self._row_index[:rows]
         for layer, (keys, values) in zip(self.layers, self.kv, strict=True):
             qkv = layer.project(layer.ln1(hidden), heads, kv_heads, dim)
             qk = qkv[:, : heads + kv_heads]
@@ -267,11 +271,7 @@ class SlotDecoder:
     def _mask(self, lens: torch.Tensor, width: int) -> torch.Tensor:
         """Added to the scores [rows * kv_heads, group, width]: row r sees columns 0..lens[r] (the new
         token included), -inf beyond."""
-        rows = lens.shape[0]
-        hidden = torch.arange(width, device=self.device) > lens.unsqueeze(1)
-        mask = torch.zeros(rows, width, dtype=torch.float32, device=self.device).masked_fill_(
-            hidden, float("-inf")
-        )
+        mask = torch.where(self._columns[:width] > lens.unsqueeze(1), float("-inf"), 0.0)
         return mask.repeat_interleave(self.kv_heads, dim=0).unsqueeze(1)
 
     def _attend(
