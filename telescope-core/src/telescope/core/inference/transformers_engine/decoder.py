@@ -92,6 +92,13 @@ def _fuse(modules: list[Any]) -> Fn | None:
     return lambda x: F.linear(x, weight, bias)
 
 
+def _residual(module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``(residual, x) -> residual + module(x)``; one ``addmm`` for a plain bias-free ``nn.Linear``."""
+    if type(module) is torch.nn.Linear and module.bias is None:
+        return lambda residual, x: torch.addmm(residual, x, module.weight.t())
+    return lambda residual, x: residual + module(x)
+
+
 class _Layer:
     """The callables of one decoder layer, resolved once."""
 
@@ -101,24 +108,25 @@ class _Layer:
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
         self.qkv = _fuse(projections)
         self.q, self.k, self.v = (_linear(m) for m in projections)
-        self.o = _linear(attn.o_proj)
+        self.o = _residual(attn.o_proj)
         self.q_norm = _rms_norm(attn.q_norm) if hasattr(attn, "q_norm") else None  # Qwen3
         self.k_norm = _rms_norm(attn.k_norm) if hasattr(attn, "k_norm") else None
         self.scaling = float(attn.scaling)
-        self.mlp: Fn = mlp
+        self.mlp: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _residual(mlp)
+        """(residual, x) -> residual + mlp(x)."""
         if all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            down, act = _linear(mlp.down_proj), mlp.act_fn
+            down, act = _residual(mlp.down_proj), mlp.act_fn
             gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
             if gate_up is not None:
 
-                def fused_mlp(x: torch.Tensor) -> torch.Tensor:
+                def fused_mlp(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
                     gate, up = gate_up(x).chunk(2, dim=-1)
-                    return down(act(gate) * up)
+                    return down(residual, act(gate) * up)
 
                 self.mlp = fused_mlp
             else:
                 gate, up = _linear(mlp.gate_proj), _linear(mlp.up_proj)
-                self.mlp = lambda x: down(act(gate(x)) * up(x))
+                self.mlp = lambda residual, x: down(residual, act(gate(x)) * up(x))
 
     def project(self, x: torch.Tensor, heads: int, kv_heads: int, dim: int) -> torch.Tensor:
         """Queries, keys and values of ``x`` [rows, hidden] as [rows, heads + 2 * kv_heads, dim]."""
@@ -261,8 +269,8 @@ class SlotDecoder:
             keys[at, :, lens] = qk[:, heads:]  # in place: no copy of the cache per step
             values[at, :, lens] = qkv[:, heads + kv_heads :]
             out = self._attend(qk[:, :heads], keys[:rows, :, :width], values[:rows, :, :width], mask, layer)
-            hidden = hidden + layer.o(out)
-            hidden = hidden + layer.mlp(layer.ln2(hidden))
+            hidden = layer.o(hidden, out)  # hidden + o_proj(out)
+            hidden = layer.mlp(hidden, layer.ln2(hidden))
         logits = self.lm_head(self.final_norm(hidden))
         self._lens = [n + 1 for n in self._lens]
         self.lens += 1
