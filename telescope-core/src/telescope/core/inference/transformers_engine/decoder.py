@@ -242,8 +242,8 @@ class SlotDecoder:
             index = torch.tensor(rows, dtype=torch.long, device=self.device)
             used = max(self._lens[r] for r in rows)
             for k, v in self.kv:
-                k[: len(rows), :, :used] = k.index_select(0, index)[:, :, :used]
-                v[: len(rows), :, :used] = v.index_select(0, index)[:, :, :used]
+                k[: len(rows), :, :used] = k[:, :, :used].index_select(0, index)
+                v[: len(rows), :, :used] = v[:, :, :used].index_select(0, index)
         self._lens = [self._lens[r] for r in rows]
         self.rows = len(rows)
         self.lens = torch.tensor(self._lens, dtype=torch.long, device=self.device)
