@@ -174,13 +174,13 @@ def other_ray(prefix: str) -> int:
     )
 
 
-def reap(prefix: str) -> list[str]:
+def reap(prefix: str, grace_s: float = LEFTOVER_GRACE_S) -> list[str]:
     """Wait for this benchmark's processes to end; kill the ones still there after the grace period.
 
     Ray's daemons normally end a few seconds after their driver; one that does not would hold
     cores and memory through the next run, which then measures two things at once.
     """
-    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    deadline = time.monotonic() + grace_s
     while (alive := tagged(prefix)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if not alive:
@@ -204,7 +204,11 @@ def run_child(argv: list[str], tag: str, log: Path) -> None:
     """Run one child process with this run's tag, its output in ``log``; name the log on failure."""
     env = {**os.environ, TAG_VAR: tag}
     with log.open("w") as out:
-        done = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        try:
+            done = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        except BaseException:  # Ctrl-C or SIGTERM: the run's processes must not outlive the harness
+            reap(tag, grace_s=2.0)
+            raise
     if done.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-30:])
         raise RuntimeError(f"{argv[1:4]} exited with {done.returncode}; its log {log} ends:\n{tail}")
@@ -589,6 +593,8 @@ def main() -> None:
     for hidden in ("--child", "--workload", "--model-dir", "--prompts", "--out", "--root"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     a = parser.parse_args()
+    # SIGTERM (``timeout``, ``kill``) unwinds like Ctrl-C, so the running child is reaped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if a.child:
         child_main(a)
         return
