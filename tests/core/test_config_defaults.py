@@ -29,6 +29,8 @@ ADDED_FIELDS = {
     "stall_timeout_s": 1800.0,
     "trainer_overdue_factor": 10.0,
     "trainer_overdue_floor_s": 60.0,
+    "inference_overdue_factor": 10.0,
+    "inference_overdue_floor_s": 60.0,
     "overwrite": False,
     "checkpoint_failure": "stop",
     "inference_dtype": None,
