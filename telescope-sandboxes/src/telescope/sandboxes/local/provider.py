@@ -352,7 +352,7 @@ class LocalSandboxProvider(SandboxProvider):
         if self.bwrap is None:
             await asyncio.to_thread(_kill_strays, handle.id)
         if box.cgroup is not None:
-            await asyncio.to_thread(box.cgroup.remove)
+            await asyncio.to_thread(_remove_cgroup, box.cgroup)
         await asyncio.to_thread(box.workspace.remove)
 
     def _destroy_sync(self, handle: SandboxHandle) -> None:
@@ -361,7 +361,7 @@ class LocalSandboxProvider(SandboxProvider):
         if self.bwrap is None:
             _kill_strays(handle.id)
         if box.cgroup is not None:
-            box.cgroup.remove()
+            _remove_cgroup(box.cgroup)
         box.workspace.remove()
 
     @staticmethod
@@ -390,6 +390,16 @@ def _kill_strays(sandbox_id: str) -> int:
         except OSError:
             continue
     return killed
+
+
+def _remove_cgroup(cgroup: SandboxCgroup) -> None:
+    """Remove a sandbox's cgroup; one left behind (processes not reaped in time) is only a warning."""
+    try:
+        cgroup.remove()
+    except OSError as exc:
+        _log.warning(
+            "local sandbox: cgroup %s not removed (%s); remove it with rmdir once empty", cgroup.path, exc
+        )
 
 
 def _joining(cgroup: SandboxCgroup, preexec: Callable[[], None]) -> Callable[[], None]:
