@@ -131,6 +131,36 @@ def test_a_frozen_server_is_killed_restarted_and_nothing_is_lost_or_trained_twic
     assert time.time() - frozen_at < 30
 
 
+def test_a_server_frozen_during_a_weight_sync_is_killed_restarted_and_synced_again(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    orch, trainer, _, healer = build_servers(tokenizer, 2, number_of_steps=8, inference_overdue_floor_s=0.2)
+    orch.servers.watch_every_s = 0.05
+    client, sync = healer.clients[1], trainer.sync_weights
+    frozen_in: list[int] = []
+
+    async def sync_freezing_at_4(version: int, hold: frozenset[int] = frozenset()) -> dict[str, float]:
+        if version == 4 and not frozen_in:  # server 1 stops mid-sync: its receive never answers
+            frozen_in.append(version)
+            client.frozen = True
+            while client.alive:
+                await asyncio.sleep(0.005)
+            raise ConnectionError("server disconnected")  # its receive, once it was killed
+        result: dict[str, float] = await sync(version, hold)
+        return result
+
+    trainer.sync_weights = sync_freezing_at_4
+    counts = asyncio.run(asyncio.wait_for(orch.run(), timeout=30))
+    assert counts.completed_steps == 8 and counts.inference_restarts == 1 and set(healer.killed) == {1}
+    assert [server for server, _ in healer.restarted] == [1]
+    assert trainer.versions.count(4) == 1  # the sync of version 4 was done again, after the restart
+    lines = [r.getMessage() for r in caplog.records if "is frozen or hung" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "inference server 1 (pid 4001 on node 10.0.0.1) is frozen or hung: the weight sync of version 4 has waited "
+    ), lines
+    assert orch.lanes.enabled(1)  # serving again
+
+
 def test_a_server_that_keeps_freezing_ends_the_run_with_one_line(tokenizer: Any) -> None:
     orch, _, _, _ = build_servers(
         tokenizer,

@@ -16,8 +16,10 @@ holding the sync lock:
 
 Each server is restarted at most ``inference_max_restarts`` times; past that it is dropped
 (the group re-formed without it) while other servers remain, else the run fails with the
-server's last log line. A server dying *during* a broadcast is not healed: the
-broadcast fails (or times out after ``ray_broadcast_init_timeout_s``) and ends the run.
+server's last log line. A server that *freezes* during a broadcast is killed once the broadcast
+has waited ``inference_overdue_floor_s`` with its ``/health`` silent, restarted, and the broadcast
+done again (``InferenceSupervisor._broadcast``). A server dying during a broadcast is not healed:
+the broadcast fails (or times out after ``ray_broadcast_init_timeout_s``) and ends the run.
 """
 
 from __future__ import annotations

@@ -125,13 +125,66 @@ class InferenceSupervisor:
             self._healing.clear()
             return sync
 
-    async def _broadcast(self, version: int) -> dict[str, Any]:
+    async def _broadcast(self, version: int, again: bool = True) -> dict[str, Any]:
+        """The trainer's sync to every server (sync lock held); a server frozen during it is killed,
+        restarted (which re-forms the sync group) and the sync done ``again``, once."""
         self.run.event("weight_sync", "start", step=version)
         self.last_sync_hold = frozenset(self.held_servers)
-        sync = dict(await self.run.trainer.sync_weights(version, self.last_sync_hold))
+        task = asyncio.ensure_future(self.run.trainer.sync_weights(version, self.last_sync_hold))
+        frozen = await self._frozen_during(task, version)
+        try:
+            sync = dict(await task)
+        except Exception:
+            if not frozen or not again:
+                raise
+            for server in sorted(frozen):
+                self._healing.add(server)
+                self.lanes.set_enabled({server}, False)
+                if not await self._restart(server, "stopped answering"):
+                    frozen.discard(server)  # dropped: the group was re-formed without it
+            sync = await self._broadcast(version, again=False)
+            self.restore(frozen)
+            self._healing -= frozen
+            return sync
         digest = str(sync.pop("digest", ""))
         self.run.event("weight_sync", "end", step=version, version=version, digest=digest)
         return sync
+
+    async def _frozen_during(self, task: asyncio.Future[Any], version: int) -> set[int]:
+        """Wait for a weight sync; past ``inference_overdue_floor_s``, a server whose ``/health`` is
+        silent is frozen: its receive would hold the sync for the client's hour. Killed (its receive
+        then fails, and so the sync) and returned."""
+        frozen: set[int] = set()
+        started = time.monotonic()
+        while not task.done():
+            await asyncio.wait({task}, timeout=self.watch_every_s)
+            waited = time.monotonic() - started
+            if (
+                task.done()
+                or self.healer is None
+                or self.overdue_factor <= 0
+                or waited < self.overdue_floor_s
+            ):
+                continue
+            for server in range(self.num_servers):
+                if server in self._dropped or server in frozen or task.done():
+                    continue
+                if await self.healer.healthy(server):
+                    continue
+                log.error(
+                    "inference server %d (%s) is frozen or hung: the weight sync of version %d has waited %s "
+                    "(inference_overdue_floor_s %gs) and its /health does not answer: killing it (SIGKILL) and "
+                    "restarting it, then syncing again",
+                    server,
+                    await self.healer.where(server),
+                    version,
+                    format_seconds(time.monotonic() - started),
+                    self.overdue_floor_s,
+                )
+                self.run.event("run", "instant", name="inference_frozen", server=server)
+                frozen.add(server)
+                await self.healer.kill(server)
+        return frozen
 
     async def lost(self, server: int) -> bool:
         """After a failed request: is the server dead? If so, it is being (or will be) restarted."""
