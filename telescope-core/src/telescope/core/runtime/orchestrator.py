@@ -335,9 +335,15 @@ class Orchestrator:
 
     async def _cancel_group(self, gid: int, reason: str | None, requeue: bool = False) -> None:
         """Cancel a running group: ``reason`` counts it as discarded; ``requeue`` serves its prompt again."""
+        dropped = self._drop_group(gid, reason, requeue)
+        if dropped is not None:
+            await self._abort(*dropped)
+
+    def _drop_group(self, gid: int, reason: str | None, requeue: bool) -> tuple[int, list[str]] | None:
+        """``_cancel_group`` without the abort (no await): its server and the request ids to abort."""
         group = self._groups.pop(gid, None)
         if group is None:
-            return
+            return None
         if requeue:
             self.prompts.requeue([group.prepared.item])
         self.lanes.drop_group(gid)
@@ -345,20 +351,28 @@ class Orchestrator:
         if reason is not None:
             self.counts.cancelled_samples += len(ids)
             self._discard(group.cancelled(self.counts.model_version, reason, len(ids)))
-        if ids:
-            try:
-                # bounded: a frozen server never answers, and its abort would hold the drain (or the
-                # run's shutdown) for the client's hour
-                abort = self.clients[group.server].abort(ids)
-                self.counts.aborted_requests += await asyncio.wait_for(abort, timeout=ABORT_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
-                log.debug("abort of %s failed: %s", ids, exc)
+        return group.server, ids
+
+    async def _abort(self, server: int, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            # bounded: a frozen server never answers, and its abort would hold the run's shutdown
+            # for the client's hour
+            abort = self.clients[server].abort(ids)
+            self.counts.aborted_requests += await asyncio.wait_for(abort, timeout=ABORT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
+            log.debug("abort of %s failed: %s", ids, exc)
 
     async def requeue_groups(self, servers: set[int]) -> int:
-        """Cancel the groups on ``servers`` and serve their prompts again (same group ids)."""
+        """Cancel the groups on ``servers`` and serve their prompts again (same group ids).
+
+        Every group is cancelled before the first abort is awaited: none of them completes
+        meanwhile (a server being restarted gives back all its groups, never some)."""
         gids = [gid for gid, g in self._groups.items() if g.server in servers]
-        for gid in gids:
-            await self._cancel_group(gid, reason=None, requeue=True)
+        dropped = [d for gid in gids if (d := self._drop_group(gid, None, requeue=True)) is not None]
+        for server, ids in dropped:
+            await self._abort(server, ids)
         return len(gids)
 
     async def _cancel_stale(self) -> None:

@@ -130,11 +130,13 @@ class InferenceSupervisor:
         restarted (which re-forms the sync group) and the sync done ``again``, once."""
         self.run.event("weight_sync", "start", step=version)
         self.last_sync_hold = frozenset(self.held_servers)
-        task = asyncio.ensure_future(self.run.trainer.sync_weights(version, self.last_sync_hold))
-        frozen = await self._frozen_during(task, version)
+        frozen: set[int] = set()
+        # beside the sync, not around it: awaited directly, the sync yields no more than before
+        probe = asyncio.ensure_future(self._frozen_during(version, frozen))
         try:
-            sync = dict(await task)
+            sync = dict(await self.run.trainer.sync_weights(version, self.last_sync_hold))
         except Exception:
+            probe.cancel()  # the sync done again has its own
             if not frozen or not again:
                 raise
             for server in sorted(frozen):
@@ -146,30 +148,25 @@ class InferenceSupervisor:
             self.restore(frozen)
             self._healing -= frozen
             return sync
+        finally:
+            probe.cancel()
         digest = str(sync.pop("digest", ""))
         self.run.event("weight_sync", "end", step=version, version=version, digest=digest)
         return sync
 
-    async def _frozen_during(self, task: asyncio.Future[Any], version: int) -> set[int]:
-        """Wait for a weight sync; past ``inference_overdue_floor_s``, a server whose ``/health`` is
-        silent is frozen: its receive would hold the sync for the client's hour. Killed (its receive
-        then fails, and so the sync) and returned."""
-        frozen: set[int] = set()
+    async def _frozen_during(self, version: int, frozen: set[int]) -> None:
+        """Beside a weight sync (cancelled when it ends): past ``inference_overdue_floor_s``, a server
+        whose ``/health`` is silent is frozen, its receive would hold the sync for the client's hour.
+        Killed (its receive then fails, and so the sync) and added to ``frozen``."""
+        if self.healer is None or self.overdue_factor <= 0:
+            return
         started = time.monotonic()
-        while not task.done():
-            await asyncio.wait({task}, timeout=self.watch_every_s)
-            waited = time.monotonic() - started
-            if (
-                task.done()
-                or self.healer is None
-                or self.overdue_factor <= 0
-                or waited < self.overdue_floor_s
-            ):
+        while True:
+            await asyncio.sleep(self.watch_every_s)
+            if time.monotonic() - started < self.overdue_floor_s:
                 continue
             for server in range(self.num_servers):
-                if server in self._dropped or server in frozen or task.done():
-                    continue
-                if await self.healer.healthy(server):
+                if server in self._dropped or server in frozen or await self.healer.healthy(server):
                     continue
                 log.error(
                     "inference server %d (%s) is frozen or hung: the weight sync of version %d has waited %s "
@@ -184,7 +181,6 @@ class InferenceSupervisor:
                 self.run.event("run", "instant", name="inference_frozen", server=server)
                 frozen.add(server)
                 await self.healer.kill(server)
-        return frozen
 
     async def lost(self, server: int) -> bool:
         """After a failed request: is the server dead? If so, it is being (or will be) restarted."""
