@@ -1,18 +1,29 @@
-"""Tokens/s of the transformers engine (HTTP server + batcher) next to plain ``model.generate``.
+"""Tokens/s of the transformers engine (HTTP server + batcher) next to plain ``model.generate`` and
+transformers' own continuous batching (``ContinuousBatchingManager``).
 
     .venv/bin/python bench/inference.py [--model telescope/tiny] [--concurrency 1,8,32] [--max-tokens 64]
 
-Same prompts, same number of generated tokens (``ignore_eos``), sampling at temperature 1. The
-engine serves ``c`` concurrent HTTP requests (one sample each) on 127.0.0.1; ``generate`` runs
-the same ``c`` prompts as one left-padded batch with a KV cache. Figures are medians of --reps.
+Same prompts, same number of generated tokens (``ignore_eos``; eos disabled for the others), sampling
+at temperature 1 with no top-k/top-p, one torch thread on every side. The engine serves ``c``
+concurrent HTTP requests (one sample each) on 127.0.0.1, answers included. ``generate`` runs the same
+``c`` prompts as one left-padded batch, with its default dynamic KV cache and with a static one; the
+ratio is against the faster of the two. ``cb`` is ``ContinuousBatchingManager`` in this process (no
+HTTP: it has no server), fed the ``c`` prompts at once. Sides run interleaved (engine, generate,
+generate-static, cb, engine, ...) so load from other processes hits them alike; each cell is the
+median (and best) of ``--reps`` timed runs after one warm-up, and ``load`` is ``os.getloadavg()``
+when the row ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -33,11 +44,15 @@ async def engine_run(url: str, batch: list[list[int]], max_tokens: int) -> int:
     return sum(len(o[0].token_ids) for o in outs)
 
 
-def generate_run(model, batch: list[list[int]], max_tokens: int) -> int:  # type: ignore[no-untyped-def]
+def engine_sync(url: str, batch: list[list[int]], max_tokens: int) -> int:
+    return asyncio.run(engine_run(url, batch, max_tokens))
+
+
+def generate_run(model: Any, batch: list[list[int]], max_tokens: int, cache: str | None = None) -> int:
     width = max(len(p) for p in batch)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-    with torch.no_grad():
+    with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -48,18 +63,51 @@ def generate_run(model, batch: list[list[int]], max_tokens: int) -> int:  # type
             top_p=None,
             top_k=None,
             pad_token_id=0,
+            cache_implementation=cache,
         )
     return int((out.shape[1] - width) * len(batch))
 
 
-def timed(fn, reps: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    fn()  # warm-up
-    samples, tokens = [], 0
+def cb_manager(model: Any, max_tokens: int) -> Any:
+    """A started ``ContinuousBatchingManager`` sampling like the other sides (eos disabled)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=max_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        eos_token_id=-1,
+        pad_token_id=0,
+    )
+    manager = model.init_continuous_batching(generation_config=config)
+    manager.start()
+    return manager
+
+
+def cb_run(manager: Any, batch: list[list[int]], max_tokens: int) -> int:
+    ids = manager.add_requests(inputs=batch, max_new_tokens=max_tokens)
+    tokens = 0
+    for _ in ids:
+        result = manager.get_result(timeout=600)
+        if result is None:
+            raise RuntimeError("ContinuousBatchingManager returned no result within 600 s")
+        tokens += len(result.generated_tokens)
+    return tokens
+
+
+def interleaved(sides: dict[str, Callable[[], int]], reps: int) -> dict[str, list[float]]:
+    """Tokens/s of each side per rep, the sides taking turns within each rep (after one warm-up each)."""
+    for fn in sides.values():
+        fn()
+    rates: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(reps):
-        start = time.perf_counter()
-        tokens = fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples), tokens
+        for name, fn in sides.items():
+            start = time.perf_counter()
+            tokens = fn()
+            rates[name].append(tokens / (time.perf_counter() - start))
+    return rates
 
 
 def main() -> None:
@@ -67,8 +115,10 @@ def main() -> None:
     parser.add_argument("--model", default="telescope/tiny")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (both sides)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (all sides)")
+    parser.add_argument("--no-static", action="store_true", help="skip generate with a static cache")
+    parser.add_argument("--no-cb", action="store_true", help="skip ContinuousBatchingManager (warm-up ~30 s)")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -79,26 +129,45 @@ def main() -> None:
     from telescope.core.testing import make_config
     from telescope.core.weights.group import free_port
 
+    torch.set_num_threads(args.threads)
     cfg = make_config(model=args.model, max_model_len=1024, enable_vllm_tracing=False)
     server = start_in_thread(
         cfg, TransformersEngineKwargs(max_num_seqs=64, num_threads=args.threads), port=free_port()
     )
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model)).eval()
+    manager = None if args.no_cb else cb_manager(model, args.max_tokens)
     print(
         f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.threads} thread(s), "
-        f"{args.max_tokens} tokens per sample, median of {args.reps}"
+        f"{args.max_tokens} tokens per sample, tok/s median (best) of {args.reps} interleaved reps"
     )
-    print(f"{'concurrent':>10} {'engine tok/s':>13} {'generate tok/s':>15} {'ratio':>6}")
+    names = (
+        ["engine", "generate"]
+        + ([] if args.no_static else ["gen-static"])
+        + ([] if manager is None else ["cb"])
+    )
+    print(f"{'concurrent':>10} " + " ".join(f"{n:>16}" for n in names) + f" {'engine/gen':>16} {'load':>16}")
     try:
         for count in (int(c) for c in args.concurrency.split(",")):
             batch = prompts(count)
-            t_engine, n_engine = timed(
-                lambda b=batch: asyncio.run(engine_run(server.url, b, args.max_tokens)), args.reps
-            )
-            t_gen, n_gen = timed(lambda b=batch: generate_run(model, b, args.max_tokens), args.reps)
-            rate_engine, rate_gen = n_engine / t_engine, n_gen / t_gen
-            print(f"{count:>10} {rate_engine:>13.0f} {rate_gen:>15.0f} {rate_engine / rate_gen:>6.2f}")
+            sides: dict[str, Callable[[], int]] = {
+                "engine": partial(engine_sync, server.url, batch, args.max_tokens),
+                "generate": partial(generate_run, model, batch, args.max_tokens),
+            }
+            if not args.no_static:
+                sides["gen-static"] = partial(generate_run, model, batch, args.max_tokens, "static")
+            if manager is not None:
+                sides["cb"] = partial(cb_run, manager, batch, args.max_tokens)
+            rates = interleaved(sides, args.reps)
+            med = {n: statistics.median(r) for n, r in rates.items()}
+            best = {n: max(r) for n, r in rates.items()}
+            gen = max((n for n in rates if n.startswith("gen")), key=lambda n: med[n])  # generate at its best
+            cells = " ".join(f"{f'{med[n]:.0f} ({best[n]:.0f})':>16}" for n in names)
+            ratio = f"{med['engine'] / med[gen]:.2f} ({best['engine'] / best[gen]:.2f})"
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            print(f"{count:>10} {cells} {ratio:>16} {load:>16}", flush=True)
     finally:
+        if manager is not None:
+            manager.stop(block=True)
         server.stop()
 
 

@@ -30,6 +30,8 @@ ADDED_FIELDS = {
     "trainer_overdue_factor": 10.0,
     "trainer_overdue_floor_s": 60.0,
     "ray_network_namespace": "auto",
+    "inference_overdue_factor": 10.0,
+    "inference_overdue_floor_s": 60.0,
     "overwrite": False,
     "checkpoint_failure": "stop",
     "inference_dtype": None,

@@ -29,9 +29,13 @@ class MortalClient(FakeClient):
     synced: bool = True
     """False from a restart until the next weight sync reached the server."""
     unsynced_requests: list[str] = field(default_factory=list)
+    frozen: bool = False
+    """A stopped process (SIGSTOP): requests and aborts hang, /health is silent, until it is killed."""
 
     async def complete(self, prompt: list[int], **params: Any) -> list[Completion]:
         life = self.life
+        while self.frozen and self.life == life:
+            await asyncio.sleep(0.005)
         if self.alive and not self.synced:
             self.unsynced_requests.append(params["request_id"])
         if not self.alive:
@@ -42,7 +46,14 @@ class MortalClient(FakeClient):
         return result
 
     async def health(self) -> bool:
-        return self.alive
+        return self.alive and not self.frozen
+
+    async def abort(self, request_ids: list[str] | None = None) -> int:
+        while self.frozen and self.alive:  # a frozen server's connection answers nothing
+            await asyncio.sleep(0.005)
+        if not self.alive:
+            raise ConnectionError("connection refused")
+        return await super().abort(request_ids)
 
 
 @dataclass
@@ -52,9 +63,14 @@ class FakeHealer:
     restarted: list[tuple[int, int]] = field(default_factory=list)
     """(server, trainer versions synced so far) at each restart."""
     dropped: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    """Frozen servers SIGKILLed (before their restart)."""
 
     async def healthy(self, server: int) -> bool:
-        return self.clients[server].alive
+        return await self.clients[server].health()
+
+    async def where(self, server: int) -> str:
+        return f"pid {4000 + server} on node 10.0.0.1"
 
     async def log_tail(self, server: int) -> str:
         return "CUDA error: an illegal memory access was encountered"
@@ -63,11 +79,14 @@ class FakeHealer:
         await asyncio.sleep(0.05)
         self.restarted.append((server, len(self.trainer.versions)))
         self.clients[server].alive, self.clients[server].synced = True, False
+        self.clients[server].frozen = False  # a new process
 
     async def drop(self, server: int) -> None:
         self.dropped.append(server)
 
     async def kill(self, server: int) -> None:
+        if self.clients[server].frozen:
+            self.killed.append(server)
         self.clients[server].alive = False
         self.clients[server].life += 1
 

@@ -96,6 +96,10 @@ class TelescopeConfig(BaseModel):
     """A step running longer than this many times the median of the recent steps (and trainer_overdue_floor_s) while a trainer rank does not answer its heartbeat or is stuck in one phase is a hung trainer: the run restarts from its latest checkpoint (max_run_restarts) or fails naming the rank and phase (0 = never)."""
     trainer_overdue_floor_s: float = Field(default=60.0, ge=0)
     """The least time, in seconds, a step runs before it can count as overdue (trainer_overdue_factor), whatever the median step."""
+    inference_overdue_factor: float = Field(default=10.0, ge=0)
+    """An inference server whose generating samples have had no answer for longer than this many times the median generation time of the recent samples (and inference_overdue_floor_s), and whose /health does not answer either, is frozen or hung: it is killed (SIGKILL) and restarted like a dead one, its groups re-queued (inference_max_restarts; 0 = never)."""
+    inference_overdue_floor_s: float = Field(default=60.0, ge=0)
+    """The least time, in seconds, a server's generating samples go without an answer before it can count as frozen (inference_overdue_factor), whatever the median generation time."""
     inference_max_restarts: int = Field(default=3, ge=0)
     """How many times each inference server that dies is restarted (re-synced to the current weights, its groups re-queued) before the run fails."""
 

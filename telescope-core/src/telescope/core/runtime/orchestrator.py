@@ -52,6 +52,9 @@ __all__ = ["Counts", "Orchestrator", "StepHook", "TrainerHandle"]
 
 log = logging.getLogger("telescope.orchestrator")
 
+ABORT_TIMEOUT_S = 10.0
+"""An abort of a cancelled group's requests that takes longer is given up (the server is frozen)."""
+
 
 class TrainerHandle(WeightBroadcaster, Protocol):
     """What the orchestrator needs from the trainer side (``RayTrainerGroup`` in production)."""
@@ -125,6 +128,7 @@ class Orchestrator:
         trainer_task = self.spawn(self._trainer_loop(), "trainer loop")
         watch = liveness.watchdog(self.snapshot, self._fail, self.cfg.stall_timeout_s, self.progress_every_s)
         watchdog_task = self.spawn(watch, "watchdog")
+        server_watch = self.spawn(self.servers.watch(self.snapshot), "inference server watch")
         try:
             await self.prompts.start(on_failure=lambda exc: self._fail(stage_error("prompt prefetch", exc)))
             while not trainer_task.done():
@@ -137,6 +141,7 @@ class Orchestrator:
             trainer_task.result()
         finally:
             watchdog_task.cancel()
+            server_watch.cancel()
             await self._shutdown(trainer_task)
         return self.counts
 
@@ -252,6 +257,7 @@ class Orchestrator:
             running = group.running.get(index)
             if running is not None:
                 running.generating = False  # scoring does not age a sample (max_off_policy_steps)
+                self.servers.clock.answered(server, running.started)  # the frozen-server rule's data
             self.event("generation", "end", **where)
             self.event("reward", "start", group_id=gid, sample_id=index)
             if not freed and self.cfg.free_lane_after_generation and self.individual:
@@ -329,9 +335,15 @@ class Orchestrator:
 
     async def _cancel_group(self, gid: int, reason: str | None, requeue: bool = False) -> None:
         """Cancel a running group: ``reason`` counts it as discarded; ``requeue`` serves its prompt again."""
+        dropped = self._drop_group(gid, reason, requeue)
+        if dropped is not None:
+            await self._abort(*dropped)
+
+    def _drop_group(self, gid: int, reason: str | None, requeue: bool) -> tuple[int, list[str]] | None:
+        """``_cancel_group`` without the abort (no await): its server and the request ids to abort."""
         group = self._groups.pop(gid, None)
         if group is None:
-            return
+            return None
         if requeue:
             self.prompts.requeue([group.prepared.item])
         self.lanes.drop_group(gid)
@@ -339,17 +351,28 @@ class Orchestrator:
         if reason is not None:
             self.counts.cancelled_samples += len(ids)
             self._discard(group.cancelled(self.counts.model_version, reason, len(ids)))
-        if ids:
-            try:
-                self.counts.aborted_requests += await self.clients[group.server].abort(ids)
-            except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
-                log.debug("abort of %s failed: %s", ids, exc)
+        return group.server, ids
+
+    async def _abort(self, server: int, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            # bounded: a frozen server never answers, and its abort would hold the run's shutdown
+            # for the client's hour
+            abort = self.clients[server].abort(ids)
+            self.counts.aborted_requests += await asyncio.wait_for(abort, timeout=ABORT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the closed connection already aborts it
+            log.debug("abort of %s failed: %s", ids, exc)
 
     async def requeue_groups(self, servers: set[int]) -> int:
-        """Cancel the groups on ``servers`` and serve their prompts again (same group ids)."""
+        """Cancel the groups on ``servers`` and serve their prompts again (same group ids).
+
+        Every group is cancelled before the first abort is awaited: none of them completes
+        meanwhile (a server being restarted gives back all its groups, never some)."""
         gids = [gid for gid, g in self._groups.items() if g.server in servers]
-        for gid in gids:
-            await self._cancel_group(gid, reason=None, requeue=True)
+        dropped = [d for gid in gids if (d := self._drop_group(gid, None, requeue=True)) is not None]
+        for server, ids in dropped:
+            await self._abort(server, ids)
         return len(gids)
 
     async def _cancel_stale(self) -> None:

@@ -224,12 +224,24 @@ class InferenceServerWorker:
             self.server = None
         return self.start()
 
+    def where(self) -> str:
+        """``pid 4321 on node 10.0.0.5, http://10.0.0.5:8100`` (the healer's diagnosis of a frozen server)."""
+        import ray
+
+        if self.server is None:
+            return f"not running, on node {ray.util.get_node_ip_address()}"
+        return f"pid {self.server.process.pid} on node {ray.util.get_node_ip_address()}, {self.server.url}"
+
     def kill_server(self) -> None:
-        """SIGKILL the server's process group (fault injection: ``TELESCOPE_FAULTS=server_kill@N``)."""
+        """SIGKILL the server's process group: a frozen server before its restart (a stopped process
+        cannot exit when asked), fault injection (``TELESCOPE_FAULTS=server_kill@N``)."""
         import signal
 
         if self.server is not None:
-            os.killpg(self.server.process.pid, signal.SIGKILL)
+            try:
+                os.killpg(self.server.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the whole group is gone already (a dead server): nothing to kill
 
     def stop(self) -> None:
         if self.server is not None:

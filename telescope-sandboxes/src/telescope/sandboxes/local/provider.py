@@ -6,6 +6,12 @@ outbound-only one through slirp4netns that cannot reach the host's loopback; rea
 paths, new user/pid/ipc/uts namespaces, all capabilities dropped, a seccomp deny list
 (``_seccomp``), uid 65534, a new session, killed with its parent). When the command's main
 process exits, bubblewrap's pid namespace dies with it, so nothing outlives a command.
+
+Resource limits: rlimits everywhere (RLIMIT_AS per process, RLIMIT_NPROC inside the sandbox's
+user namespace, RLIMIT_CPU, RLIMIT_FSIZE, a disk watchdog); where cgroup v2 is delegated to this
+process, also a cgroup per sandbox (``_cgroup``: memory of all its processes together with swap
+off, pids, a CPU share), which reports an OOM kill as ``limit_exceeded="memory"``. One log line
+at start says which holds.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import shutil
 import signal
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +36,16 @@ from telescope.core.sandbox import (
     SandboxProvider,
     SandboxUnavailableError,
 )
+from telescope.sandboxes.local._cgroup import (
+    CGROUP_ROOT,
+    CgroupLimits,
+    CgroupParent,
+    SandboxCgroup,
+    find_parent,
+    join_argv,
+)
 from telescope.sandboxes.local._launch import (
+    _BWRAP_PROCESSES,
     DEFAULT_RO_PATHS,
     Limits,
     bwrap_argv,
@@ -74,6 +90,16 @@ class LocalSandboxKwargs(BaseModel):
     they are installed; False: a ``preexec_fn`` in the forked child."""
     disk_check_interval_s: float = Field(default=0.1, gt=0, le=10)
     """How often the workspace size is checked against ``disk_size_gb`` while a command runs."""
+    cgroups: bool = True
+    """Hold each sandbox to its memory_mb (swap off), max_processes and cpu with a cgroup v2 of its
+    own where this process may create one (delegation: systemd ``Delegate=yes``, a container's
+    own cgroup namespace, root); elsewhere the rlimits alone hold (one log line says which)."""
+    cgroup_root: str = CGROUP_ROOT
+    """Where the cgroup v2 hierarchy is mounted."""
+    cgroup_parent: str | None = None
+    """A delegated cgroup (relative to ``cgroup_root``) to create the sandboxes' cgroups under;
+    None: ``telescope-sandboxes`` under this process's own cgroup. Set it when this process's
+    cgroup holds processes and so cannot hand controllers to a child (the kernel refuses)."""
     seccomp: bool = True
     """Install the seccomp deny list (``_seccomp.DENIED``: ptrace, mount, namespaces, keyring,
     bpf, perf, io_uring, modules, ... answer EPERM). Supported on x86_64 and aarch64; turn it off
@@ -84,6 +110,7 @@ class LocalSandboxKwargs(BaseModel):
 class _LocalSandbox:
     workspace: Workspace
     running: set[asyncio.subprocess.Process] = field(default_factory=set)
+    cgroup: SandboxCgroup | None = None
 
 
 class LocalSandboxProvider(SandboxProvider):
@@ -97,8 +124,10 @@ class LocalSandboxProvider(SandboxProvider):
         self._as_root = os.geteuid() == 0
         self._etc: str | None = None
         self._seccomp: bytes | None = None
+        self._cgroups: CgroupParent | None = None
         # As root the command runs as uid 65534, whose other processes are few: limit it anyway.
         self._nproc_limit = self._as_root or nproc_counted_per_user_namespace()
+        self._choose_cgroups()
         if self.bwrap is None:
             self._warn_unsandboxed()
             return
@@ -117,6 +146,27 @@ class LocalSandboxProvider(SandboxProvider):
             )
 
     # ----------------------------------------------------------------- setup
+    def _choose_cgroups(self) -> None:
+        """Use cgroup v2 limits where delegated; say in one line which mechanism holds."""
+        rlimits = (
+            "rlimits (memory_mb: RLIMIT_AS per process; max_processes: RLIMIT_NPROC in the sandbox's user "
+            "namespace; cpu time: RLIMIT_CPU; no CPU share)"
+        )
+        if not self.kwargs.cgroups:
+            _log.info("local sandbox limits: %s; cgroups off (cgroups: false)", rlimits)
+            return
+        found = find_parent(self.kwargs.cgroup_root, parent=self.kwargs.cgroup_parent)
+        if isinstance(found, str):
+            _log.info("local sandbox limits: %s; no cgroup v2 limits: %s", rlimits, found)
+            return
+        self._cgroups = found
+        _log.info(
+            "local sandbox limits: a cgroup v2 per sandbox under %s (memory.max with swap off, pids.max, "
+            "cpu.max) and the %s",
+            found.path,
+            rlimits,
+        )
+
     def _etc_dir(self) -> str:
         if self._etc is None:
             self._etc = snapshot_etc(
@@ -179,7 +229,19 @@ class LocalSandboxProvider(SandboxProvider):
         ws = await asyncio.to_thread(
             Workspace.create, self.kwargs.workspace_root, sandbox_id, self.kwargs.uid, self.kwargs.uid
         )
-        return SandboxHandle(sandbox_id, self.name, config, native=_LocalSandbox(ws))
+        cgroup = None
+        if self._cgroups is not None:
+            limits = CgroupLimits(
+                memory_bytes=config.memory_mb << 20,
+                pids=config.max_processes + _BWRAP_PROCESSES,
+                cpus=config.cpu,
+            )
+            try:
+                cgroup = await asyncio.to_thread(self._cgroups.create, sandbox_id, limits)
+            except OSError:
+                await asyncio.to_thread(ws.remove)
+                raise
+        return SandboxHandle(sandbox_id, self.name, config, native=_LocalSandbox(ws, cgroup=cgroup))
 
     async def _execute(
         self, handle: SandboxHandle, command: str, timeout: float, working_dir: str | None
@@ -229,8 +291,17 @@ class LocalSandboxProvider(SandboxProvider):
             await asyncio.to_thread(os.makedirs, cwd, exist_ok=True)
         prefix = wrapper_argv(limits, uid, uid) if self.kwargs.use_util_linux_wrappers else None
         preexec = None if prefix is not None else make_preexec(limits, uid, uid)
+        argv = [*(prefix or []), *argv]
+        cgroup = box.cgroup
+        if cgroup is not None:
+            # joined before the uid switch (the sandbox's uid may not write cgroup.procs)
+            if preexec is None:
+                argv = join_argv(cgroup, argv)
+            else:
+                preexec = _joining(cgroup, preexec)
+        ooms = cgroup.oom_kills() if cgroup is not None else 0
         spec = RunSpec(
-            [*(prefix or []), *argv],
+            argv,
             run_env,
             cwd,
             preexec,
@@ -244,10 +315,14 @@ class LocalSandboxProvider(SandboxProvider):
             owned_fds,
         )
         try:
-            return await run_command(spec)
+            result = await run_command(spec)
         finally:
             if self.bwrap is None:
                 await asyncio.to_thread(_kill_strays, handle.id)
+        if cgroup is not None and result.exit_code != 0 and cgroup.oom_kills() > ooms:
+            # the kernel killed a process for memory.max: say so instead of a bare SIGKILL
+            return dataclasses.replace(result, exit_code=None, limit_exceeded="memory")
+        return result
 
     def _environment(self, config: SandboxConfig) -> dict[str, str]:
         home = INSIDE_WORKSPACE
@@ -276,6 +351,8 @@ class LocalSandboxProvider(SandboxProvider):
                 _log.warning("local sandbox %s: process %d did not exit after SIGKILL", handle.id, proc.pid)
         if self.bwrap is None:
             await asyncio.to_thread(_kill_strays, handle.id)
+        if box.cgroup is not None:
+            await asyncio.to_thread(_remove_cgroup, box.cgroup)
         await asyncio.to_thread(box.workspace.remove)
 
     def _destroy_sync(self, handle: SandboxHandle) -> None:
@@ -283,6 +360,8 @@ class LocalSandboxProvider(SandboxProvider):
         self._kill_all(box)
         if self.bwrap is None:
             _kill_strays(handle.id)
+        if box.cgroup is not None:
+            _remove_cgroup(box.cgroup)
         box.workspace.remove()
 
     @staticmethod
@@ -311,6 +390,27 @@ def _kill_strays(sandbox_id: str) -> int:
         except OSError:
             continue
     return killed
+
+
+def _remove_cgroup(cgroup: SandboxCgroup) -> None:
+    """Remove a sandbox's cgroup; one left behind (processes not reaped in time) is only a warning."""
+    try:
+        cgroup.remove()
+    except OSError as exc:
+        _log.warning(
+            "local sandbox: cgroup %s not removed (%s); remove it with rmdir once empty", cgroup.path, exc
+        )
+
+
+def _joining(cgroup: SandboxCgroup, preexec: Callable[[], None]) -> Callable[[], None]:
+    """``preexec`` preceded by the child's move into ``cgroup`` (before it drops its uid)."""
+
+    def join_then_preexec() -> None:
+        with open(cgroup.procs, "w") as fh:
+            fh.write(str(os.getpid()))
+        preexec()
+
+    return join_then_preexec
 
 
 def _require_slirp4netns() -> str:

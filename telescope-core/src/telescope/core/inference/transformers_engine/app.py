@@ -207,11 +207,6 @@ def _resolve(future: asyncio.Future[RequestState], req: RequestState) -> None:
 def _response(state: Any, body: CompletionRequest, req: RequestState) -> dict[str, Any]:
     choices = []
     for seq in req.sequences:
-        tokens = (
-            [f"token_id:{t}" for t in seq.output_ids]
-            if body.return_tokens_as_token_ids
-            else state.tokenizer.convert_ids_to_tokens(seq.output_ids)
-        )
         choice: dict[str, Any] = {
             "index": seq.choice_index,
             "text": state.tokenizer.decode(seq.output_ids, skip_special_tokens=body.skip_special_tokens),
@@ -221,7 +216,12 @@ def _response(state: Any, body: CompletionRequest, req: RequestState) -> dict[st
             "weight_versions": seq.weight_versions,
             "logprobs": None,
         }
-        if body.logprobs is not None:
+        if body.logprobs is not None:  # token strings only when asked for: they cost a tokenizer call
+            tokens = (
+                [f"token_id:{t}" for t in seq.output_ids]
+                if body.return_tokens_as_token_ids
+                else state.tokenizer.convert_ids_to_tokens(seq.output_ids)
+            )
             choice["logprobs"] = {
                 "tokens": tokens,
                 "token_logprobs": seq.logprobs,

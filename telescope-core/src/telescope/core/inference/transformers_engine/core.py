@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from telescope.core.inference.transformers_engine.kv import BatchCache
+from telescope.core.inference.transformers_engine.decoder import SlotDecoder, supports
+from telescope.core.inference.transformers_engine.kv import KV, BatchCache, PaddedBatch
 from telescope.core.inference.transformers_engine.sampling import sample_next, top_logprobs
 from telescope.core.inference.transformers_engine.scheduler import RequestState, Sequence, WaitQueue
 
@@ -55,6 +56,9 @@ class EngineOptions:
     seed: int
     eos_token_ids: frozenset[int]
     simulated_decode_step_s: float = 0.0
+    slot_decoder: bool = True
+    """Decode with ``decoder.SlotDecoder`` where the architecture allows (False: always the Hugging
+    Face forward over a padded cache; tests compare the two)."""
 
 
 class GenerationEngine:
@@ -73,7 +77,12 @@ class GenerationEngine:
         self.device = next(model.parameters()).device
         self.queue = WaitQueue(options.scheduling_policy)
         self.running: list[Sequence] = []
-        self.cache = self._empty_cache()
+        self.batch: SlotDecoder | PaddedBatch = (
+            SlotDecoder(model, options.max_num_seqs, options.max_model_len)
+            if options.slot_decoder and supports(model)
+            else PaddedBatch(self._forward, self.device)
+        )
+        """The running rows' keys/values, in ``running``'s order, and the decode step over them."""
         self.next_tokens = torch.empty(0, dtype=torch.long, device=self.device)
         self.weight_version = 0
         # prompt_tokens: every admitted prompt's tokens; prompt_tokens_computed: those the model
@@ -181,7 +190,7 @@ class GenerationEngine:
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters for ``/metrics``."""
-        tokens = int(self.cache.mask.sum()) if self.cache.rows else 0
+        tokens = self.batch.tokens
         capacity = self.options.max_num_seqs * self.options.max_model_len
         return {
             "num_requests_running": len(self.running),
@@ -228,9 +237,6 @@ class GenerationEngine:
                 box["error"] = exc
             box["done"].set()
 
-    def _empty_cache(self) -> BatchCache:
-        return BatchCache([], torch.zeros(0, 0, dtype=torch.long, device=self.device))
-
     def _drop_aborted(self) -> None:
         keep = [i for i, s in enumerate(self.running) if not s.request.aborted]
         if len(keep) == len(self.running):
@@ -241,11 +247,11 @@ class GenerationEngine:
 
     def _keep_rows(self, keep: list[int]) -> None:
         self.running = [self.running[i] for i in keep]
+        self.batch.keep(keep)
         if self.running:
-            self.cache.select(keep)
             self.next_tokens = self.next_tokens[torch.tensor(keep, dtype=torch.long, device=self.device)]
         else:
-            self.cache, self.next_tokens = self._empty_cache(), self.next_tokens[:0]
+            self.next_tokens = self.next_tokens[:0]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self._seq_generators.pop(id(seq), None)
@@ -272,53 +278,29 @@ class GenerationEngine:
                 self._seq_generators[id(seq)] = torch.Generator().manual_seed(
                     seq.params.seed + seq.choice_index
                 )
-        fresh, logits = self._prefill(new)
+        prompts, logits = self._prefill(new)
         tokens, logprobs, tops = self._sample(new, logits)
         keep, finished = self._record(new, tokens, logprobs, tops)
         if keep:
-            fresh.select(keep)
-            self.cache.join(fresh)
+            self.batch.add([prompts[i] for i in keep])  # each row extends its own copy
             self.next_tokens = torch.cat([self.next_tokens, tokens[torch.tensor(keep, device=self.device)]])
             self.running.extend(new[i] for i in keep)
         self.counters["max_running"] = max(self.counters["max_running"], len(self.running))
         self._finish_all(finished)
 
-    def _prefill(self, new: list[Sequence]) -> tuple[BatchCache, torch.Tensor]:
-        """A cache and last logits with a row per sequence of ``new``; prompts not held are computed."""
+    def _prefill(self, new: list[Sequence]) -> tuple[list[KV], torch.Tensor]:
+        """Keys/values and last logits per sequence of ``new``; prompts not held are computed."""
         keys: list[PromptKey] = [(self.epoch, tuple(seq.prompt_ids)) for seq in new]
-        distinct = list(dict.fromkeys(keys))
-        missing = [key for key in distinct if key not in self._prompts]
+        missing = [key for key in dict.fromkeys(keys) if key not in self._prompts]
         if missing:
             self._compute_prompts(missing)
         self.counters["prefill_batches"] += 1
         self.counters["prompt_tokens"] += sum(len(key[1]) for key in keys)
-        shared = [self._prompts[key] for key in distinct]
-        width = max(len(key[1]) for key in distinct)
-
-        def left_padded(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
-
-        layers = [
-            (
-                torch.cat([left_padded(p.layers[n][0]) for p in shared]),
-                torch.cat([left_padded(p.layers[n][1]) for p in shared]),
-            )
-            for n in range(len(shared[0].layers))
-        ]
-        mask = torch.zeros(len(distinct), width, dtype=torch.long, device=self.device)
-        for row, key in enumerate(distinct):  # left padding: every prompt ends in the last column
-            mask[row, width - len(key[1]) :] = 1
-        cache = BatchCache(layers, mask)
-        logits = torch.stack([p.logits for p in shared])
-        position = {key: row for row, key in enumerate(distinct)}
-        rows = [position[key] for key in keys]
         for seq, key in zip(new, keys, strict=True):
             self._prompts[key].users += 1
             self._seq_prompt[id(seq)] = key
-        if rows != list(range(len(distinct))):
-            cache.select(rows)  # repeated rows: each sequence owns a copy it extends on its own
-            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
-        return cache, logits
+        shared = [self._prompts[key] for key in keys]
+        return [p.layers for p in shared], torch.stack([p.logits for p in shared])
 
     def _compute_prompts(self, keys: list[PromptKey]) -> None:
         """One forward over the prompts of ``keys``; each is held in ``_prompts`` (no users yet)."""
@@ -346,11 +328,7 @@ class GenerationEngine:
             )
 
     def _decode_step(self) -> None:
-        mask = torch.cat(
-            [self.cache.mask, torch.ones(self.cache.rows, 1, dtype=torch.long, device=self.device)], 1
-        )
-        positions = mask.sum(1, keepdim=True) - 1
-        logits = self._forward(self.next_tokens.unsqueeze(1), mask, positions, self.cache)
+        logits = self.batch.step(self.next_tokens)
         if self.options.simulated_decode_step_s:
             time.sleep(self.options.simulated_decode_step_s)  # off the GIL, like waiting on a GPU
         self.counters["decode_steps"] += 1

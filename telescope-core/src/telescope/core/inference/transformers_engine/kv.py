@@ -8,12 +8,13 @@ Stored as plain (key, value) tensors per layer and wrapped in a ``DynamicCache``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-__all__ = ["BatchCache"]
+__all__ = ["BatchCache", "PaddedBatch"]
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -75,3 +76,62 @@ class BatchCache:
         pad = torch.nn.functional.pad
         layers = [(pad(k, (0, 0, extra, 0)), pad(v, (0, 0, extra, 0))) for k, v in self.layers]
         return layers, pad(self.mask, (extra, 0))
+
+
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, BatchCache], torch.Tensor]
+"""(ids, mask, positions, cache) -> last-position logits; the cache absorbs the new keys/values."""
+
+
+class PaddedBatch:
+    """Running rows over a ``BatchCache`` and the model's own forward: the decode path of models
+    ``decoder.SlotDecoder`` does not cover (the same interface: ``add``, ``keep``, ``step``)."""
+
+    def __init__(self, forward: Forward, device: torch.device) -> None:
+        self._forward = forward
+        self.device = device
+        self.cache = BatchCache([], torch.zeros(0, 0, dtype=torch.long, device=device))
+
+    @property
+    def rows(self) -> int:
+        """Number of running rows."""
+        return self.cache.rows
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held in the cache over all rows."""
+        return int(self.cache.mask.sum()) if self.cache.rows else 0
+
+    def add(self, prompts: list[KV]) -> None:
+        """Append one row per entry: its per-layer keys/values [1, heads, len, dim] (no padding)."""
+        if not prompts:
+            return
+        width = max(int(p[0][0].shape[2]) for p in prompts)
+
+        def left_padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
+
+        layers = [
+            (
+                torch.cat([left_padded(p[n][0]) for p in prompts]),
+                torch.cat([left_padded(p[n][1]) for p in prompts]),
+            )
+            for n in range(len(prompts[0]))
+        ]
+        mask = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):  # left padding: every prompt ends in the last column
+            mask[row, width - int(prompt[0][0].shape[2]) :] = 1
+        self.cache.join(BatchCache(layers, mask))
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep rows ``rows`` (in that order); the others leave."""
+        if rows:
+            self.cache.select(rows)
+        else:
+            self.cache = BatchCache([], torch.zeros(0, 0, dtype=torch.long, device=self.device))
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``tokens`` [rows]); returns the next-token logits [rows, vocab]."""
+        ones = torch.ones(self.cache.rows, 1, dtype=torch.long, device=self.device)
+        mask = torch.cat([self.cache.mask, ones], 1)
+        positions = mask.sum(1, keepdim=True) - 1
+        return self._forward(tokens.unsqueeze(1), mask, positions, self.cache)

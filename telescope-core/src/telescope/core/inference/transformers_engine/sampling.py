@@ -41,22 +41,28 @@ def sample_next(
     """
     logits = logits.float()
     greedy, logprobs = _scaled_logprobs(logits, params)
+    if all(p.temperature <= 0 for p in params):  # all greedy: no sampling kernels (decided on the host)
+        tokens = logits.argmax(dim=-1)
+        return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     probs = logprobs.exp()
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
-    if bool((top_p < 1).any()):
+    if any(p.top_p < 1 for p in params):  # decided on the host: no device sync per step
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
         probs = _top_p_filter(probs, top_p)
     cdf = probs.cumsum(dim=-1)
     targets = uniforms.to(cdf.device).unsqueeze(1) * cdf[:, -1:]
-    sampled = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    tokens = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+    if any(p.temperature <= 0 for p in params):
+        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
 def _scaled_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
     """(greedy rows [B], log_softmax of the temperature-scaled logits [B, V]; greedy rows unscaled)."""
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
-    greedy = temps <= 0
-    scaled = logits.float() / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    greedy = torch.tensor([p.temperature <= 0 for p in params], device=logits.device)
+    scaled = logits.float()
+    if any(t != 1.0 for t in temps):  # temperature 1 (or greedy) everywhere: nothing to divide
+        scaled = scaled / torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(1)
     return greedy, torch.log_softmax(scaled, dim=-1)
 
 

@@ -2,9 +2,12 @@
 
 The inference supervisor (``servers.py``) notices a dead server when a request fails and ``/health`` does
 not answer, or before a weight sync (every server is checked first: a broadcast to a dead
-member would fail every receiver). It then, holding the sync lock:
+member would fail every receiver), and a frozen one when its samples go unanswered far longer
+than the recent ones took and ``/health`` does not answer (``server_watch.py``). It then,
+holding the sync lock:
 
-1. drains the server: its queued and running groups are cancelled and their prompts
+1. SIGKILLs the server's process group (a frozen process cannot exit when asked; a dead one is
+   only reaped) and drains it: its queued and running groups are cancelled and their prompts
    re-queued with the same group ids (nothing lost, nothing trained twice);
 2. restarts the server process (``InferenceServerWorker.restart``, same port) and re-forms
    the weight-sync group with every server and trainer rank 0;
@@ -13,8 +16,10 @@ member would fail every receiver). It then, holding the sync lock:
 
 Each server is restarted at most ``inference_max_restarts`` times; past that it is dropped
 (the group re-formed without it) while other servers remain, else the run fails with the
-server's last log line. A server dying *during* a broadcast is not healed: the
-broadcast fails (or times out after ``ray_broadcast_init_timeout_s``) and ends the run.
+server's last log line. A server that *freezes* during a broadcast is killed once the broadcast
+has waited ``inference_overdue_floor_s`` with its ``/health`` silent, restarted, and the broadcast
+done again (``InferenceSupervisor._broadcast``). A server dying during a broadcast is not healed:
+the broadcast fails (or times out after ``ray_broadcast_init_timeout_s``) and ends the run.
 """
 
 from __future__ import annotations
@@ -70,6 +75,13 @@ class RayServerHealer:
                 await asyncio.sleep(1.0)
         return False
 
+    async def where(self, server: int) -> str:
+        """``pid 4321 on node 10.0.0.5, http://10.0.0.5:8100``: where the server process runs."""
+        try:
+            return str(await asyncio.wait_for(self.actors[server].where.remote(), timeout=HEALTH_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - only a hint for the diagnosis
+            return f"its process not known: {type(exc).__name__}: {exc}"
+
     async def log_tail(self, server: int) -> str:
         try:
             return str(await self.actors[server].log_tail.remote())
@@ -91,5 +103,5 @@ class RayServerHealer:
         await self._reform()
 
     async def kill(self, server: int) -> None:
-        """SIGKILL the server process (fault injection)."""
+        """SIGKILL the server's process group (a frozen server before its restart; fault injection)."""
         await self.actors[server].kill_server.remote()
