@@ -173,7 +173,10 @@ def test_a_server_killed_at_step_5_is_restarted_and_the_run_finishes(
     assert set(range(drawn)) == set(trained) | discarded | outstanding, "a drawn prompt was lost"
     assert outstanding == set(), "a re-queued prompt was not served again"
     log = (run_dir / "logs" / "telescope.log").read_text()
-    assert "inference server 0 died: restarting it (1 of 3)" in log
+    died = re.search(
+        r"inference server 0 died \(pid \d+ on node [^;]+; [^)]*\): restarting it \(1 of 3\)", log
+    )
+    assert died is not None, log[-3000:]
 
 
 @pytest.mark.slow
