@@ -143,7 +143,8 @@ def _read_pid(ready_r: int, child: subprocess.Popen[bytes]) -> int:
             "could not create a user + network namespace (`unshare --user --map-current-user --net` "
             f"{'exited ' + str(code) if code is not None else 'did not answer'}): user namespaces may "
             "be disabled here (sysctl kernel.unprivileged_userns_clone, "
-            "kernel.apparmor_restrict_unprivileged_userns)"
+            "kernel.apparmor_restrict_unprivileged_userns, a container's seccomp profile), or unshare "
+            "predates --map-current-user (util-linux < 2.38)"
         )
     pid = int(data.strip())
     if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
