@@ -47,7 +47,7 @@ def test_the_plan_uses_a_namespace_only_for_a_private_cluster_listening_on_loopb
 
 def test_required_names_why_it_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(netns, "missing_tools", lambda: ["pasta"])
-    with pytest.raises(ConfigError, match=r"ray_network_namespace: required.*pasta not found.*passt"):
+    with pytest.raises(ConfigError, match=r"ray_network_namespace: required.*pasta not found: install passt"):
         netns.plan_namespace("required", private_cluster=True, open_listeners=[], inside=False)
     plan = netns.plan_namespace("auto", private_cluster=True, open_listeners=[], inside=False)
     assert not plan.use and "pasta not found" in plan.reason

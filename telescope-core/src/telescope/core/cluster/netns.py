@@ -95,7 +95,8 @@ def _why_not(private_cluster: bool, open_listeners: list[str]) -> str:
         return f"{', '.join(open_listeners)} ask(s) for listeners other hosts reach"
     missing = missing_tools()
     if missing:
-        return f"{' and '.join(missing)} not found (install util-linux and passt)"
+        packages = {"unshare": "util-linux", "pasta": "passt"}
+        return f"{' and '.join(missing)} not found: install {' and '.join(packages[t] for t in missing)}"
     return ""
 
 
