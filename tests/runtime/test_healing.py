@@ -72,6 +72,9 @@ class FakeHealer:
     async def where(self, server: int) -> str:
         return f"pid {4000 + server} on node 10.0.0.1"
 
+    async def running(self, server: int) -> bool:
+        return self.clients[server].alive  # a frozen process still runs
+
     async def log_tail(self, server: int) -> str:
         return "CUDA error: an illegal memory access was encountered"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -131,6 +132,58 @@ def test_a_frozen_server_is_killed_restarted_and_nothing_is_lost_or_trained_twic
     assert time.time() - frozen_at < 30
 
 
+def test_a_server_frozen_between_steps_is_named_frozen_when_the_sync_finds_it_not_died(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    # server 0 stops right after step 3's train call, before the sync of version 3 checks every server
+    orch, trainer, _, healer = build_servers(
+        tokenizer, 2, number_of_steps=6, inference_overdue_floor_s=60.0, max_async_rollout=0
+    )
+    client, train = healer.clients[0], trainer.train_step
+
+    async def train_then_freeze(step: int, batch: Any) -> dict[str, float]:
+        result: dict[str, float] = await train(step, batch)
+        if step == 3 and not healer.killed:  # nothing generating: only the sync's check can find it
+            client.frozen = True
+        return result
+
+    trainer.train_step = train_then_freeze
+    counts = asyncio.run(asyncio.wait_for(orch.run(), timeout=30))
+    assert counts.completed_steps == 6 and counts.inference_restarts == 1 and healer.killed == [0]
+    messages = [r.getMessage() for r in caplog.records]
+    frozen = [m for m in messages if "is frozen or hung" in m]
+    assert len(frozen) == 1 and re.match(
+        r"inference server 0 \(pid 4000 on node 10\.0\.0\.1\) is frozen or hung: its /health does not answer "
+        r"before the weight sync of version \d+ though its process runs \(0 samples generating, its last answer ",
+        frozen[0],
+    ), frozen
+    assert "killing it (SIGKILL) and restarting it" in frozen[0]
+    assert any(m.startswith("inference server 0 stopped answering (pid 4000") for m in messages), messages
+    assert not any("inference server 0 died" in m for m in messages)
+
+
+def test_a_crashed_server_is_still_said_to_have_died(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    orch, trainer, _, healer = build_servers(tokenizer, 2, number_of_steps=6, max_async_rollout=0)
+    client, train = healer.clients[0], trainer.train_step
+
+    async def train_then_crash(step: int, batch: Any) -> dict[str, float]:
+        result: dict[str, float] = await train(step, batch)
+        if step == 3 and not healer.restarted:
+            client.alive = False  # the process exited
+        return result
+
+    trainer.train_step = train_then_crash
+    counts = asyncio.run(asyncio.wait_for(orch.run(), timeout=30))
+    assert counts.completed_steps == 6 and counts.inference_restarts == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("is frozen or hung" in m for m in messages)
+    assert any(m.startswith("inference server 0 died (pid 4000") for m in messages), messages
+
+
 def test_a_server_frozen_during_a_weight_sync_is_killed_restarted_and_synced_again(
     tokenizer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -229,9 +282,10 @@ def test_a_frozen_server_is_killed_restarted_and_the_run_finishes(tmp_path: Path
 
     steps, floor = 60, 15.0
     run_dir, log, config = tmp_path / "run", tmp_path / "cli.log", tmp_path / "run.yaml"
-    # synchronous (max_async_rollout 0): no batch is ready ahead, so no weight sync comes to find
-    # the server dead, only the watch; generations of 8 tokens (under a second): the floor decides;
-    # stall_timeout_s far beyond what healing needs
+    # synchronous (max_async_rollout 0): no batch is ready ahead. Frozen while its samples generate,
+    # the watch finds it (generations of 8 tokens, under a second: the floor decides); frozen while
+    # the trainer trains, the next weight sync's check of every server finds it first (the step is
+    # short: both happen). stall_timeout_s far beyond what healing needs
     cfg = settings(
         run_dir,
         number_of_steps=steps,
@@ -260,7 +314,9 @@ def test_a_frozen_server_is_killed_restarted_and_the_run_finishes(tmp_path: Path
     text = (run_dir / "logs" / "telescope.log").read_text()
     lines = [line for line in text.splitlines() if "inference server 0" in line and "frozen or hung" in line]
     assert len(lines) == 1, text[-4000:]
-    assert f"inference server 0 (pid {victim} on node " in lines[0] and " has not answered for " in lines[0]
+    by_sync = " before the weight sync of version " in lines[0]  # else the watch: " has not answered for "
+    assert f"inference server 0 (pid {victim} on node " in lines[0]
+    assert by_sync or " has not answered for " in lines[0], lines[0]
     assert "killing it (SIGKILL) and restarting it" in lines[0]
     restarted = [line for line in text.splitlines() if "inference server 0 stopped answering (pid" in line]
     assert restarted and "restarting it (1 of 3)" in restarted[0]
@@ -273,11 +329,13 @@ def test_a_frozen_server_is_killed_restarted_and_the_run_finishes(tmp_path: Path
     assert sorted({int(r["step"]) for r in rows}) == list(range(1, steps + 1))
     step = done_at_freeze + 1
     print(
-        f"frozen after step {done_at_freeze}: diagnosed {detected:.0f}s after the freeze, the next step "
+        f"frozen after step {done_at_freeze}: diagnosed by {'the sync' if by_sync else 'the watch'} "
+        f"{detected:.0f}s after the freeze, the next step "
         f"{healed:.0f}s after it, all {steps} steps finished {finished - frozen_at:.0f}s after it; "
         f"runs show at {floor + 2:g}s: {health['state']} ({health['text']})"
     )
-    assert floor < detected < floor + 45  # the floor, then /health asked twice (10 s each)
+    # the watch: the floor, then /health asked twice (10 s each); the sync: /health asked twice at once
+    assert (0 if by_sync else floor) < detected < floor + 45
     # the step after the last one logged when frozen (or the one after it, had it just finished)
     running = next(
         (f"step {n} running for " for n in (step, step + 1) if f"step {n} running for " in shown), None

@@ -193,12 +193,30 @@ def test_weights_crossed_nodes_every_step(run: dict[str, Any]) -> None:
     assert len(syncs) == 2 and len({e["attrs"]["digest"] for e in syncs}) == 2
 
 
+def _wait_until_every_cpu_is_free(timeout_s: float = 120.0) -> None:
+    """Wait for the reservations of earlier tests (the run's pools, removed by Ray once its driver has
+    gone; the previous strategy's groups) to be released: STRICT_SPREAD needs the head's only CPU,
+    and on a loaded 2-core machine Ray has taken longer than a placement timeout to free it."""
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 0.0)
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < total:
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"the cluster's CPUs were not released in {timeout_s:.0f}s: {ray.available_resources()} "
+                f"available of {ray.cluster_resources()}"
+            )
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize(
     ("strategy", "cpus", "expected"),
     [
         ("STRICT_PACK", 1.0, "one node"),  # 2 x 1 CPU: only the worker node holds both
         ("PACK", 1.0, "one node"),
-        ("STRICT_SPREAD", 1.0, "two nodes"),
+        # not 1 CPU: the head has only 1, and the trainer's 0.01-CPU bundle may be placed there first
+        ("STRICT_SPREAD", 0.5, "two nodes"),
         ("SPREAD", 0.5, "two nodes"),
     ],
 )
@@ -222,6 +240,7 @@ def test_placement_strategies(cluster: str, strategy: str, cpus: float, expected
     ray.init(address=cluster)
     pools = None
     try:
+        _wait_until_every_cpu_is_free()
         pools = reserve_pools(cfg, 2, use_gpus=False)
         nodes = [bundle_ip(pools.inference, i) for i in range(2)]
     finally:

@@ -232,6 +232,10 @@ class InferenceServerWorker:
             return f"not running, on node {ray.util.get_node_ip_address()}"
         return f"pid {self.server.process.pid} on node {ray.util.get_node_ip_address()}, {self.server.url}"
 
+    def server_running(self) -> bool:
+        """Whether the server process still exists (a frozen one does; a crashed one has exited)."""
+        return self.server is not None and self.server.process.poll() is None
+
     def kill_server(self) -> None:
         """SIGKILL the server's process group: a frozen server before its restart (a stopped process
         cannot exit when asked), fault injection (``TELESCOPE_FAULTS=server_kill@N``)."""

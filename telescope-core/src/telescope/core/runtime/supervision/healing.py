@@ -82,6 +82,15 @@ class RayServerHealer:
         except Exception as exc:  # noqa: BLE001 - only a hint for the diagnosis
             return f"its process not known: {type(exc).__name__}: {exc}"
 
+    async def running(self, server: int) -> bool:
+        """Whether the server's process still exists: silent and running is frozen or hung, not dead."""
+        try:
+            return bool(
+                await asyncio.wait_for(self.actors[server].server_running.remote(), timeout=HEALTH_TIMEOUT_S)
+            )
+        except Exception:  # noqa: BLE001 - an actor that cannot say is treated as holding a dead server
+            return False
+
     async def log_tail(self, server: int) -> str:
         try:
             return str(await self.actors[server].log_tail.remote())

@@ -42,6 +42,7 @@ class ServerHealer(Protocol):
 
     async def healthy(self, server: int) -> bool: ...
     async def where(self, server: int) -> str: ...
+    async def running(self, server: int) -> bool: ...
     async def log_tail(self, server: int) -> str: ...
     async def restart(self, server: int) -> None: ...
     async def drop(self, server: int) -> None: ...
@@ -119,7 +120,10 @@ class InferenceSupervisor:
                         continue
                     if not await self.healer.healthy(server):
                         self._healing.add(server)
-                        await self._restart(server, "died")
+                        await self._restart(
+                            server,
+                            await self._silent_cause(server, f"before the weight sync of version {version}"),
+                        )
             sync = await self._broadcast(version)
             self.restore(set(self._healing))
             self._healing.clear()
@@ -193,8 +197,28 @@ class InferenceSupervisor:
         if server not in self._healing:  # another failed request may have started it meanwhile
             self._healing.add(server)
             self.lanes.set_enabled({server}, False)
-            self.run.spawn(self._heal(server, "died"), f"restarting inference server {server}")
+            cause = await self._silent_cause(server, "after a failed request")
+            self.run.spawn(self._heal(server, cause), f"restarting inference server {server}")
         return True
+
+    async def _silent_cause(self, server: int, when: str) -> str:
+        """Why a server whose ``/health`` is silent must be restarted: ``died`` when its process has
+        exited, else ``stopped answering`` (it runs but answers nothing: frozen or hung), said in one
+        line naming the server, where it runs and what it was doing, since a frozen process is a
+        different fault from a crash (a stopped container, a deadlocked engine, a hung driver)."""
+        assert self.healer is not None
+        if not await self.healer.running(server):
+            return "died"
+        log.error(
+            "inference server %d (%s) is frozen or hung: its /health does not answer %s though its process "
+            "runs (%s): killing it (SIGKILL) and restarting it, its groups re-queued",
+            server,
+            await self.healer.where(server),
+            when,
+            self._doing(server),
+        )
+        self.run.event("run", "instant", name="inference_frozen", server=server)
+        return "stopped answering"
 
     async def watch(self, snapshot: Callable[[], RunSnapshot]) -> None:
         """Restart servers that stopped answering (``server_watch.py``); runs as long as the run."""
