@@ -4,7 +4,8 @@ transformers' own continuous batching (``ContinuousBatchingManager``).
     .venv/bin/python bench/inference.py [--model telescope/tiny] [--concurrency 1,8,32] [--max-tokens 64]
 
 Same prompts, same number of generated tokens (``ignore_eos``; eos disabled for the others), sampling
-at temperature 1 with no top-k/top-p, one torch thread on every side. The engine serves ``c``
+at temperature 1 with no top-k/top-p, one torch thread and one dtype (``--dtype``, the server's
+``inference_dtype``) on every side. The engine serves ``c``
 concurrent HTTP requests (one sample each) on 127.0.0.1, answers included. ``generate`` runs the same
 ``c`` prompts as one left-padded batch, with its default dynamic KV cache and with a static one; the
 ratio is against the faster of the two. ``cb`` is ``ContinuousBatchingManager`` in this process (no
@@ -117,6 +118,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (all sides)")
+    parser.add_argument("--dtype", default="float32", help="weights and compute dtype (all sides)")
     parser.add_argument("--no-static", action="store_true", help="skip generate with a static cache")
     parser.add_argument("--no-cb", action="store_true", help="skip ContinuousBatchingManager (warm-up ~30 s)")
     args = parser.parse_args()
@@ -130,14 +132,20 @@ def main() -> None:
     from telescope.core.weights.group import free_port
 
     torch.set_num_threads(args.threads)
-    cfg = make_config(model=args.model, max_model_len=1024, enable_vllm_tracing=False)
+    # one dtype everywhere: the server would otherwise serve in the trainer's compute dtype (bfloat16 by
+    # default, several times slower on CPU than the float32 that generate loads)
+    cfg = make_config(
+        model=args.model, max_model_len=1024, enable_vllm_tracing=False, inference_dtype=args.dtype
+    )
     server = start_in_thread(
         cfg, TransformersEngineKwargs(max_num_seqs=64, num_threads=args.threads), port=free_port()
     )
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model)).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model), dtype=dtype).eval()
     manager = None if args.no_cb else cb_manager(model, args.max_tokens)
     print(
-        f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.threads} thread(s), "
+        f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.dtype}, "
+        f"{args.threads} thread(s), "
         f"{args.max_tokens} tokens per sample, tok/s median (best) of {args.reps} interleaved reps"
     )
     names = (
