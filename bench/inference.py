@@ -6,7 +6,8 @@ transformers' own continuous batching (``ContinuousBatchingManager``).
 Same prompts, same number of generated tokens (``ignore_eos``; eos disabled for the others), sampling
 at temperature 1 with no top-k/top-p, one torch thread and one dtype (``--dtype``, the server's
 ``inference_dtype``) on every side. The engine serves ``c``
-concurrent HTTP requests (one sample each) on 127.0.0.1, answers included. ``generate`` runs the same
+concurrent HTTP requests (one sample each) on 127.0.0.1, answers included, from one client whose
+connections stay open across reps. ``generate`` runs the same
 ``c`` prompts as one left-padded batch, with its default dynamic KV cache and with a static one; the
 ratio is against the faster of the two. ``cb`` is ``ContinuousBatchingManager`` in this process (no
 HTTP: it has no server), fed the ``c`` prompts at once. Sides run interleaved (engine, generate,
@@ -35,18 +36,26 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, 300, (n,), generator=gen).tolist() for n in lengths]
 
 
-async def engine_run(url: str, batch: list[list[int]], max_tokens: int) -> int:
-    from telescope.core.inference.client import InferenceClient
+class EngineClient:
+    """One event loop and one ``InferenceClient`` for the whole run, as the orchestrator holds them: its
+    connections stay open between reps, so a rep times the requests, not opening 32 sockets."""
 
-    async with InferenceClient(url) as client:
-        outs = await asyncio.gather(
-            *[client.complete(p, max_tokens=max_tokens, ignore_eos=True) for p in batch]
-        )
-    return sum(len(o[0].token_ids) for o in outs)
+    def __init__(self, url: str) -> None:
+        from telescope.core.inference.client import InferenceClient
 
+        self.loop = asyncio.new_event_loop()
+        self.client = InferenceClient(url)
 
-def engine_sync(url: str, batch: list[list[int]], max_tokens: int) -> int:
-    return asyncio.run(engine_run(url, batch, max_tokens))
+    def run(self, batch: list[list[int]], max_tokens: int) -> int:
+        async def go() -> int:
+            calls = [self.client.complete(p, max_tokens=max_tokens, ignore_eos=True) for p in batch]
+            return sum(len(o[0].token_ids) for o in await asyncio.gather(*calls))
+
+        return self.loop.run_until_complete(go())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()
 
 
 def generate_run(model: Any, batch: list[list[int]], max_tokens: int, cache: str | None = None) -> int:
@@ -143,6 +152,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model), dtype=dtype).eval()
     manager = None if args.no_cb else cb_manager(model, args.max_tokens)
+    client = EngineClient(server.url)
     print(
         f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.dtype}, "
         f"{args.threads} thread(s), "
@@ -158,7 +168,7 @@ def main() -> None:
         for count in (int(c) for c in args.concurrency.split(",")):
             batch = prompts(count)
             sides: dict[str, Callable[[], int]] = {
-                "engine": partial(engine_sync, server.url, batch, args.max_tokens),
+                "engine": partial(client.run, batch, args.max_tokens),
                 "generate": partial(generate_run, model, batch, args.max_tokens),
             }
             if not args.no_static:
@@ -174,6 +184,7 @@ def main() -> None:
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             print(f"{count:>10} {cells} {ratio:>16} {load:>16}", flush=True)
     finally:
+        client.close()
         if manager is not None:
             manager.stop(block=True)
         server.stop()
