@@ -1,12 +1,14 @@
-"""A lean decode step for Llama-family models over a slot cache written in place.
+"""A lean prefill and decode step for Llama-family models over a slot cache written in place.
 
 The Hugging Face forward costs far more than its kernels for one new token per row: per step it
 builds a padded 4D mask, concatenates every layer's keys/values onto a growing cache and wraps
 outputs in ``ModelOutput``s. ``SlotDecoder`` runs the same modules (so LoRA wrappers and in-place
 weight updates apply unchanged) in a plain loop: row ``r``'s tokens sit at columns ``[0, lens[r])``
 of a preallocated cache, the new token's keys/values are written at column ``lens[r]``, and the
-mask is a comparison against ``lens``. Architectures outside ``SUPPORTED`` keep the Hugging Face
-forward (``core.PaddedBatch``); prefill always uses it.
+mask is a comparison against ``lens``. ``prefill`` runs the same modules over a batch of prompts,
+right-padded (row ``r``'s prompt at columns ``[0, len)``, as in the cache) with causal attention, so
+no real position sees a padding column. Architectures outside ``SUPPORTED`` keep the Hugging Face
+forward (``core.PaddedBatch`` and its prefill).
 """
 
 from __future__ import annotations
@@ -182,9 +184,9 @@ class SlotDecoder:
         self._columns = torch.arange(length, device=self.device)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotary positions on x [rows, heads, dim] (the model's ``x * cos + rotate_half(x) * sin``)."""
-        rows, heads, dim = x.shape
-        swapped = x.reshape(rows, heads, 2, dim // 2).flip(2).reshape(rows, heads, dim)
+        """Rotary positions on x [..., heads, dim] (the model's ``x * cos + rotate_half(x) * sin``)."""
+        dim = x.shape[-1]
+        swapped = x.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
         return torch.addcmul(x * cos, swapped, sin)
 
     def _allocate(self, rows: int, cols: int) -> None:
@@ -247,6 +249,44 @@ class SlotDecoder:
         self._lens = [self._lens[r] for r in rows]
         self.rows = len(rows)
         self.lens = torch.tensor(self._lens, dtype=torch.long, device=self.device)
+
+    def prefill(self, prompts: list[list[int]]) -> tuple[list[KV], torch.Tensor]:
+        """Each prompt's keys/values (per layer [1, kv_heads, len, dim], copies) and its last position's
+        logits [prompts, vocab]; the cache's rows are untouched (``add`` takes the keys/values)."""
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
+        self._rope_table(width)
+        rope = self._rope[:width]
+        cos, sin = rope[:, :1], rope[:, 1:]  # [width, 1, dim]: broadcast over rows and heads
+        hidden = self.model.model.embed_tokens(ids).flatten(0, 1)  # [n * width, hidden]
+        layers: KV = []
+        for layer in self.layers:
+            qkv = layer.project(layer.ln1(hidden), heads, kv_heads, dim).unflatten(0, (n, width))
+            qk = qkv[:, :, : heads + kv_heads]
+            if layer.q_norm is not None and layer.k_norm is not None:
+                qk = torch.cat([layer.q_norm(qk[:, :, :heads]), layer.k_norm(qk[:, :, heads:])], dim=2)
+            qk = self._rotate(qk, cos, sin)
+            q, k = (
+                qk[:, :, :heads].transpose(1, 2),
+                qk[:, :, heads:].transpose(1, 2),
+            )  # [n, heads, width, dim]
+            v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=layer.scaling, enable_gqa=True
+            )
+            hidden = layer.o(hidden, out.transpose(1, 2).reshape(n * width, heads * dim))
+            hidden = layer.mlp(hidden, layer.ln2(hidden))
+            layers.append((k, v))
+        ends = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        last = hidden.view(n, width, -1)[torch.arange(n, device=self.device), ends]
+        logits = self.lm_head(self.final_norm(last))
+        # copies: a view would keep the whole padded batch alive while any of its prompts is held
+        kv = [
+            [(k[r : r + 1, :, : len(p)].clone(), v[r : r + 1, :, : len(p)].clone()) for k, v in layers]
+            for r, p in enumerate(prompts)
+        ]
+        return kv, logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``tokens`` [rows]); returns the next-token logits [rows, vocab]."""
