@@ -5,14 +5,15 @@ builds a padded 4D mask, concatenates every layer's keys/values onto a growing c
 outputs in ``ModelOutput``s. ``SlotDecoder`` runs the same modules (so LoRA wrappers and in-place
 weight updates apply unchanged) in a plain loop: row ``r``'s tokens sit at columns ``[0, lens[r])``
 of a preallocated cache, the new token's keys/values are written at column ``lens[r]``, and the
-mask is a comparison against ``lens``. ``prefill`` runs the same modules over a batch of prompts,
-right-padded (row ``r``'s prompt at columns ``[0, len)``, as in the cache) with causal attention, so
-no real position sees a padding column. Architectures outside ``SUPPORTED`` keep the Hugging Face
+mask is a comparison against ``lens``. ``prefill`` runs the same modules over a batch of prompts:
+their tokens packed for the projections and MLPs, right-padded for attention (row ``r``'s prompt at
+columns ``[0, len)``, as in the cache) with a causal mask, so no real position sees a padding column. Architectures outside ``SUPPORTED`` keep the Hugging Face
 forward (``core.PaddedBatch`` and its prefill).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -56,15 +57,19 @@ def _linear(module: Any) -> Fn:
 
 
 def _rms_norm(module: Any) -> Fn:
-    """A Llama-style RMSNorm (``weight * normalize(x in float32).to(dtype)``) as one fused kernel."""
+    """A Llama-style RMSNorm (``weight * (x in float32 * rsqrt(mean(x^2) + eps)).to(dtype)``) in four
+    kernels: the mean of squares as one ``vector_norm`` (torch's ``rms_norm`` on CPU is a composite of
+    ten, upcasts included, and costs three times as much on the decode step's few rows)."""
     eps = getattr(module, "variance_epsilon", None)
     if not type(module).__name__.endswith("RMSNorm") or eps is None:
         return cast(Fn, module)
+    eps_t = torch.tensor(float(eps), dtype=torch.float32, device=module.weight.device)
 
     def norm(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
-        return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+        xf = x.float()  # no copy in float32
+        n = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+        scale = torch.addcmul(eps_t, n, n, value=1.0 / x.shape[-1]).rsqrt_()
+        return module.weight * (xf * scale).to(x.dtype)
 
     return norm
 
@@ -252,35 +257,45 @@ class SlotDecoder:
 
     def prefill(self, prompts: list[list[int]]) -> tuple[list[KV], torch.Tensor]:
         """Each prompt's keys/values (per layer [1, kv_heads, len, dim], copies) and its last position's
-        logits [prompts, vocab]; the cache's rows are untouched (``add`` takes the keys/values)."""
+        logits [prompts, vocab]; the cache's rows are untouched (``add`` takes the keys/values).
+
+        Projections and MLPs run over the prompts' tokens packed end to end (no padding computed);
+        attention runs over them right-padded to the longest, one row per prompt, causal."""
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         n, width = len(prompts), max(len(p) for p in prompts)
-        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
+        padded = any(len(p) != width for p in prompts)
+        flat = [t for p in prompts for t in p]
+        positions = torch.tensor([i for p in prompts for i in range(len(p))], device=self.device)
+        # where each packed token sits in the padded [n * width] layout
+        slots = torch.tensor(
+            [r * width + i for r, p in enumerate(prompts) for i in range(len(p))], device=self.device
+        )
         self._rope_table(width)
-        rope = self._rope[:width]
-        cos, sin = rope[:, :1], rope[:, 1:]  # [width, 1, dim]: broadcast over rows and heads
-        hidden = self.model.model.embed_tokens(ids).flatten(0, 1)  # [n * width, hidden]
+        rope = self._rope[positions]
+        cos, sin = rope[:, :1], rope[:, 1:]  # [tokens, 1, dim]
+        hidden = self.model.model.embed_tokens(torch.tensor(flat, device=self.device))  # [tokens, hidden]
         layers: KV = []
         for layer in self.layers:
-            qkv = layer.project(layer.ln1(hidden), heads, kv_heads, dim).unflatten(0, (n, width))
-            qk = qkv[:, :, : heads + kv_heads]
+            qkv = layer.project(
+                layer.ln1(hidden), heads, kv_heads, dim
+            )  # [tokens, heads + 2 * kv_heads, dim]
+            qk = qkv[:, : heads + kv_heads]
             if layer.q_norm is not None and layer.k_norm is not None:
-                qk = torch.cat([layer.q_norm(qk[:, :, :heads]), layer.k_norm(qk[:, :, heads:])], dim=2)
-            qk = self._rotate(qk, cos, sin)
-            q, k = (
-                qk[:, :, :heads].transpose(1, 2),
-                qk[:, :, heads:].transpose(1, 2),
-            )  # [n, heads, width, dim]
-            v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+                qk = torch.cat([layer.q_norm(qk[:, :heads]), layer.k_norm(qk[:, heads:])], dim=1)
+            qkv = torch.cat([self._rotate(qk, cos, sin), qkv[:, heads + kv_heads :]], dim=1)
+            if padded:  # padding columns stay zero: finite scores, and no real query reaches them
+                qkv = qkv.new_zeros(n * width, *qkv.shape[1:]).index_copy_(0, slots, qkv)
+            qkv = qkv.view(n, width, heads + 2 * kv_heads, dim).transpose(1, 2)  # [n, heads, width, dim]
+            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
             out = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=layer.scaling, enable_gqa=True
             )
-            hidden = layer.o(hidden, out.transpose(1, 2).reshape(n * width, heads * dim))
+            out = out.transpose(1, 2).reshape(n * width, heads * dim)
+            hidden = layer.o(hidden, out.index_select(0, slots) if padded else out)
             hidden = layer.mlp(hidden, layer.ln2(hidden))
             layers.append((k, v))
-        ends = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-        last = hidden.view(n, width, -1)[torch.arange(n, device=self.device), ends]
-        logits = self.lm_head(self.final_norm(last))
+        ends = torch.tensor(list(itertools.accumulate(len(p) for p in prompts)), device=self.device) - 1
+        logits = self.lm_head(self.final_norm(hidden[ends]))
         # copies: a view would keep the whole padded batch alive while any of its prompts is held
         kv = [
             [(k[r : r + 1, :, : len(p)].clone(), v[r : r + 1, :, : len(p)].clone()) for k, v in layers]
