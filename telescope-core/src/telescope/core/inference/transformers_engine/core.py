@@ -366,10 +366,11 @@ class GenerationEngine:
         self, seqs: list[Sequence], logits: torch.Tensor
     ) -> tuple[torch.Tensor, list[float], list[list[tuple[int, float]]]]:
         uniforms = torch.rand(len(seqs), generator=self._generator)
-        for row, seq in enumerate(seqs):
-            own = self._seq_generators.get(id(seq))
-            if own is not None:
-                uniforms[row] = torch.rand(1, generator=own)[0]
+        if self._seq_generators:  # sequences with their own seed draw from their own generator
+            for row, seq in enumerate(seqs):
+                own = self._seq_generators.get(id(seq))
+                if own is not None:
+                    uniforms[row] = torch.rand(1, generator=own)[0]
         params = [s.params for s in seqs]
         tokens, logprobs = sample_next(logits, params, uniforms)
         return tokens, logprobs.tolist(), top_logprobs(logits, params)
@@ -384,14 +385,15 @@ class GenerationEngine:
         """Append each sampled token; return the rows still running and the (sequence, reason) that are done."""
         keep: list[int] = []
         finished: list[tuple[Sequence, str]] = []
+        version = self.weight_version
+        self.counters["generation_tokens"] += len(seqs)
         for row, (seq, token, logprob) in enumerate(zip(seqs, tokens.tolist(), logprobs, strict=True)):
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
             if seq.params.top_logprobs:
                 seq.top_logprobs.append(tops[row])
-            if seq.weight_versions[-1] != self.weight_version:
-                seq.weight_versions.append(self.weight_version)
-            self.counters["generation_tokens"] += 1
+            if seq.weight_versions[-1] != version:
+                seq.weight_versions.append(version)
             reason = self._finish_reason(seq, token)
             if reason is None:
                 keep.append(row)
