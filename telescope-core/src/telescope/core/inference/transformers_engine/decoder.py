@@ -7,8 +7,9 @@ weight updates apply unchanged) in a plain loop: row ``r``'s tokens sit at colum
 of a preallocated cache, the new token's keys/values are written at column ``lens[r]``, and the
 mask is a comparison against ``lens``. ``prefill`` runs the same modules over a batch of prompts:
 their tokens packed for the projections and MLPs, right-padded for attention (row ``r``'s prompt at
-columns ``[0, len)``, as in the cache) with a causal mask, so no real position sees a padding column. Architectures outside ``SUPPORTED`` keep the Hugging Face
-forward (``core.PaddedBatch`` and its prefill).
+columns ``[0, len)``, as in the cache; batched matmuls with a causal mask), so no real position sees
+a padding column. Architectures outside ``SUPPORTED`` keep the Hugging Face forward
+(``core.PaddedBatch`` and its prefill).
 """
 
 from __future__ import annotations
@@ -287,10 +288,7 @@ class SlotDecoder:
                 qkv = qkv.new_zeros(n * width, *qkv.shape[1:]).index_copy_(0, slots, qkv)
             qkv = qkv.view(n, width, heads + 2 * kv_heads, dim).transpose(1, 2)  # [n, heads, width, dim]
             q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=layer.scaling, enable_gqa=True
-            )
-            out = out.transpose(1, 2).reshape(n * width, heads * dim)
+            out = self._attend_causal(q, k, v, layer)
             hidden = layer.o(hidden, out.index_select(0, slots) if padded else out)
             hidden = layer.mlp(hidden, layer.ln2(hidden))
             layers.append((k, v))
@@ -336,6 +334,29 @@ class SlotDecoder:
         token included), -inf beyond."""
         mask = torch.where(self._columns[:width] > lens.unsqueeze(1), float("-inf"), 0.0)
         return mask.repeat_interleave(self.kv_heads, dim=0).unsqueeze(1)
+
+    def _attend_causal(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: _Layer
+    ) -> torch.Tensor:
+        """Causal attention of q [n, heads, width, dim] over k, v [n, kv_heads, width, dim]; returns
+        [n * width, heads * dim]. Batched matmuls, as ``_attend``: torch's fused CPU kernel took ten times
+        longer on a batch of short prompts. The ``group`` query heads of a key/value head are stacked as
+        ``group * width`` query rows of one matmul (head h reads kv head h // group, as ``repeat_kv``)."""
+        n, heads, width, dim = q.shape
+        kv_heads = k.shape[1]
+        group = heads // kv_heads
+        q3 = q.reshape(n * kv_heads, group * width, dim)
+        k3, v3 = k.reshape(n * kv_heads, width, dim), v.reshape(n * kv_heads, width, dim)
+        above = self._columns[:width] > self._columns[:width].unsqueeze(1)  # [query, key]: key after query
+        mask = (
+            torch.zeros(width, width, device=self.device).masked_fill_(above, float("-inf")).repeat(group, 1)
+        )
+        if q.dtype == torch.float32:
+            scores = torch.baddbmm(mask, q3, k3.transpose(1, 2), alpha=layer.scaling)
+        else:  # half precision: scores and softmax in float32, as the fused kernels do
+            scores = torch.bmm(q3, k3.transpose(1, 2)).float() * layer.scaling + mask
+        out = torch.bmm(torch.softmax(scores, dim=-1).to(v.dtype), v3)  # [n * kv_heads, group * width, dim]
+        return out.view(n, heads, width, dim).transpose(1, 2).reshape(n * width, heads * dim)
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, layer: _Layer
