@@ -4,8 +4,10 @@ transformers' own continuous batching (``ContinuousBatchingManager``).
     .venv/bin/python bench/inference.py [--model telescope/tiny] [--concurrency 1,8,32] [--max-tokens 64]
 
 Same prompts, same number of generated tokens (``ignore_eos``; eos disabled for the others), sampling
-at temperature 1 with no top-k/top-p, one torch thread on every side. The engine serves ``c``
-concurrent HTTP requests (one sample each) on 127.0.0.1, answers included. ``generate`` runs the same
+at temperature 1 with no top-k/top-p, one torch thread and one dtype (``--dtype``, the server's
+``inference_dtype``) on every side. The engine serves ``c``
+concurrent HTTP requests (one sample each) on 127.0.0.1, answers included, from one client whose
+connections stay open across reps. ``generate`` runs the same
 ``c`` prompts as one left-padded batch, with its default dynamic KV cache and with a static one; the
 ratio is against the faster of the two. ``cb`` is ``ContinuousBatchingManager`` in this process (no
 HTTP: it has no server), fed the ``c`` prompts at once. Sides run interleaved (engine, generate,
@@ -34,18 +36,26 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, 300, (n,), generator=gen).tolist() for n in lengths]
 
 
-async def engine_run(url: str, batch: list[list[int]], max_tokens: int) -> int:
-    from telescope.core.inference.client import InferenceClient
+class EngineClient:
+    """One event loop and one ``InferenceClient`` for the whole run, as the orchestrator holds them: its
+    connections stay open between reps, so a rep times the requests, not opening 32 sockets."""
 
-    async with InferenceClient(url) as client:
-        outs = await asyncio.gather(
-            *[client.complete(p, max_tokens=max_tokens, ignore_eos=True) for p in batch]
-        )
-    return sum(len(o[0].token_ids) for o in outs)
+    def __init__(self, url: str) -> None:
+        from telescope.core.inference.client import InferenceClient
 
+        self.loop = asyncio.new_event_loop()
+        self.client = InferenceClient(url)
 
-def engine_sync(url: str, batch: list[list[int]], max_tokens: int) -> int:
-    return asyncio.run(engine_run(url, batch, max_tokens))
+    def run(self, batch: list[list[int]], max_tokens: int) -> int:
+        async def go() -> int:
+            calls = [self.client.complete(p, max_tokens=max_tokens, ignore_eos=True) for p in batch]
+            return sum(len(o[0].token_ids) for o in await asyncio.gather(*calls))
+
+        return self.loop.run_until_complete(go())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()
 
 
 def generate_run(model: Any, batch: list[list[int]], max_tokens: int, cache: str | None = None) -> int:
@@ -117,6 +127,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (all sides)")
+    parser.add_argument("--dtype", default="float32", help="weights and compute dtype (all sides)")
     parser.add_argument("--no-static", action="store_true", help="skip generate with a static cache")
     parser.add_argument("--no-cb", action="store_true", help="skip ContinuousBatchingManager (warm-up ~30 s)")
     args = parser.parse_args()
@@ -130,14 +141,21 @@ def main() -> None:
     from telescope.core.weights.group import free_port
 
     torch.set_num_threads(args.threads)
-    cfg = make_config(model=args.model, max_model_len=1024, enable_vllm_tracing=False)
+    # one dtype everywhere: the server would otherwise serve in the trainer's compute dtype (bfloat16 by
+    # default, several times slower on CPU than the float32 that generate loads)
+    cfg = make_config(
+        model=args.model, max_model_len=1024, enable_vllm_tracing=False, inference_dtype=args.dtype
+    )
     server = start_in_thread(
         cfg, TransformersEngineKwargs(max_num_seqs=64, num_threads=args.threads), port=free_port()
     )
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model)).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model), dtype=dtype).eval()
     manager = None if args.no_cb else cb_manager(model, args.max_tokens)
+    client = EngineClient(server.url)
     print(
-        f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.threads} thread(s), "
+        f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.dtype}, "
+        f"{args.threads} thread(s), "
         f"{args.max_tokens} tokens per sample, tok/s median (best) of {args.reps} interleaved reps"
     )
     names = (
@@ -150,7 +168,7 @@ def main() -> None:
         for count in (int(c) for c in args.concurrency.split(",")):
             batch = prompts(count)
             sides: dict[str, Callable[[], int]] = {
-                "engine": partial(engine_sync, server.url, batch, args.max_tokens),
+                "engine": partial(client.run, batch, args.max_tokens),
                 "generate": partial(generate_run, model, batch, args.max_tokens),
             }
             if not args.no_static:
@@ -166,6 +184,7 @@ def main() -> None:
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             print(f"{count:>10} {cells} {ratio:>16} {load:>16}", flush=True)
     finally:
+        client.close()
         if manager is not None:
             manager.stop(block=True)
         server.stop()

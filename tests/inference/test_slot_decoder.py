@@ -1,7 +1,8 @@
 """``SlotDecoder`` (the engine's decode step for Llama-family models) against the Hugging Face forward.
 
 Each check feeds rows of different lengths one token at a time, rows joining and leaving between
-steps, and compares every step's logits with a full forward of that row's whole sequence alone.
+steps, and compares every step's logits with a full forward of that row's whole sequence alone;
+prefill (a padded batch of prompts) is compared with each prompt's own forward.
 The Qwen3 and Llama models are random tiny ones built here (their own code paths: per-head
 query/key norms; no biases), the Qwen2 one is the packaged tiny model.
 """
@@ -81,6 +82,31 @@ def test_steps_equal_whole_sequence_forwards_as_rows_join_and_leave(model: Any) 
                 running += seqs[3:]
     assert worst < 1e-4, f"largest logit difference {worst:.2e}"
     assert decoder.tokens == sum(len(s) - 1 for s in running)
+
+
+def test_prefill_equals_each_prompts_own_forward(model: Any) -> None:
+    """A right-padded batch of prompts (lengths 1 to 40): each prompt's last logits and keys/values
+    equal a forward of that prompt alone, and decoding on from them equals whole-sequence forwards."""
+    rng = random.Random(2)
+    vocab = int(model.config.vocab_size)
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in (7, 1, 40, 13)]
+    decoder = SlotDecoder(model, max_rows=8, max_len=128)
+    worst = 0.0
+    with torch.inference_mode():
+        kv, logits = decoder.prefill(prompts)
+        for prompt, layers, row_logits in zip(prompts, kv, logits, strict=True):
+            worst = max(worst, float((row_logits.float() - reference_logits(model, prompt)).abs().max()))
+            for (k, v), (rk, rv) in zip(layers, prompt_kv(model, prompt), strict=True):
+                assert k.shape == rk.shape
+                worst = max(worst, float((k - rk).abs().max()), float((v - rv).abs().max()))
+        decoder.add(kv)
+        seqs = [p + [int(t)] for p, t in zip(prompts, logits.argmax(-1), strict=True)]
+        for _ in range(3):
+            step = decoder.step(torch.tensor([s[-1] for s in seqs]))
+            for row, seq in enumerate(seqs):
+                worst = max(worst, float((step[row].float() - reference_logits(model, seq)).abs().max()))
+            seqs = [s + [int(t)] for s, t in zip(seqs, step.argmax(-1), strict=True)]
+    assert worst < 1e-4, f"largest difference {worst:.2e}"
 
 
 def run_engine(model: Any, prompts: list[list[int]], slot: bool, **params: Any) -> list[Sequence]:

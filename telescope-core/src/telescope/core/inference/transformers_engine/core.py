@@ -3,7 +3,8 @@
 Each loop iteration, in order: apply a pending weight update (so updates land *between*
 decode steps, never inside one), drop aborted sequences, admit waiting sequences up to
 ``max_num_seqs`` (one batched prefill, which samples their first token), then one batched
-decode step for every running sequence. torch releases the GIL inside kernels, so the HTTP
+decode step for every running sequence. Llama-family models prefill and decode through
+``decoder.SlotDecoder``; others through the Hugging Face forward. torch releases the GIL inside kernels, so the HTTP
 event loop stays responsive while the loop thread computes.
 
 A prompt is prefilled once while any sequence with it runs (and the weights did not change
@@ -305,6 +306,12 @@ class GenerationEngine:
     def _compute_prompts(self, keys: list[PromptKey]) -> None:
         """One forward over the prompts of ``keys``; each is held in ``_prompts`` (no users yet)."""
         prompts = [key[1] for key in keys]
+        self.counters["prompt_tokens_computed"] += sum(len(p) for p in prompts)
+        if isinstance(self.batch, SlotDecoder):  # the lean forward: no 4D mask, cache objects or outputs
+            layers, logits = self.batch.prefill([list(p) for p in prompts])
+            for key, kv, row_logits in zip(keys, layers, logits, strict=True):
+                self._prompts[key] = SharedPrompt(kv, row_logits)
+            return
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         mask = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -314,7 +321,6 @@ class GenerationEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         fresh = BatchCache([], mask)
         logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp_(min=0), fresh)
-        self.counters["prompt_tokens_computed"] += int(mask.sum())
         for row, (key, prompt) in enumerate(zip(keys, prompts, strict=True)):
             start = width - len(prompt)
             # copies, not views: a view would keep the whole padded prefill batch (and, for a model
@@ -360,10 +366,11 @@ class GenerationEngine:
         self, seqs: list[Sequence], logits: torch.Tensor
     ) -> tuple[torch.Tensor, list[float], list[list[tuple[int, float]]]]:
         uniforms = torch.rand(len(seqs), generator=self._generator)
-        for row, seq in enumerate(seqs):
-            own = self._seq_generators.get(id(seq))
-            if own is not None:
-                uniforms[row] = torch.rand(1, generator=own)[0]
+        if self._seq_generators:  # sequences with their own seed draw from their own generator
+            for row, seq in enumerate(seqs):
+                own = self._seq_generators.get(id(seq))
+                if own is not None:
+                    uniforms[row] = torch.rand(1, generator=own)[0]
         params = [s.params for s in seqs]
         tokens, logprobs = sample_next(logits, params, uniforms)
         return tokens, logprobs.tolist(), top_logprobs(logits, params)
@@ -378,14 +385,15 @@ class GenerationEngine:
         """Append each sampled token; return the rows still running and the (sequence, reason) that are done."""
         keep: list[int] = []
         finished: list[tuple[Sequence, str]] = []
+        version = self.weight_version
+        self.counters["generation_tokens"] += len(seqs)
         for row, (seq, token, logprob) in enumerate(zip(seqs, tokens.tolist(), logprobs, strict=True)):
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
             if seq.params.top_logprobs:
                 seq.top_logprobs.append(tops[row])
-            if seq.weight_versions[-1] != self.weight_version:
-                seq.weight_versions.append(self.weight_version)
-            self.counters["generation_tokens"] += 1
+            if seq.weight_versions[-1] != version:
+                seq.weight_versions.append(version)
             reason = self._finish_reason(seq, token)
             if reason is None:
                 keep.append(row)

@@ -1,16 +1,20 @@
-"""A lean decode step for Llama-family models over a slot cache written in place.
+"""A lean prefill and decode step for Llama-family models over a slot cache written in place.
 
 The Hugging Face forward costs far more than its kernels for one new token per row: per step it
 builds a padded 4D mask, concatenates every layer's keys/values onto a growing cache and wraps
 outputs in ``ModelOutput``s. ``SlotDecoder`` runs the same modules (so LoRA wrappers and in-place
 weight updates apply unchanged) in a plain loop: row ``r``'s tokens sit at columns ``[0, lens[r])``
 of a preallocated cache, the new token's keys/values are written at column ``lens[r]``, and the
-mask is a comparison against ``lens``. Architectures outside ``SUPPORTED`` keep the Hugging Face
-forward (``core.PaddedBatch``); prefill always uses it.
+mask is a comparison against ``lens``. ``prefill`` runs the same modules over a batch of prompts:
+their tokens packed for the projections and MLPs, right-padded for attention (row ``r``'s prompt at
+columns ``[0, len)``, as in the cache; batched matmuls with a causal mask), so no real position sees
+a padding column. Architectures outside ``SUPPORTED`` keep the Hugging Face forward
+(``core.PaddedBatch`` and its prefill).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -54,15 +58,19 @@ def _linear(module: Any) -> Fn:
 
 
 def _rms_norm(module: Any) -> Fn:
-    """A Llama-style RMSNorm (``weight * normalize(x in float32).to(dtype)``) as one fused kernel."""
+    """A Llama-style RMSNorm (``weight * (x in float32 * rsqrt(mean(x^2) + eps)).to(dtype)``) in four
+    kernels: the mean of squares as one ``vector_norm`` (torch's ``rms_norm`` on CPU is a composite of
+    ten, upcasts included, and costs three times as much on the decode step's few rows)."""
     eps = getattr(module, "variance_epsilon", None)
     if not type(module).__name__.endswith("RMSNorm") or eps is None:
         return cast(Fn, module)
+    eps_t = torch.tensor(float(eps), dtype=torch.float32, device=module.weight.device)
 
     def norm(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
-        return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+        xf = x.float()  # no copy in float32
+        n = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+        scale = torch.addcmul(eps_t, n, n, value=1.0 / x.shape[-1]).rsqrt_()
+        return module.weight * (xf * scale).to(x.dtype)
 
     return norm
 
@@ -182,9 +190,9 @@ class SlotDecoder:
         self._columns = torch.arange(length, device=self.device)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotary positions on x [rows, heads, dim] (the model's ``x * cos + rotate_half(x) * sin``)."""
-        rows, heads, dim = x.shape
-        swapped = x.reshape(rows, heads, 2, dim // 2).flip(2).reshape(rows, heads, dim)
+        """Rotary positions on x [..., heads, dim] (the model's ``x * cos + rotate_half(x) * sin``)."""
+        dim = x.shape[-1]
+        swapped = x.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
         return torch.addcmul(x * cos, swapped, sin)
 
     def _allocate(self, rows: int, cols: int) -> None:
@@ -248,6 +256,51 @@ class SlotDecoder:
         self.rows = len(rows)
         self.lens = torch.tensor(self._lens, dtype=torch.long, device=self.device)
 
+    def prefill(self, prompts: list[list[int]]) -> tuple[list[KV], torch.Tensor]:
+        """Each prompt's keys/values (per layer [1, kv_heads, len, dim], copies) and its last position's
+        logits [prompts, vocab]; the cache's rows are untouched (``add`` takes the keys/values).
+
+        Projections and MLPs run over the prompts' tokens packed end to end (no padding computed);
+        attention runs over them right-padded to the longest, one row per prompt, causal."""
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        n, width = len(prompts), max(len(p) for p in prompts)
+        padded = any(len(p) != width for p in prompts)
+        flat = [t for p in prompts for t in p]
+        positions = torch.tensor([i for p in prompts for i in range(len(p))], device=self.device)
+        # where each packed token sits in the padded [n * width] layout
+        slots = torch.tensor(
+            [r * width + i for r, p in enumerate(prompts) for i in range(len(p))], device=self.device
+        )
+        self._rope_table(width)
+        rope = self._rope[positions]
+        cos, sin = rope[:, :1], rope[:, 1:]  # [tokens, 1, dim]
+        hidden = self.model.model.embed_tokens(torch.tensor(flat, device=self.device))  # [tokens, hidden]
+        layers: KV = []
+        for layer in self.layers:
+            qkv = layer.project(
+                layer.ln1(hidden), heads, kv_heads, dim
+            )  # [tokens, heads + 2 * kv_heads, dim]
+            qk = qkv[:, : heads + kv_heads]
+            if layer.q_norm is not None and layer.k_norm is not None:
+                qk = torch.cat([layer.q_norm(qk[:, :heads]), layer.k_norm(qk[:, heads:])], dim=1)
+            qkv = torch.cat([self._rotate(qk, cos, sin), qkv[:, heads + kv_heads :]], dim=1)
+            if padded:  # padding columns stay zero: finite scores, and no real query reaches them
+                qkv = qkv.new_zeros(n * width, *qkv.shape[1:]).index_copy_(0, slots, qkv)
+            qkv = qkv.view(n, width, heads + 2 * kv_heads, dim).transpose(1, 2)  # [n, heads, width, dim]
+            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+            out = self._attend_causal(q, k, v, layer)
+            hidden = layer.o(hidden, out.index_select(0, slots) if padded else out)
+            hidden = layer.mlp(hidden, layer.ln2(hidden))
+            layers.append((k, v))
+        ends = torch.tensor(list(itertools.accumulate(len(p) for p in prompts)), device=self.device) - 1
+        logits = self.lm_head(self.final_norm(hidden[ends]))
+        # copies: a view would keep the whole padded batch alive while any of its prompts is held
+        kv = [
+            [(k[r : r + 1, :, : len(p)].clone(), v[r : r + 1, :, : len(p)].clone()) for k, v in layers]
+            for r, p in enumerate(prompts)
+        ]
+        return kv, logits
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``tokens`` [rows]); returns the next-token logits [rows, vocab]."""
         rows, heads, kv_heads, dim = self.rows, self.heads, self.kv_heads, self.head_dim
@@ -281,6 +334,29 @@ class SlotDecoder:
         token included), -inf beyond."""
         mask = torch.where(self._columns[:width] > lens.unsqueeze(1), float("-inf"), 0.0)
         return mask.repeat_interleave(self.kv_heads, dim=0).unsqueeze(1)
+
+    def _attend_causal(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: _Layer
+    ) -> torch.Tensor:
+        """Causal attention of q [n, heads, width, dim] over k, v [n, kv_heads, width, dim]; returns
+        [n * width, heads * dim]. Batched matmuls, as ``_attend``: torch's fused CPU kernel took ten times
+        longer on a batch of short prompts. The ``group`` query heads of a key/value head are stacked as
+        ``group * width`` query rows of one matmul (head h reads kv head h // group, as ``repeat_kv``)."""
+        n, heads, width, dim = q.shape
+        kv_heads = k.shape[1]
+        group = heads // kv_heads
+        q3 = q.reshape(n * kv_heads, group * width, dim)
+        k3, v3 = k.reshape(n * kv_heads, width, dim), v.reshape(n * kv_heads, width, dim)
+        above = self._columns[:width] > self._columns[:width].unsqueeze(1)  # [query, key]: key after query
+        mask = (
+            torch.zeros(width, width, device=self.device).masked_fill_(above, float("-inf")).repeat(group, 1)
+        )
+        if q.dtype == torch.float32:
+            scores = torch.baddbmm(mask, q3, k3.transpose(1, 2), alpha=layer.scaling)
+        else:  # half precision: scores and softmax in float32, as the fused kernels do
+            scores = torch.bmm(q3, k3.transpose(1, 2)).float() * layer.scaling + mask
+        out = torch.bmm(torch.softmax(scores, dim=-1).to(v.dtype), v3)  # [n * kv_heads, group * width, dim]
+        return out.view(n, heads, width, dim).transpose(1, 2).reshape(n * width, heads * dim)
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, layer: _Layer

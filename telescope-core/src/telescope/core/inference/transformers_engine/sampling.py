@@ -37,33 +37,35 @@ def sample_next(
     """Sample one token per row of ``logits`` [B, V]; returns (tokens [B], logprobs [B]).
 
     ``uniforms`` [B] in [0, 1) drive inverse-CDF sampling, so the caller owns the randomness
-    (per-request seeds, an engine-wide generator otherwise).
+    (per-request seeds, an engine-wide generator otherwise). Which rows are greedy or top-p is
+    decided on the host: no device sync per step, and no mask built when every row agrees.
     """
     logits = logits.float()
-    greedy, logprobs = _scaled_logprobs(logits, params)
-    if all(p.temperature <= 0 for p in params):  # all greedy: no sampling kernels (decided on the host)
+    logprobs = _scaled_logprobs(logits, params)
+    greedy = [p.temperature <= 0 for p in params]
+    if all(greedy):  # all greedy: no sampling kernels
         tokens = logits.argmax(dim=-1)
         return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     probs = logprobs.exp()
-    if any(p.top_p < 1 for p in params):  # decided on the host: no device sync per step
+    if any(p.top_p < 1 for p in params):
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
         probs = _top_p_filter(probs, top_p)
     cdf = probs.cumsum(dim=-1)
     targets = uniforms.to(cdf.device).unsqueeze(1) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
-    if any(p.temperature <= 0 for p in params):
-        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+    if any(greedy):
+        mask = torch.tensor(greedy, device=logits.device)
+        tokens = torch.where(mask, logits.argmax(dim=-1), tokens)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
-def _scaled_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(greedy rows [B], log_softmax of the temperature-scaled logits [B, V]; greedy rows unscaled)."""
+def _scaled_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """log_softmax of the temperature-scaled logits [B, V] (greedy rows unscaled)."""
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
-    greedy = torch.tensor([p.temperature <= 0 for p in params], device=logits.device)
     scaled = logits.float()
     if any(t != 1.0 for t in temps):  # temperature 1 (or greedy) everywhere: nothing to divide
         scaled = scaled / torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(1)
-    return greedy, torch.log_softmax(scaled, dim=-1)
+    return torch.log_softmax(scaled, dim=-1)
 
 
 def top_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> list[list[tuple[int, float]]]:
@@ -74,7 +76,7 @@ def top_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> list[lis
     if not wanted:
         return out
     rows = torch.tensor(wanted, dtype=torch.long, device=logits.device)
-    _, logprobs = _scaled_logprobs(logits[rows], [params[r] for r in wanted])
+    logprobs = _scaled_logprobs(logits[rows], [params[r] for r in wanted])
     k = min(max(params[r].top_logprobs for r in wanted), logprobs.shape[-1])
     values, ids = logprobs.topk(k, dim=-1)
     for i, row in enumerate(wanted):
