@@ -503,7 +503,10 @@ def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunRe
     for name, by in results.items():
         for kind, runs in by.items():
             if runs:
-                print(f"- {name} {kind}: " + "; ".join(" ".join(f"{x:.0f}" for x in r.step_tokens) for r in runs))
+                print(
+                    f"- {name} {kind}: "
+                    + "; ".join(" ".join(f"{x:.0f}" for x in r.step_tokens) for r in runs)
+                )
     left = [(name, k, r.leftovers) for name, by in results.items() for k, runs in by.items() for r in runs]
     killed = [f"{n} {k}: {', '.join(x)}" for n, k, x in left if x]
     print("\nprocesses of a run still alive 20 s after it ended (killed): " + ("; ".join(killed) or "none"))
