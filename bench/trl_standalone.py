@@ -105,12 +105,14 @@ def main() -> None:
     trainer.train()
     total = time.perf_counter() - t0
     steps = [b - x for x, b in zip(stamps[:-1], stamps[1:], strict=True)][a.warmup :]
-    logged = [h for h in trainer.state.log_history if "completions/mean_length" in h][a.warmup :]
+    every = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    logged = every[a.warmup :]
     result = {
         "step_s": steps,
         "median": statistics.median(steps),
         "train_s_per_step": total / a.steps,
         "completion_tokens": statistics.mean(h["completions/mean_length"] for h in logged),
+        "step_tokens": [h["completions/mean_length"] for h in every],
     }
     Path(a.out).write_text(json.dumps(result))
     print(f"TRL standalone: {result['median']:.3f} s/step (median of {len(steps)})")

@@ -126,6 +126,8 @@ class RunResult:
     """This run's processes still alive after it ended (killed by the harness): ``pid name``."""
     other_ray: int = 0
     """Ray processes of other programs alive when this run started (not touched)."""
+    step_tokens: list[float] = field(default_factory=list)
+    """Mean completion tokens of every step, warm-up included (lengths drift as training goes)."""
 
     @property
     def median(self) -> float:
@@ -309,7 +311,8 @@ def run_trl(
     )
     trainer.train()
     steps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][wl.warmup :]
-    logged = [h for h in trainer.state.log_history if "completions/mean_length" in h][wl.warmup :]
+    every = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    logged = every[wl.warmup :]
     return RunResult(
         steps,
         load,
@@ -317,6 +320,7 @@ def run_trl(
         {"generate": statistics.median(gen_s[wl.warmup :])} if len(gen_s) > wl.warmup else {},
         min((h["completions/min_length"] for h in logged), default=float("nan")),
         max((h["completions/max_length"] for h in logged), default=float("nan")),
+        step_tokens=[h["completions/mean_length"] for h in every],
     )
 
 
@@ -369,8 +373,8 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
         registry,
     )
     run_training(cfg, pset, registry)
-    rows = [json.loads(line)["metrics"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = rows[wl.warmup :]
+    every = [json.loads(line)["metrics"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = every[wl.warmup :]
     phases = {
         k.removeprefix("timing_").removesuffix("_total"): statistics.median(r.get(k, 0.0) for r in rows)
         for k in sorted({k for r in rows for k in r if k.startswith("timing_") and k.endswith("_total")})
@@ -383,6 +387,7 @@ def run_telescope(model_dir: str, wl: Workload, max_async: int, root: Path, thre
         phases,
         min(r["tokens/completion/min"] for r in rows),
         max(r["tokens/completion/max"] for r in rows),
+        step_tokens=[r["tokens/completion/mean"] for r in every],
     )
 
 
@@ -494,6 +499,14 @@ def print_tables(params: dict[str, int], results: dict[str, dict[str, list[RunRe
             keys = sorted({k for r in runs for k in r.phases})
             ph = ", ".join(f"{k} {statistics.median(r.phases.get(k, 0.0) for r in runs):.3f}" for k in keys)
             print(f"  Telescope {mode}: {lengths(runs)} tokens; {ph}")
+    print("\nmean completion tokens of each step, warm-up included (one list per run):")
+    for name, by in results.items():
+        for kind, runs in by.items():
+            if runs:
+                print(
+                    f"- {name} {kind}: "
+                    + "; ".join(" ".join(f"{x:.0f}" for x in r.step_tokens) for r in runs)
+                )
     left = [(name, k, r.leftovers) for name, by in results.items() for k, runs in by.items() for r in runs]
     killed = [f"{n} {k}: {', '.join(x)}" for n, k, x in left if x]
     print("\nprocesses of a run still alive 20 s after it ended (killed): " + ("; ".join(killed) or "none"))
@@ -569,7 +582,7 @@ def run_one(
     run_child(child_argv(kind, name, wl, files, out, a), tag, files["root"] / f"{tag}.log")
     raw = json.loads(out.read_text())
     if kind == "trl-standalone":
-        result = RunResult(raw["step_s"], load, raw["completion_tokens"])
+        result = RunResult(raw["step_s"], load, raw["completion_tokens"], step_tokens=raw["step_tokens"])
     else:
         result = RunResult(**raw)
     result.load, result.other_ray = load, others

@@ -18,6 +18,7 @@ from telescope.fsdp.attention import (  # noqa: E402
     plan_attention,
     plan_groups,
     register_packed_sdpa,
+    segment_contexts,
     segment_lengths,
 )
 
@@ -105,6 +106,88 @@ def test_packed_sdpa_model_logprobs_and_grads_equal_per_sequence(tiny_model_dir:
     ref_grads = dict(ref_model.named_parameters())
     for name, param in packed_model.named_parameters():
         torch.testing.assert_close(param.grad, ref_grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def grouped_samples(seed: int) -> list[Any]:
+    """GRPO-like samples: 3 prompts x 3 completions (two prompts share a 6-token system part),
+    one prompt alone, and a multi-turn sample with untrained environment tokens; shuffled."""
+    import random
+
+    from telescope.core.packing import TrainSample
+
+    rng = random.Random(seed)
+    system = [rng.randrange(1, 60) for _ in range(6)]
+    prompts = [system + [rng.randrange(1, 60) for _ in range(n)] for n in (3, 5)] + [[7, 8, 9, 10]]
+    samples = []
+    for prompt in prompts:
+        for _ in range(3):
+            c = rng.randint(1, 12)
+            samples.append(
+                TrainSample(
+                    prompt, [rng.randrange(1, 60) for _ in range(c)], [-1.0] * c, rng.uniform(-1.5, 1.5)
+                )
+            )
+    samples.append(TrainSample([3, 4], [5, 6], [-1.0] * 2, 0.7))
+    samples.append(TrainSample(prompts[0], [11, 12, 13, 14, 15], [-1.0] * 5, -0.4, [1, 0, 0, 1, 1]))
+    rng.shuffle(samples)
+    return samples
+
+
+def test_shared_prefix_rows_give_the_logprobs_and_grads_of_one_sequence_at_a_time(
+    tiny_model_dir: str,
+) -> None:
+    """share_prefixes writes each shared prompt once; packed_sdpa reads the row back: completion
+    logprobs equal one-sequence-at-a-time sdpa logprobs, and so do the gradients (an independent
+    computation: plain transformers sdpa, one unpacked sequence per call)."""
+    from transformers import AutoModelForCausalLM
+
+    from telescope.core.algorithms.logprobs import token_logprobs
+    from telescope.core.packing import Packer, share_prefixes
+    from telescope.core.training.tensors import to_device
+    from telescope.fsdp.microbatch import packed_logits
+
+    def load(attn: str) -> Any:
+        return AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32, attn_implementation=attn
+        )
+
+    packed_model, ref_model = load(register_packed_sdpa()), load("sdpa")
+    samples = grouped_samples(3)
+    (full,) = Packer(seq_len=512, pad_to_multiple_of=8).pack(samples).per_rank[0]
+    row = share_prefixes(full, pad_to_multiple_of=8)
+    # 6 of 9 grouped prompts are dropped but their last token; 2 of 3 for the shared system part
+    assert row.num_real_tokens < full.num_real_tokens - 40
+    assert row.num_loss_tokens == full.num_loss_tokens and row.num_samples == full.num_samples
+    mb = to_device(row, torch.device("cpu"))
+    packed = token_logprobs(packed_logits(packed_model, mb), mb.targets)
+    weights = torch.tensor([s.advantage for s in samples])
+    ref_loss = torch.zeros(())
+    sample_of_target = torch.tensor(row.sample_index[1:])
+    for i, s in enumerate(samples):
+        ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)])
+        logits = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]
+        ref = token_logprobs(logits, ids[0, 1:])[len(s.prompt_ids) - 1 :]
+        trained = torch.tensor(s.effective_loss_mask()) > 0
+        mask = (sample_of_target == i) & (mb.loss_mask > 0)
+        torch.testing.assert_close(packed[mask], ref[trained].detach(), atol=1e-5, rtol=0)
+        ref_loss = ref_loss + weights[i] * ref[trained].sum()
+    sample_weight = torch.where(sample_of_target >= 0, weights[sample_of_target.clamp(min=0)], 0.0)
+    (packed * mb.loss_mask * sample_weight).sum().backward()
+    ref_loss.backward()
+    ref_grads = dict(ref_model.named_parameters())
+    for name, param in packed_model.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_segment_contexts_walk_back_over_the_positions_before_a_segment() -> None:
+    # a: 0..5 | b continues a from 3 | c continues b from 4 (3 from a, 1 from b) | d from 2 | pad
+    pos = torch.tensor([0, 1, 2, 3, 4, 5, 3, 4, 5, 4, 5, 2, 3, 0, 1])
+    lengths, contexts = segment_contexts(pos)
+    assert lengths == [6, 3, 2, 2, 2]
+    assert contexts == [[], [(0, 3)], [(0, 3), (6, 1)], [(0, 2)], []]
+    # a gap (nothing holds positions 1..4) or nothing before: no context, as before sharing
+    assert segment_contexts(torch.tensor([0, 5, 6, 1, 2]))[1] == [[], [], [(0, 1)]]
+    assert segment_contexts(torch.tensor([2, 3, 0]))[1] == [[], []]
 
 
 def test_plan_groups_batches_short_samples_by_length_class_and_keeps_long_ones_alone() -> None:

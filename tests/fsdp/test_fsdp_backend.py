@@ -239,3 +239,30 @@ def test_gradient_checkpointing_auto_is_off_on_cpu(
     decoder_layers(backend.state.model)[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
     metrics = step(backend, make_samples(4, seed=1), cfg)
     assert len(calls) == forwards * int(metrics["packing/micro_batches_per_rank"])
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "gspo"])
+def test_shared_prompt_prefixes_train_exactly_as_one_copy_per_sample(
+    tiny_model_dir: str, algorithm: str
+) -> None:
+    """GRPO groups (3 prompts x 4 completions): with ``share_prompt_prefixes`` each row holds a
+    prompt once, and the step's loss, grad norm, metrics and SGD update equal those of the rows
+    with one copy per sample (GSPO too: its per-sample sums must still find every sample)."""
+    groups = [
+        TrainSample(p.prompt_ids, c.completion_ids, c.inference_logprobs, c.advantage)
+        for k, p in enumerate(make_samples(3, seed=4, min_len=8))
+        for c in make_samples(4, seed=10 + k)
+    ]
+    cfg = tiny_config(tiny_model_dir, learning_rate=0.5, grad_clip=1.0, algorithm=algorithm, seq_len=512)
+    results = {}
+    for share in (True, False):
+        backend = backend_for(cfg, optimizer="sgd", share_prompt_prefixes=share)
+        results[share] = (step(backend, groups, cfg), weights(backend))
+    (shared, w_shared), (full, w_full) = results[True], results[False]
+    # one row: 3 of each group's 4 prompts are written but their last token
+    assert shared["packing/shared_prefix_tokens"] >= sum(3 * (len(s.prompt_ids) - 1) for s in groups[::4]) > 0
+    assert full["packing/shared_prefix_tokens"] == 0
+    for key in ("loss", "grad_norm", "loss_tokens", "kl_divergence_inference", "entropy"):
+        assert shared[key] == pytest.approx(full[key], rel=1e-5, abs=1e-6), key
+    for name, w in w_shared.items():
+        torch.testing.assert_close(w, w_full[name], atol=1e-6, rtol=0)

@@ -39,6 +39,7 @@ __all__ = [
     "TrainSample",
     "minibatch_groups",
     "pack_samples",
+    "share_prefixes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -261,6 +262,72 @@ class Packer:
         row.advantages += [0.0] * pad
         row.sample_index += [-1] * pad
         return row
+
+
+def share_prefixes(
+    row: MicroBatch, pad_to_multiple_of: int = 64, pad_token_id: int | None = None
+) -> MicroBatch:
+    """``row`` with the prompt tokens its samples share written once (GRPO groups share a prompt).
+
+    The row's samples are ordered by their token ids, so samples with a common beginning are
+    next to each other; a sample then drops the tokens it shares with the one before it, up to
+    (not including) its last untrained token before its first trained one: its kept part starts
+    at position ``m > 0`` with an untrained token (that token's logits predict its first
+    completion token, so every trained token is still predicted from the row position before it).
+    Its first ``m`` tokens are the previous sample's, already in the row: an attention that reads
+    such rows (``telescope.fsdp.attention``'s ``packed_sdpa``) finds them by walking back over the
+    preceding segments' positions. Transformer layers compute a token from the tokens before it
+    only, so the dropped tokens' keys and values are the ones already there, and every kept
+    token's logits are unchanged: the same loss and gradients for fewer tokens.
+
+    Per-token fields move with their tokens; the row is padded again to ``pad_to_multiple_of``
+    (with ``pad_token_id``; None: the row's own padding id, else 0). A row with nothing to share
+    is returned unchanged.
+    """
+    spans: list[tuple[int, int]] = []  # (start, end) of each sample's tokens in the row
+    for t, k in enumerate(row.sample_index):
+        if k < 0:
+            continue
+        if spans and row.sample_index[spans[-1][0]] == k and spans[-1][1] == t:
+            spans[-1] = (spans[-1][0], t + 1)
+        else:
+            spans.append((t, t + 1))
+    ids = [tuple(row.input_ids[a:b]) for a, b in spans]
+    order = sorted(range(len(spans)), key=lambda j: ids[j])
+    cuts = [0] * len(spans)
+    for prev, j in zip(order[:-1], order[1:], strict=True):
+        a, b = spans[j]
+        untrained = next((t - a for t in range(a, b) if row.loss_mask[t]), b - a)
+        common = 0
+        limit = min(len(ids[prev]) - 1, untrained - 1)
+        while common < limit and ids[prev][common] == ids[j][common]:
+            common += 1
+        cuts[j] = common
+    if not any(cuts):
+        return row
+    out = MicroBatch(
+        [], [], [], [], [], [], num_samples=row.num_samples, num_real_tokens=0, minibatch=row.minibatch
+    )
+    for j in order:
+        a, b = spans[j]
+        a += cuts[j]
+        out.input_ids += row.input_ids[a:b]
+        out.position_ids += list(range(cuts[j], cuts[j] + b - a))
+        out.loss_mask += row.loss_mask[a:b]
+        out.inference_logprobs += row.inference_logprobs[a:b]
+        out.advantages += row.advantages[a:b]
+        out.sample_index += row.sample_index[a:b]
+    out.num_real_tokens = len(out.input_ids)
+    if pad_token_id is None:
+        pad_token_id = next((t for t, k in zip(row.input_ids, row.sample_index, strict=True) if k < 0), 0)
+    pad = _round_up(max(out.num_real_tokens, 1), pad_to_multiple_of) - out.num_real_tokens
+    out.input_ids += [pad_token_id] * pad
+    out.position_ids += list(range(pad))
+    out.loss_mask += [0] * pad
+    out.inference_logprobs += [0.0] * pad
+    out.advantages += [0.0] * pad
+    out.sample_index += [-1] * pad
+    return out
 
 
 def pack_samples(

@@ -18,6 +18,15 @@ How the samples are grouped into SDPA calls (``plan_groups``, the documented rul
 
 Right padding under a causal mask is exact: a real query at position i < n only sees keys
 0..i, all real, and the padded queries' outputs are dropped (so no gradient reaches them).
+
+Shared prefixes (``telescope.core.packing.share_prefixes``): a segment whose positions start at
+``s > 0`` continues an earlier sequence of the row: its first ``s`` tokens are not in the row
+again, they are the tokens at positions ``0..s-1`` found walking back over the preceding
+segments (``segment_contexts``; each earlier segment supplies the positions it holds below what
+is still needed). Its call row is then those context tokens followed by its own, so it attends
+to exactly the keys of its whole sequence; only its own tokens' outputs are kept (the context
+tokens' outputs come from their own segment). Rows packed without sharing start every segment
+at 0 and get the plain layout above.
 ``per_sample_attention`` (one call per sample, the previous implementation) is kept as the
 reference the grouped path is tested against.
 """
@@ -44,6 +53,7 @@ __all__ = [
     "plan_attention",
     "plan_groups",
     "register_packed_sdpa",
+    "segment_contexts",
     "segment_lengths",
 ]
 
@@ -60,6 +70,35 @@ def segment_lengths(position_ids: torch.Tensor) -> list[int]:
     breaks = torch.nonzero(position_ids[1:] - position_ids[:-1] != 1).flatten() + 1
     edges = [0, *breaks.tolist(), position_ids.numel()]
     return [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def segment_contexts(position_ids: torch.Tensor) -> tuple[list[int], list[list[tuple[int, int]]]]:
+    """Segment lengths and, per segment, its context: ``(row start, length)`` ranges holding the
+    positions ``0..s-1`` before its first position ``s`` (empty for a segment starting at 0).
+
+    The context is found walking back from the previous segment: a segment starting at position
+    ``t`` holds positions ``t..``; it supplies those below what is still needed, and the walk goes
+    on below ``t``. A segment whose walk runs out of segments, or meets a gap in the positions,
+    keeps an empty context (attends to itself only, as a segment starting at 0 does).
+    """
+    pos = position_ids.reshape(-1).tolist()
+    lengths = segment_lengths(position_ids.reshape(-1))
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    first = [pos[r] for r in starts]
+    contexts: list[list[tuple[int, int]]] = []
+    for i in range(len(lengths)):
+        need, ranges, j = first[i], [], i - 1
+        while need > 0 and j >= 0:
+            if first[j] < need:
+                if first[j] + lengths[j] < need:  # a gap: not a layout share_prefixes writes
+                    break
+                ranges.append((starts[j], need - first[j]))
+                need = first[j]
+            j -= 1
+        contexts.append(ranges[::-1] if need == 0 else [])
+    return lengths, contexts
 
 
 def plan_groups(lengths: list[int], group_max_len: int = GROUP_MAX_LEN) -> list[list[int]]:
@@ -87,20 +126,28 @@ class AttentionPlan:
 
 
 def plan_attention(
-    lengths: list[int], device: torch.device, group_max_len: int = GROUP_MAX_LEN
+    lengths: list[int],
+    device: torch.device,
+    group_max_len: int = GROUP_MAX_LEN,
+    contexts: list[list[tuple[int, int]]] | None = None,
 ) -> AttentionPlan:
-    """Index tensors for ``grouped_attention`` over segments of ``lengths`` (in row order)."""
+    """Index tensors for ``grouped_attention`` over segments of ``lengths`` (in row order), each
+    preceded by its ``contexts`` ranges (``segment_contexts``; none by default)."""
+    contexts = contexts or [[] for _ in lengths]
     starts = [0]
     for n in lengths[:-1]:
         starts.append(starts[-1] + n)
-    groups = plan_groups(lengths, group_max_len)
-    if all(len(g) == 1 for g in groups) and [g[0] for g in groups] == list(range(len(lengths))):
+    shared = [sum(n for _, n in ranges) for ranges in contexts]
+    spans = [c + n for c, n in zip(shared, lengths, strict=True)]
+    groups = plan_groups(spans, group_max_len)
+    alone = all(len(g) == 1 for g in groups) and [g[0] for g in groups] == list(range(len(lengths)))
+    if alone and not any(shared):
         return AttentionPlan([slice(s, s + n) for s, n in zip(starts, lengths, strict=True)], None)
     gathers: list[torch.Tensor | slice] = []
     inverse, offset = [0] * sum(lengths), 0
     for group in groups:
-        m = max(lengths[i] for i in group)
-        if len(group) == 1:
+        m = max(spans[i] for i in group)
+        if len(group) == 1 and not shared[group[0]]:
             s = starts[group[0]]
             gathers.append(slice(s, s + m))
             inverse[s : s + m] = range(offset, offset + m)
@@ -108,10 +155,11 @@ def plan_attention(
             continue
         rows = []
         for b, i in enumerate(group):
-            n, s = lengths[i], starts[i]
-            rows.append([s + min(j, n - 1) for j in range(m)])
+            n, s, c = lengths[i], starts[i], shared[i]
+            cols = [r for start, k in contexts[i] for r in range(start, start + k)] + list(range(s, s + n))
+            rows.append(cols + [cols[-1]] * (m - len(cols)))
             for j in range(n):
-                inverse[s + j] = offset + b * m + j
+                inverse[s + j] = offset + b * m + c + j
         gathers.append(torch.tensor(rows, dtype=torch.long, device=device))
         offset += len(group) * m
     return AttentionPlan(gathers, torch.tensor(inverse, dtype=torch.long, device=device))
@@ -183,10 +231,9 @@ class _PlanCache:
     def get(self, position_ids: torch.Tensor) -> AttentionPlan:
         key = (position_ids, position_ids._version, position_ids.data_ptr())
         if self._plan is None or self._key is None or self._key[0] is not key[0] or self._key[1:] != key[1:]:
-            lengths = segment_lengths(position_ids.reshape(-1))
-            self._plan = plan_attention(
-                lengths, position_ids.device, GROUP_MAX_LEN
-            )  # read per call (benches set it)
+            lengths, contexts = segment_contexts(position_ids)
+            # GROUP_MAX_LEN is read per call (benches set it)
+            self._plan = plan_attention(lengths, position_ids.device, GROUP_MAX_LEN, contexts)
             self._key = key
         return self._plan
 

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from telescope.core.packing import share_prefixes
 from telescope.core.trainer import RankBatch, TrainerBackend
 from telescope.core.training.process_group import init_process_group, pick_device
 from telescope.core.training.schedules import LRSchedule
 from telescope.core.training.tensors import move_to_device, prepare_tensors
 from telescope.core.training.timing import StepTimer
 from telescope.fsdp import checkpoint
+from telescope.fsdp.attention import PACKED_SDPA
 from telescope.fsdp.model import build_model
 from telescope.fsdp.options import FSDPBackendKwargs
 from telescope.fsdp.steps import TrainState, run_minibatches
@@ -123,9 +125,15 @@ class FSDPBackend(TrainerBackend):
             torch.cuda.reset_peak_memory_stats(st.device)
         lr = float(st.optimizer.param_groups[0]["lr"])
         with timer.track("step"):
-            mbs = []
+            mbs, shared = [], 0
             for mb in batch.micro_batches:
                 with timer.track("prepare_tensors", micro_batch=True):
+                    if self._share_prefixes(st):
+                        before = mb.num_real_tokens
+                        mb = share_prefixes(
+                            mb, self.cfg.pad_to_multiple_of, mb.input_ids[-1] if mb.input_ids else 0
+                        )
+                        shared += before - mb.num_real_tokens
                     host = prepare_tensors(mb)
                 with timer.track("data_to_device", micro_batch=True):
                     mbs.append(move_to_device(mb, host, st.device))
@@ -143,7 +151,13 @@ class FSDPBackend(TrainerBackend):
         metrics.update(batch.metrics)
         metrics.update(self._memory_metrics(st.device))
         metrics["learning_rate"] = lr
+        metrics["packing/shared_prefix_tokens"] = float(shared)
         return metrics
+
+    def _share_prefixes(self, st: TrainState) -> bool:
+        """Whether rows are trained with their shared prompt tokens written once (packed_sdpa only)."""
+        attn = getattr(getattr(st.model, "config", None), "_attn_implementation", None)
+        return self.kwargs.share_prompt_prefixes and attn == PACKED_SDPA
 
     def _check_equal_row_counts(self, minibatch_of_row: list[int]) -> None:
         """Every rank must run the same number of rows per minibatch (FSDP collectives pair up)."""

@@ -40,3 +40,9 @@ class FSDPBackendKwargs(BaseModel):
     """Reduce-scatter gradients after every micro-batch (sharded gradient memory). ``false``
     reduces only after a minibatch's last micro-batch: fewer collectives, but every rank holds
     unsharded gradients for the whole model in between."""
+    share_prompt_prefixes: bool = True
+    """With ``packed_sdpa`` attention: write the prompt tokens that samples of one packed row share
+    (a GRPO group's prompt, a common system prompt) once, not once per sample
+    (``telescope.core.packing.share_prefixes``). The loss and gradients are the same; the
+    shared tokens' forward and backward are done once. Other attention implementations cannot
+    read such rows and always get one full copy per sample."""

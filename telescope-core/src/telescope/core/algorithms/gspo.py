@@ -19,14 +19,14 @@ MAX_LOG_RATIO = 10.0
 
 
 def sample_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Index of the packed sample each token belongs to: a sample starts at position 0.
+    """Index of the packed sample each token belongs to: a sample starts where the position does
+    not follow the previous token's (at 0, or past a shared prefix: ``packing.share_prefixes``).
 
     The first token always opens a sample, even if its position is not 0.
     """
-    starts = position_ids == 0
-    if starts.numel():
-        starts = starts.clone()
-        starts[0] = True
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    if starts.numel() > 1:
+        starts[1:] = position_ids[1:] != position_ids[:-1] + 1
     return torch.cumsum(starts.long(), dim=0) - 1
 
 

@@ -14,7 +14,8 @@ class LossInputs:
     """One packed micro-batch, as 1-D per-token tensors of equal length (keyword-only).
 
     Element t of every tensor refers to the same (already shifted) target token. A sample
-    starts where ``position_ids == 0``; padding and prompt/environment tokens have
+    starts where its position does not follow the previous token's (at 0, or past a prompt
+    prefix shared with the sample before it); padding and prompt/environment tokens have
     ``loss_mask == 0``.
     """
 
