@@ -253,14 +253,7 @@ class Packer:
             row.inference_logprobs += [0.0] * n_prompt + [float(x) for x in s.inference_logprobs]
             row.advantages += [float(s.advantage)] * (n_prompt + n_comp)
             row.sample_index += [i] * (n_prompt + n_comp)
-        row.num_real_tokens = len(row.input_ids)
-        pad = _round_up(max(row.num_real_tokens, 1), self.pad_to_multiple_of) - row.num_real_tokens
-        row.input_ids += [self.pad_token_id] * pad
-        row.position_ids += list(range(pad))
-        row.loss_mask += [0] * pad
-        row.inference_logprobs += [0.0] * pad
-        row.advantages += [0.0] * pad
-        row.sample_index += [-1] * pad
+        _pad_row(row, self.pad_to_multiple_of, self.pad_token_id)
         return row
 
 
@@ -317,17 +310,22 @@ def share_prefixes(
         out.inference_logprobs += row.inference_logprobs[a:b]
         out.advantages += row.advantages[a:b]
         out.sample_index += row.sample_index[a:b]
-    out.num_real_tokens = len(out.input_ids)
     if pad_token_id is None:
         pad_token_id = next((t for t, k in zip(row.input_ids, row.sample_index, strict=True) if k < 0), 0)
-    pad = _round_up(max(out.num_real_tokens, 1), pad_to_multiple_of) - out.num_real_tokens
-    out.input_ids += [pad_token_id] * pad
-    out.position_ids += list(range(pad))
-    out.loss_mask += [0] * pad
-    out.inference_logprobs += [0.0] * pad
-    out.advantages += [0.0] * pad
-    out.sample_index += [-1] * pad
+    _pad_row(out, pad_to_multiple_of, pad_token_id)
     return out
+
+
+def _pad_row(row: MicroBatch, pad_to_multiple_of: int, pad_token_id: int) -> None:
+    """Record ``row``'s real tokens and pad it to a multiple of ``pad_to_multiple_of`` (index -1)."""
+    row.num_real_tokens = len(row.input_ids)
+    pad = _round_up(max(row.num_real_tokens, 1), pad_to_multiple_of) - row.num_real_tokens
+    row.input_ids += [pad_token_id] * pad
+    row.position_ids += list(range(pad))
+    row.loss_mask += [0] * pad
+    row.inference_logprobs += [0.0] * pad
+    row.advantages += [0.0] * pad
+    row.sample_index += [-1] * pad
 
 
 def pack_samples(
