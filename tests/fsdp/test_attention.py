@@ -68,27 +68,21 @@ def test_packed_sdpa_gradients_equal_dense_block_mask_attention() -> None:
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5, msg=f"d loss / d {name}")
 
 
-def test_packed_sdpa_model_logprobs_and_grads_equal_per_sequence(tiny_model_dir: str) -> None:
-    """A packed row through a model using packed_sdpa: completion logprobs equal one-sequence-at-a-
-    time sdpa logprobs (1e-5), and so do the parameter gradients of a loss over them."""
-    from fsdp_helpers import make_samples
+def assert_row_matches_one_sequence_at_a_time(model_dir: str, samples: list[Any], row: Any) -> None:
+    """A packed row through a model using packed_sdpa: each sample's trained completion logprobs
+    equal those of plain transformers sdpa run on that sample alone (1e-5), and so do the parameter
+    gradients of an advantage-weighted loss over them (an independent, unpacked computation)."""
     from transformers import AutoModelForCausalLM
 
     from telescope.core.algorithms.logprobs import token_logprobs
-    from telescope.core.packing import Packer
     from telescope.core.training.tensors import to_device
     from telescope.fsdp.microbatch import packed_logits
 
     def load(attn: str) -> Any:
-        return AutoModelForCausalLM.from_pretrained(
-            tiny_model_dir, dtype=torch.float32, attn_implementation=attn
-        )
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
 
     packed_model, ref_model = load(register_packed_sdpa()), load("sdpa")
-    samples = make_samples(6, seed=5)
-    (row,) = Packer(seq_len=256, pad_to_multiple_of=8).pack(samples).per_rank[0]
     mb = to_device(row, torch.device("cpu"))
-    assert len(segment_lengths(mb.position_ids[0])) == 7  # 6 samples + the padding segment
     packed = token_logprobs(packed_logits(packed_model, mb), mb.targets)
     weights = torch.tensor([s.advantage for s in samples])
     ref_loss = torch.zeros(())
@@ -97,15 +91,29 @@ def test_packed_sdpa_model_logprobs_and_grads_equal_per_sequence(tiny_model_dir:
         ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)])
         logits = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]
         ref = token_logprobs(logits, ids[0, 1:])[len(s.prompt_ids) - 1 :]
+        trained = torch.tensor(s.effective_loss_mask()) > 0
         mask = (sample_of_target == i) & (mb.loss_mask > 0)
-        torch.testing.assert_close(packed[mask], ref.detach(), atol=1e-5, rtol=0)
-        ref_loss = ref_loss + weights[i] * ref.sum()
+        torch.testing.assert_close(packed[mask], ref[trained].detach(), atol=1e-5, rtol=0)
+        ref_loss = ref_loss + weights[i] * ref[trained].sum()
     sample_weight = torch.where(sample_of_target >= 0, weights[sample_of_target.clamp(min=0)], 0.0)
     (packed * mb.loss_mask * sample_weight).sum().backward()
     ref_loss.backward()
     ref_grads = dict(ref_model.named_parameters())
     for name, param in packed_model.named_parameters():
         torch.testing.assert_close(param.grad, ref_grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_sdpa_model_logprobs_and_grads_equal_per_sequence(tiny_model_dir: str) -> None:
+    """A packed row through a model using packed_sdpa: completion logprobs equal one-sequence-at-a-
+    time sdpa logprobs (1e-5), and so do the parameter gradients of a loss over them."""
+    from fsdp_helpers import make_samples
+
+    from telescope.core.packing import Packer
+
+    samples = make_samples(6, seed=5)
+    (row,) = Packer(seq_len=256, pad_to_multiple_of=8).pack(samples).per_rank[0]
+    assert len(segment_lengths(torch.tensor(row.position_ids))) == 7  # 6 samples + the padding segment
+    assert_row_matches_one_sequence_at_a_time(tiny_model_dir, samples, row)
 
 
 def grouped_samples(seed: int) -> list[Any]:
@@ -139,44 +147,15 @@ def test_shared_prefix_rows_give_the_logprobs_and_grads_of_one_sequence_at_a_tim
     """share_prefixes writes each shared prompt once; packed_sdpa reads the row back: completion
     logprobs equal one-sequence-at-a-time sdpa logprobs, and so do the gradients (an independent
     computation: plain transformers sdpa, one unpacked sequence per call)."""
-    from transformers import AutoModelForCausalLM
-
-    from telescope.core.algorithms.logprobs import token_logprobs
     from telescope.core.packing import Packer, share_prefixes
-    from telescope.core.training.tensors import to_device
-    from telescope.fsdp.microbatch import packed_logits
 
-    def load(attn: str) -> Any:
-        return AutoModelForCausalLM.from_pretrained(
-            tiny_model_dir, dtype=torch.float32, attn_implementation=attn
-        )
-
-    packed_model, ref_model = load(register_packed_sdpa()), load("sdpa")
     samples = grouped_samples(3)
     (full,) = Packer(seq_len=512, pad_to_multiple_of=8).pack(samples).per_rank[0]
     row = share_prefixes(full, pad_to_multiple_of=8)
     # 6 of 9 grouped prompts are dropped but their last token; 2 of 3 for the shared system part
     assert row.num_real_tokens < full.num_real_tokens - 40
     assert row.num_loss_tokens == full.num_loss_tokens and row.num_samples == full.num_samples
-    mb = to_device(row, torch.device("cpu"))
-    packed = token_logprobs(packed_logits(packed_model, mb), mb.targets)
-    weights = torch.tensor([s.advantage for s in samples])
-    ref_loss = torch.zeros(())
-    sample_of_target = torch.tensor(row.sample_index[1:])
-    for i, s in enumerate(samples):
-        ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)])
-        logits = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]
-        ref = token_logprobs(logits, ids[0, 1:])[len(s.prompt_ids) - 1 :]
-        trained = torch.tensor(s.effective_loss_mask()) > 0
-        mask = (sample_of_target == i) & (mb.loss_mask > 0)
-        torch.testing.assert_close(packed[mask], ref[trained].detach(), atol=1e-5, rtol=0)
-        ref_loss = ref_loss + weights[i] * ref[trained].sum()
-    sample_weight = torch.where(sample_of_target >= 0, weights[sample_of_target.clamp(min=0)], 0.0)
-    (packed * mb.loss_mask * sample_weight).sum().backward()
-    ref_loss.backward()
-    ref_grads = dict(ref_model.named_parameters())
-    for name, param in packed_model.named_parameters():
-        torch.testing.assert_close(param.grad, ref_grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_row_matches_one_sequence_at_a_time(tiny_model_dir, samples, row)
 
 
 def test_segment_contexts_walk_back_over_the_positions_before_a_segment() -> None:

@@ -78,3 +78,28 @@ def test_startup_summary_names_the_dtypes_and_warns_on_bf16_master() -> None:
         for n in warned
     ), warned
     assert not any("keeps the master weights" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({}, "mixed_precision_dtype bfloat16 and inference_dtype bfloat16"),  # the seed's defaults
+        ({"inference_dtype": "float32"}, "mixed_precision_dtype bfloat16 on"),  # trains in bf16, serves fp32
+        ({"mixed_precision_dtype": None, "inference_dtype": "float16"}, "inference_dtype float16 on"),
+        ({"mixed_precision_dtype": None}, None),  # float32 throughout: nothing to say
+    ],
+)
+def test_a_cpu_run_in_16_bit_dtypes_is_told_to_use_float32(
+    fields: dict[str, str | None], named: str | None
+) -> None:
+    cfg = make_config(**fields)
+    cpu = [n for n in startup_notes(cfg, "transformers", has_gpu=lambda: False) if "without a CUDA GPU" in n]
+    if named is None:
+        assert cpu == []
+    else:
+        assert len(cpu) == 1 and named in cpu[0] and "set mixed_precision_dtype: null" in cpu[0], cpu
+    # with a GPU, or on vLLM (GPU-only), 16-bit dtypes are the fast ones: no such note
+    assert not any(
+        "without a CUDA GPU" in n for n in startup_notes(cfg, "transformers", has_gpu=lambda: True)
+    )
+    assert not any("without a CUDA GPU" in n for n in startup_notes(cfg, "vllm", has_gpu=lambda: False))

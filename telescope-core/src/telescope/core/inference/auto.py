@@ -166,14 +166,44 @@ def startup_summary(cfg: TelescopeConfig, engine: str, why: str) -> StartupSumma
     return StartupSummary(run_summary(cfg, engine, why), tuple(startup_notes(cfg, engine)))
 
 
-def startup_notes(cfg: TelescopeConfig, engine: str) -> list[str]:
+def startup_notes(
+    cfg: TelescopeConfig, engine: str, *, has_gpu: Callable[[], bool] | None = None
+) -> list[str]:
     """Lines for the startup summary about what this machine's install changes in the run."""
     notes = dtype_notes(cfg)
+    if engine == "transformers" and not (has_gpu() if has_gpu else _cuda_available()):
+        notes.extend(cpu_half_precision_notes(cfg))
     if engine == "vllm" and cfg.enable_vllm_tracing:
         reason = tracing_unavailable_reason()
         if reason is not None:
             notes.append(f"enable_vllm_tracing: tracing disabled: {reason}")
     return notes
+
+
+def cpu_half_precision_notes(cfg: TelescopeConfig) -> list[str]:
+    """A warning when a run without a CUDA GPU computes or serves in a 16-bit dtype.
+
+    Most CPUs have no fast 16-bit matmuls: torch emulates them, several times slower than float32
+    (docs/gpu.md, Dtypes, has the figures), and the seed's default ``mixed_precision_dtype`` is bfloat16.
+    """
+    from telescope.core.weights.settings import serving_dtype
+
+    half = ("bfloat16", "float16")
+    fields = [
+        f"{name} {value}"
+        for name, value in (
+            ("mixed_precision_dtype", cfg.mixed_precision_dtype or cfg.model_dtype),
+            ("inference_dtype", serving_dtype(cfg)),
+        )
+        if value in half
+    ]
+    if not fields:
+        return []
+    return [
+        f"{' and '.join(fields)} on a machine without a CUDA GPU: most CPUs compute 16-bit dtypes several "
+        "times slower than float32; for a CPU run set mixed_precision_dtype: null (and model_dtype: float32, "
+        "inference_dtype: null) to train and serve in float32"
+    ]
 
 
 def dtype_notes(cfg: TelescopeConfig) -> list[str]:
