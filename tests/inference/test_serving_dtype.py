@@ -87,6 +87,11 @@ def test_startup_summary_names_the_dtypes_and_warns_on_bf16_master() -> None:
         ({"inference_dtype": "float32"}, "mixed_precision_dtype bfloat16 on"),  # trains in bf16, serves fp32
         ({"mixed_precision_dtype": None, "inference_dtype": "float16"}, "inference_dtype float16 on"),
         ({"mixed_precision_dtype": None}, None),  # float32 throughout: nothing to say
+        # no mixed precision: the master dtype computes, and the note names that field
+        (
+            {"mixed_precision_dtype": None, "model_dtype": "bfloat16"},
+            "model_dtype bfloat16 and inference_dtype",
+        ),
     ],
 )
 def test_a_cpu_run_in_16_bit_dtypes_is_told_to_use_float32(

@@ -171,8 +171,8 @@ def startup_notes(
 ) -> list[str]:
     """Lines for the startup summary about what this machine's install changes in the run."""
     notes = dtype_notes(cfg)
-    if engine == "transformers" and not (has_gpu() if has_gpu else _cuda_available()):
-        notes.extend(cpu_half_precision_notes(cfg))
+    if engine == "transformers":
+        notes.extend(cpu_half_precision_notes(cfg, has_gpu or _cuda_available))
     if engine == "vllm" and cfg.enable_vllm_tracing:
         reason = tracing_unavailable_reason()
         if reason is not None:
@@ -180,7 +180,7 @@ def startup_notes(
     return notes
 
 
-def cpu_half_precision_notes(cfg: TelescopeConfig) -> list[str]:
+def cpu_half_precision_notes(cfg: TelescopeConfig, has_gpu: Callable[[], bool]) -> list[str]:
     """A warning when a run without a CUDA GPU computes or serves in a 16-bit dtype.
 
     Most CPUs have no fast 16-bit matmuls: torch emulates them, several times slower than float32
@@ -188,16 +188,13 @@ def cpu_half_precision_notes(cfg: TelescopeConfig) -> list[str]:
     """
     from telescope.core.weights.settings import serving_dtype
 
-    half = ("bfloat16", "float16")
-    fields = [
-        f"{name} {value}"
-        for name, value in (
-            ("mixed_precision_dtype", cfg.mixed_precision_dtype or cfg.model_dtype),
-            ("inference_dtype", serving_dtype(cfg)),
-        )
-        if value in half
-    ]
-    if not fields:
+    compute_field = "mixed_precision_dtype" if cfg.mixed_precision_dtype else "model_dtype"
+    settings = {
+        compute_field: cfg.mixed_precision_dtype or cfg.model_dtype,
+        "inference_dtype": serving_dtype(cfg),
+    }
+    fields = [f"{name} {value}" for name, value in settings.items() if value in ("bfloat16", "float16")]
+    if not fields or has_gpu():  # the GPU check imports torch: only when there is something to say
         return []
     return [
         f"{' and '.join(fields)} on a machine without a CUDA GPU: most CPUs compute 16-bit dtypes several "
