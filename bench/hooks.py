@@ -2,9 +2,11 @@
 
 Run: ``.venv/bin/python bench/hooks.py [--samples N] [--group-size G] [--repeats R]``.
 
-A run reports each sample through four ``telescope_event`` calls (its generation and reward
-spans) and each group through one ``telescope_group_end`` (``hookspecs.py``). This replays
-those calls, with prebuilt events and groups, three ways:
+A run reports each sample's four timeline events (its generation and reward spans) through
+``telescope_events``, which the driver calls once per turn of its event loop with the events of
+that turn, and each group through one ``telescope_group_end`` (``hookspecs.py``). This replays
+those calls, with prebuilt events and groups (``--events-per-call`` events per call; 1 is what
+one call per event cost), three ways:
 
 - ``direct``: the hub's method called directly (what the old private observer did; no
   dispatch at all for groups, which it handled itself);
@@ -77,13 +79,16 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--events-per-call", type=int, default=32, help="events per telescope_events call")
     args = parser.parse_args()
     events, groups = workload(args.samples, args.group_size)
+    per = max(1, args.events_per_call)
+    batches = [events[i : i + per] for i in range(0, len(events), per)]
 
     def direct(hub: LoggerHub) -> Callable[[], None]:
         def run() -> None:
-            for event in events:
-                hub.telescope_event(event)
+            for batch in batches:
+                hub.telescope_events(batch)
 
         return run
 
@@ -91,8 +96,8 @@ def main() -> None:
         hook = pm.hook
 
         def run() -> None:
-            for event in events:
-                hook.telescope_event(event=event)
+            for batch in batches:
+                hook.telescope_events(events=batch)
             for group in groups:
                 hook.telescope_group_end(group=group, step=1)
 
@@ -111,7 +116,8 @@ def main() -> None:
         local.start(make_config(), tmp, system_metrics=False, ticker=False)
         rows.append(("hooks (hub with the local logger)", through(hub_plugin_manager(local))))
         print(
-            f"{args.samples} samples, groups of {args.group_size}: 4 events per sample, 1 group_end per group"
+            f"{args.samples} samples, groups of {args.group_size}: 4 events per sample ({per} per call), "
+            "1 group_end per group"
         )
         print(f"{'path':<40} {'µs/sample min':>14} {'median':>8}")
         figures = {}

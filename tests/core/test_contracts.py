@@ -34,7 +34,7 @@ def test_hook_set() -> None:
         "telescope_run_start",
         "telescope_run_info",
         "telescope_group_end",
-        "telescope_event",
+        "telescope_events",
         "telescope_step_end",
         "telescope_eval_end",
         "telescope_system_sample",
@@ -104,8 +104,8 @@ class RecorderPlugin:
         self.calls.append(("telescope_group_end", {"group": group, "step": step}))
 
     @hookimpl
-    def telescope_event(self, event):  # type: ignore[no-untyped-def]
-        self.calls.append(("telescope_event", {"event": event}))
+    def telescope_events(self, events):  # type: ignore[no-untyped-def]
+        self.calls.append(("telescope_events", {"events": events}))
 
     @hookimpl
     def telescope_step_end(self, step, metrics):  # type: ignore[no-untyped-def]
@@ -143,7 +143,7 @@ def test_every_hook_is_called() -> None:
     pset.pm.hook.telescope_run_start(config={"x": 1}, run_dir="/tmp/run")
     pset.pm.hook.telescope_run_info(info={"setup": {}})
     pset.pm.hook.telescope_group_end(group="g", step=1)
-    pset.pm.hook.telescope_event(event="e")
+    pset.pm.hook.telescope_events(events=["e"])
     pset.pm.hook.telescope_step_end(step=1, metrics={"loss": 0.5}, rollouts=[])
     pset.pm.hook.telescope_eval_end(step=1, name="math", metrics={"pass@1": 1.0}, rows=[])
     pset.pm.hook.telescope_system_sample(sample={"source": "system", "metrics": {}})

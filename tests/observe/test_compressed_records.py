@@ -29,7 +29,8 @@ def _records(n: int, step: int = 0) -> list[dict[str, Any]]:
 
 
 def _plain_lines(records: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    """Compact strict JSON (no spaces after separators), as the run directory writes it."""
+    return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records).encode()
 
 
 def _zstd_stream(path: Path) -> bytes:
@@ -50,7 +51,7 @@ def test_each_write_is_whole_standard_zstd_frames_of_the_jsonl_lines(tmp_path: P
     size_after_first = path.stat().st_size
     writer.write_many(second)
     writer.close()
-    expected = _plain_lines(first) + _plain_lines(second[:3]) + b'{"step": 2, "nan": null, "u": "\xc3\xa9"}\n'
+    expected = _plain_lines(first) + _plain_lines(second[:3]) + b'{"step":2,"nan":null,"u":"\xc3\xa9"}\n'
     assert _zstd_stream(path) == expected  # any zstd reader (zstdcat) gets the JSONL back
     with open(path, "rb") as f:  # the first write alone is one complete frame
         assert zstandard.ZstdDecompressor().decompressobj().decompress(

@@ -163,7 +163,7 @@ def test_the_hub_as_a_plugin_hands_every_run_hook_to_its_loggers(tmp_path: Path)
     hub.report_system = lambda sample: hook.telescope_system_sample(sample=sample)
     rows = [RolloutRecord(step=2, group_id=7, env="e", sample_id=i) for i in range(2)]
     hook.telescope_run_info(info={"setup": {"engine": "transformers"}})
-    hook.telescope_event(event=TimelineEvent("trainer", "start", step=2))
+    hook.telescope_events(events=[TimelineEvent("trainer", "start", step=2)])
     hook.telescope_group_end(group=object(), step=2)  # the hub keeps no per-group state: not a logger call
     hook.telescope_step_end(step=2, metrics={"loss": 0.5}, rollouts=rows)
     hook.telescope_eval_end(step=2, name="math", metrics={"pass@1": 0.25}, rows=[{"prompt": "q"}])

@@ -165,11 +165,11 @@ def test_the_tail_keeps_at_most_its_byte_cap_of_the_newest_events_and_every_even
     tmp_path: Path,
 ) -> None:
     from telescope.core.observe.rundir.blocks import EventBlocks
-    from telescope.core.observe.rundir.jsonl import _dumps
+    from telescope.core.observe.rundir.jsonl import encode_line
 
     now = [1000.0]
     events = [{"name": "e", "step": i, "pad": "x" * 90} for i in range(10, 60)]
-    size = len(_dumps(events[0]).encode())  # steps of two digits: every event has this length
+    size = len(encode_line(events[0]))  # steps of two digits: every event has this length
     blocks = EventBlocks(
         tmp_path,
         origin=now[0],

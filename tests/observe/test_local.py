@@ -266,6 +266,35 @@ def test_torn_tail_is_skipped_and_writer_repairs_it(tmp_path: Path) -> None:
     assert stats.bad_lines == 1 and not stats.torn_tail
 
 
+def test_every_value_a_record_may_hold_is_written_as_strict_json(tmp_path: Path) -> None:
+    """The writer's encoder (orjson) against the standard library's reading of each line: NaN/inf
+    as null, int keys as strings, an int beyond 64 bits (orjson refuses it: the json fallback),
+    arrays through ``tolist``, anything else as its ``str``, non-ASCII text as UTF-8."""
+
+    class Array:  # what numpy and torch values offer
+        def tolist(self) -> list[int]:
+            return [1, 2]
+
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque!"
+
+    path = tmp_path / "x.jsonl"
+    w = JsonlWriter(path)
+    w.write({"f": [float("inf"), -float("inf"), 0.5], "keys": {3: "three"}, "t": (1, 2)})
+    w.write({"big": 2**70, "nan": float("nan")})
+    w.write({"array": Array(), "other": Opaque(), "text": "héllo ✓"})
+    w.close()
+    lines = path.read_bytes().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"f": [None, None, 0.5], "keys": {"3": "three"}, "t": [1, 2]},
+        {"big": 2**70, "nan": None},
+        {"array": [1, 2], "other": "opaque!", "text": "héllo ✓"},
+    ]
+    assert "héllo ✓".encode() in lines[2]  # UTF-8, not \\u escapes
+    assert b"NaN" not in path.read_bytes() and b"Infinity" not in path.read_bytes()
+
+
 def test_reader_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="run.json is missing"):
         RunDirReader(tmp_path)

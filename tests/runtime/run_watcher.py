@@ -39,8 +39,8 @@ def telescope_group_end(group: Any, step: int) -> None:
 
 
 @hookimpl
-def telescope_event(event: Any) -> None:
-    seen["events"].append(event.to_dict())
+def telescope_events(events: list[Any]) -> None:
+    seen["events"].extend(event.to_dict() for event in events)
 
 
 @hookimpl

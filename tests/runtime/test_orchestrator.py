@@ -75,13 +75,13 @@ def test_a_plugin_failing_on_an_event_inside_a_request_ends_the_run_naming_the_h
 
     class FailsOnGenerationEnd:
         @hookimpl
-        def telescope_event(self, event: Any) -> None:
-            if event.type == "generation" and event.phase == "end":
+        def telescope_events(self, events: list[Any]) -> None:
+            if any(e.type == "generation" and e.phase == "end" for e in events):
                 raise RuntimeError("plugin bug")
 
     client = FakeClient(varied_reply(tokenizer))
     orch, trainer, _ = build(tokenizer, ToyEnv(varied_reward), client, plugins=(FailsOnGenerationEnd(),))
-    with pytest.raises(RunStageError, match="the telescope_event hook failed: RuntimeError: plugin bug"):
+    with pytest.raises(RunStageError, match="the telescope_events hook failed: RuntimeError: plugin bug"):
         asyncio.run(orch.run())
     assert orch.counts.rollout_errors == 0 and not trainer.batches  # not taken for failed requests
 

@@ -160,16 +160,21 @@ def telescope_group_end(group: RolloutGroup, step: int) -> None:
 
 
 @hookspec
-def telescope_event(event: TimelineEvent) -> None:
-    """One point on the run's timeline (``events/`` in the run directory, the dashboard).
+def telescope_events(events: list[TimelineEvent]) -> None:
+    """Points on the run's timeline (``events/`` in the run directory, the dashboard), in order.
 
     Spans are a ``start`` and an ``end`` event with the same fields. Core types are
     ``EVENT_TYPES``: per sample ``generation`` and ``reward`` spans, per step ``trainer`` and
     ``weight_sync`` spans, ``checkpoint`` spans, ``eval`` instants (``attrs["scores"]``) and
     ``run`` instants (``inference_restart``, ``inference_drop``).
 
+    The driver hands over the events of one turn of its event loop at once (a run makes four
+    per sample: one call per event cost a 64-server driver a fifth of its time, ``bench/scale.py``);
+    each event's ``time`` is when it happened, not when it was handed over.
+
     Args:
-        event: the ``TimelineEvent``; ``step`` is the 1-based step it belongs to.
+        events: the ``TimelineEvent`` records, oldest first; ``step`` is the 1-based step each
+            belongs to.
     """
 
 

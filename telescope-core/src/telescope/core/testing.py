@@ -167,8 +167,8 @@ class RunRecorder:
         self.groups.append((step, group))
 
     @hookimpl
-    def telescope_event(self, event: TimelineEvent) -> None:
-        self.events.append(event)
+    def telescope_events(self, events: list[TimelineEvent]) -> None:
+        self.events.extend(events)
 
     @hookimpl
     def telescope_step_end(self, step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:

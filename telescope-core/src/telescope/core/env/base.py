@@ -151,8 +151,8 @@ class Environment(ABC):
         timeout = self.kwargs.reward_timeout_s
         token = reward_log.scoring(self)
         try:
-            call = self._reward_call(target, sample, eos_token)
-            return await asyncio.wait_for(call, timeout=timeout)
+            async with asyncio.timeout(timeout):  # in this task: wait_for would start one per sample
+                return await self._reward_call(target, sample, eos_token)
         except TimeoutError:
             message = f"compute_reward took longer than {timeout}s"
             reward_log.report("compute_reward", None, message)
@@ -168,9 +168,8 @@ class Environment(ABC):
     ) -> EvalMetricsResult:
         """``compute_eval_metrics`` with the same guarantees as ``score``."""
         try:
-            return await asyncio.wait_for(
-                self._eval_call(target, sample, eos_token), timeout=self.kwargs.reward_timeout_s
-            )
+            async with asyncio.timeout(self.kwargs.reward_timeout_s):
+                return await self._eval_call(target, sample, eos_token)
         except Exception as exc:  # noqa: BLE001 - includes timeouts
             failed = _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
             return EvalMetricsResult(metrics=failed.sample_metrics, info_turns=failed.info_turns)

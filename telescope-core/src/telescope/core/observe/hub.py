@@ -328,8 +328,8 @@ class LoggerHub:
         self.log_info(info)
 
     @hookimpl
-    def telescope_event(self, event: TimelineEvent) -> None:
-        self.log_events([event])
+    def telescope_events(self, events: list[TimelineEvent]) -> None:
+        self.log_events(events)
 
     @hookimpl
     def telescope_step_end(self, step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:
@@ -340,7 +340,7 @@ class LoggerHub:
     def telescope_eval_end(
         self, step: int, name: str, metrics: dict[str, float], rows: list[dict[str, Any]]
     ) -> None:
-        """Hands the result to every logger; its ``eval`` event comes as a ``telescope_event``."""
+        """Hands the result to every logger; its ``eval`` event comes through ``telescope_events``."""
         self._call("log_eval", int(step), str(name), dict(metrics), [dict(r) for r in rows])
 
     @hookimpl

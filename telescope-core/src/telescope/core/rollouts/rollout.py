@@ -123,7 +123,10 @@ class RolloutRunner:
     def stop_text(self, ids: list[int]) -> str:
         """The text of the stop token that ended ``ids`` (any of the run's stop ids), else the EOS text."""
         if ids and ids[-1] in self.settings.stop_token_ids:
-            return self.decode(ids[-1:])
+            piece = self._pieces.get(ids[-1])  # the token view's cache: one token decoded alone
+            if piece is None:
+                piece = self._pieces[ids[-1]] = self.decode(ids[-1:])
+            return piece
         return self.eos_text
 
     async def run(

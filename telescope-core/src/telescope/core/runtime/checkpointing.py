@@ -132,20 +132,18 @@ class RunCheckpointer:
         if not checkpoint_due(step, self.cfg.checkpoint_every, self.cfg.number_of_steps):
             return
         state = orchestrator.state_dict()
-        orchestrator.hook.telescope_event(event=TimelineEvent("checkpoint", "start", step=step))
+        orchestrator.emit(TimelineEvent("checkpoint", "start", step=step))
         try:
             path = await self.save(step, state)
         except BaseException as exc:  # the span ends, saying why, however the save stopped (a cancel too)
             error = "cancelled" if isinstance(exc, asyncio.CancelledError) else describe_failure(exc)
             failed = {"path": "", "ok": False, "error": error}
-            orchestrator.hook.telescope_event(
-                event=TimelineEvent("checkpoint", "end", step=step, attrs=failed)
-            )
+            orchestrator.emit(TimelineEvent("checkpoint", "end", step=step, attrs=failed))
             raise
         end = TimelineEvent(
             "checkpoint", "end", step=step, attrs={"path": str(path or ""), "ok": path is not None}
         )
-        orchestrator.hook.telescope_event(event=end)
+        orchestrator.emit(end)
 
     async def save(self, step: int, state: dict[str, Any]) -> Path | None:
         """Write and commit ``step_<step>``; two attempts, then ``checkpoint_failure`` decides.

@@ -111,6 +111,8 @@ class Orchestrator:
         self._failures = FailureStreaks.for_batch_size(cfg.prompts_batch_size_for_trainer)
         """An environment whose every group fails would never train: it ends the run (stall.py)."""
         self._discards = liveness.DiscardTally()
+        self._events: list[TimelineEvent] = []
+        """Timeline events not yet handed to the hooks (``emit``: at most until the next loop turn)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and prompt ledger, taken between two awaits (so they agree with each other)."""
@@ -143,6 +145,7 @@ class Orchestrator:
             watchdog_task.cancel()
             server_watch.cancel()
             await self._shutdown(trainer_task)
+            self.flush_events()
         return self.counts
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
@@ -169,13 +172,31 @@ class Orchestrator:
             raise self._fatal
 
     def event(self, kind: str, phase: str, **fields: Any) -> None:
-        """A timeline event to the hooks (a plugin raising on it ends the run, naming the hook)."""
+        """A timeline event from loose fields (``TimelineEvent.of``); its step defaults to the one being filled."""
         fields.setdefault("step", self.counts.inference_step + 1)
+        self.emit(TimelineEvent.of(kind, phase, **fields))
+
+    def emit(self, event: TimelineEvent) -> None:
+        """Queue ``event`` for the hooks: the events of one loop turn reach ``telescope_events`` together."""
+        if not self._events:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush_events)
+            except RuntimeError:  # no loop running (before or after the run): hand it over now
+                self._events.append(event)
+                self.flush_events()
+                return
+        self._events.append(event)
+
+    def flush_events(self) -> None:
+        """Hand the queued events to ``telescope_events`` (a plugin raising ends the run, naming the hook)."""
+        if not self._events:
+            return
+        events, self._events = self._events, []
         try:
-            self.hook.telescope_event(event=TimelineEvent.of(kind, phase, **fields))
+            self.hook.telescope_events(events=events)
         except Exception as exc:  # noqa: BLE001 - a plugin's error ends the run (hookspecs.py), named as
             # such: raised inside a sample's request it would be counted as a failed rollout instead
-            self._fail(stage_error("the telescope_event hook", exc, fields["step"]))
+            self._fail(stage_error("the telescope_events hook", exc, events[-1].step))
 
     def _report_group(self, group: RolloutGroup) -> None:
         """A group is done with (kept in the batch being cut, discarded, or cancelled)."""
@@ -392,6 +413,7 @@ class Orchestrator:
                 self._enter("waiting for a batch")
                 waited = time.time()
                 batch = await self._batches.get()
+                self._raise_if_failed()  # a run that failed trains on nothing more (main loop may not have woken yet)
                 step = batch.step
                 await self._train_one(step, batch, time.time() - waited)
         except Exception as exc:  # noqa: BLE001 - re-raised with the stage and step named
@@ -416,6 +438,7 @@ class Orchestrator:
         self._enter("the telescope_step_end hook")
         report = step_metrics(self.counts, batch, metrics, sync, timing)
         rows = self.rollouts.close(step + 1, report)
+        self.flush_events()  # the step's events reach the hooks before its metrics
         self.hook.telescope_step_end(step=step + 1, metrics=report, rollouts=rows)
         self.poke()
         for hook in self.hooks:

@@ -88,4 +88,4 @@ def report_evals(hook: pluggy.HookRelay, step: int, results: Sequence[Any]) -> N
         hook.telescope_eval_end(
             step=int(step), name=str(result.name), metrics=dict(result.metrics), rows=rows
         )
-        hook.telescope_event(event=eval_event(step, result.name, result.metrics, len(rows)))
+        hook.telescope_events(events=[eval_event(step, result.name, result.metrics, len(rows))])

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.core.observe.rundir.frames import FRAME_MAX_BYTES, compress_lines
-from telescope.core.observe.rundir.jsonl import JsonlWriter, ZstdJsonlWriter, _dumps
+from telescope.core.observe.rundir.jsonl import JsonlWriter, ZstdJsonlWriter, encode_line
 from telescope.core.observe.rundir.layout import EVENTS_TAIL_FILE, LEGACY_EVENTS_TAIL_FILE
 
 __all__ = [
@@ -157,7 +157,7 @@ class EventBlocks:
                 self._flush()  # the events of a block never go to the next one
             if not self._pending:
                 self._pending_index, self._pending_since = index, now
-            lines = [_dumps(r).encode("utf-8") for r in records]
+            lines = [encode_line(r) for r in records]
             self._pending.extend(lines)
             self._pending_bytes += sum(len(line) for line in lines)
             self._tail.extend((now, line) for line in lines)

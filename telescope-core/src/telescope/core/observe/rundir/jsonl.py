@@ -1,6 +1,6 @@
 """Append-only JSONL files that survive a killed writer, plain or zstd-framed.
 
-Each record is one ``json.dumps`` line. ``JsonlWriter`` appends the lines of one call with a
+Each record is one JSON line (``encode_line``: orjson). ``JsonlWriter`` appends the lines of one call with a
 single ``write`` and flushes them to the OS at once, so a SIGKILL loses at most the line being
 written. ``ZstdJsonlWriter`` (``*.jsonl.zst``) appends them the same way as complete zstd frames
 (``telescope.core.observe.rundir.frames``): a SIGKILL loses at most the frame being written. The
@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from telescope.core.observe.rundir.frames import BLOCK_LEVEL, compress_lines
 from telescope.core.observe.rundir.storage import StorageError, describe_os_error
@@ -47,12 +49,20 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _dumps(record: dict[str, Any]) -> str:
-    """One strict-JSON line; the slow NaN-cleaning pass runs only when a non-finite float is present."""
+_ORJSON_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+
+
+def encode_line(record: dict[str, Any]) -> bytes:
+    """One strict-JSON line, UTF-8, ending in ``\\n``.
+
+    orjson writes it ~20x faster than ``json.dumps`` (a driver writes several events and one
+    rollout per sample: ``bench/scale.py``) and writes NaN/inf as null, as ``_clean`` does. What
+    orjson refuses (an int beyond 64 bits) is written by ``json`` after the cleaning pass.
+    """
     try:
-        return json.dumps(record, default=_jsonable, ensure_ascii=False, allow_nan=False) + "\n"
-    except ValueError:
-        return json.dumps(_clean(record), default=_jsonable, ensure_ascii=False) + "\n"
+        return orjson.dumps(record, default=_jsonable, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return (json.dumps(_clean(record), default=_jsonable, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 class JsonlWriter:
@@ -88,7 +98,7 @@ class JsonlWriter:
         """Append records, one line each, in one write and one flush (a kill tears at most the last)."""
         if not records:
             return
-        self.write_lines([_dumps(r).encode("utf-8") for r in records])
+        self.write_lines([encode_line(r) for r in records])
 
     def write_lines(self, lines: list[bytes]) -> None:
         """Append already encoded lines (each ending in ``\\n``) in one write and one flush."""
