@@ -9,7 +9,8 @@ handling), the ``reverse_text`` environment's reward, groups, staleness, the bat
 packer, the run hooks through a plugin manager, and the ``local`` logger writing a run
 directory (metrics, events, rollouts). What is simulated (named as such): each server is a
 ``SimulatedServer`` that answers a completion at once with synthetic token ids and logprobs
-(no model), and the trainer is a ``StubTrainer`` whose step and weight sync return at once. So
+(no model; drawn from 4,096 random completions made before the run, so the simulator's own
+cost is not the driver's), and the trainer is a ``StubTrainer`` whose step and weight sync return at once. So
 every figure is the driver's own cost: samples/s through one driver, its CPU per sample, and
 how both change as servers go 1 -> 256 and the concurrency per server 32 -> 256.
 
@@ -57,18 +58,29 @@ GROUP_SIZE = 8
 COMPLETION_TOKENS = 24
 
 
+SYNTHETIC_COMPLETIONS = 4096
+"""Distinct synthetic completions the simulated servers draw from (made before the run)."""
+
+
+def synthetic_completions(vocab: list[int], count: int = SYNTHETIC_COMPLETIONS) -> list[list[int]]:
+    """``count`` random completions of ``COMPLETION_TOKENS`` ids: drawn, not generated, during a
+    run, so the simulator's own cost (a random draw per token) is not counted as the driver's."""
+    rng = random.Random(1234)
+    return [rng.choices(vocab, k=COMPLETION_TOKENS) for _ in range(count)]
+
+
 @dataclass
 class SimulatedServer:
     """A simulated inference server: answers at once with synthetic tokens and logprobs (no model)."""
 
-    vocab: list[int]
+    completions: list[list[int]]
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     requests: int = 0
 
     async def complete(self, prompt: list[int], **params: Any) -> list[Completion]:
         self.requests += 1
         await asyncio.sleep(0)  # a real client yields to the loop while the request is out
-        ids = self.rng.choices(self.vocab, k=COMPLETION_TOKENS)
+        ids = list(self.completions[self.rng.randrange(len(self.completions))])  # the caller's own list
         return [Completion(0, ids, [-0.5] * len(ids), "stop", "", list(prompt), None)]
 
     async def abort(self, request_ids: list[str] | None = None) -> int:
@@ -143,7 +155,8 @@ def build(tokenizer: Any, run_dir: Path, servers: int, per_server: int, steps: i
     pset.pm.register(hub, name="core.logger_hub")
     special = set(tokenizer.all_special_ids)
     vocab = [i for i in range(min(len(tokenizer), 4000)) if i not in special]
-    sims = [SimulatedServer(vocab, random.Random(i)) for i in range(servers)]
+    completions = synthetic_completions(vocab)
+    sims = [SimulatedServer(completions, random.Random(i)) for i in range(servers)]
     orchestrator = Orchestrator(cfg, prompts, runner, sims, StubTrainer(), batches, pset.pm.hook)  # type: ignore[arg-type]
     return Rig(orchestrator, hub, sims, run_dir)
 

@@ -295,6 +295,18 @@ def test_every_value_a_record_may_hold_is_written_as_strict_json(tmp_path: Path)
     assert b"NaN" not in path.read_bytes() and b"Infinity" not in path.read_bytes()
 
 
+def test_a_timeline_event_is_written_as_its_fields_by_either_encoder() -> None:
+    """Events reach the encoder as dataclasses (no dict copy per event); the json fallback (an int
+    beyond 64 bits) writes the same fields."""
+    from telescope.core.observe import TimelineEvent
+    from telescope.core.observe.rundir.jsonl import encode_line
+
+    plain = TimelineEvent("generation", "end", step=3, group_id=7, sample_id=1, server=2, lane=5)
+    assert json.loads(encode_line(plain)) == plain.to_dict()
+    odd = TimelineEvent("run", name="x", attrs={"big": 2**70, "nan": float("nan")})
+    assert json.loads(encode_line(odd)) == {**odd.to_dict(), "attrs": {"big": 2**70, "nan": None}}
+
+
 def test_reader_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="run.json is missing"):
         RunDirReader(tmp_path)

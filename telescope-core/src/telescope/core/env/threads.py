@@ -35,6 +35,9 @@ class _Inbox:
         )
         self._scheduled = False
 
+    def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self._loop() is loop
+
     def put(self, fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
         """From a worker thread."""
         self._done.append((fut, result, error))
@@ -81,6 +84,7 @@ class DaemonThreadPool:
         self._inboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Inbox] = (
             weakref.WeakKeyDictionary()
         )
+        self._last: _Inbox | None = None
 
     def _work(self) -> None:
         while True:
@@ -115,10 +119,12 @@ class DaemonThreadPool:
         threading.Thread(target=self._work, name=f"{self.name}-{index}", daemon=True).start()
 
     def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox:
-        inbox = self._inboxes.get(loop)
-        if inbox is None:
-            with self._lock:
-                inbox = self._inboxes.setdefault(loop, _Inbox(loop))
+        inbox = self._last
+        if inbox is not None and inbox.serves(loop):  # the common case: one loop calls again and again
+            return inbox
+        with self._lock:
+            inbox = self._inboxes.setdefault(loop, _Inbox(loop))
+        self._last = inbox
         return inbox
 
     async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

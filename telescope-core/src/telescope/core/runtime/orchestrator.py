@@ -269,8 +269,14 @@ class Orchestrator:
     async def _run_sample(self, group: InflightGroup, index: int, task: SampleTask) -> None:
         freed = generated = False
         gid, server, lane = group.prepared.item.group_id, task.server, task.lane
-        where = {"group_id": gid, "sample_id": index, "server": server, "lane": lane}
         version = self.counts.model_version
+
+        def event(kind: str, phase: str, on_server: bool = True) -> None:  # built directly: 4 per sample
+            at = (server, lane) if on_server else (None, None)
+            step = self.counts.inference_step + 1
+            self.emit(
+                TimelineEvent(kind, phase, step=step, group_id=gid, sample_id=index, server=at[0], lane=at[1])
+            )
 
         def on_generated() -> None:  # generation over (all turns), the reward comes next
             nonlocal freed, generated
@@ -279,14 +285,14 @@ class Orchestrator:
             if running is not None:
                 running.generating = False  # scoring does not age a sample (max_off_policy_steps)
                 self.servers.clock.answered(server, running.started)  # the frozen-server rule's data
-            self.event("generation", "end", **where)
-            self.event("reward", "start", group_id=gid, sample_id=index)
+            event("generation", "end")
+            event("reward", "start", on_server=False)
             if not freed and self.cfg.free_lane_after_generation and self.individual:
                 freed = True
                 self.lanes.release(server, lane)
                 self.poke()
 
-        self.event("generation", "start", **where)
+        event("generation", "start")
         try:
             group.results[index] = await self.runner.run(self.clients[server], task, on_generated)
         except (asyncio.CancelledError, StaleWeightsError):  # stale: never train on it, the run ends
@@ -305,9 +311,9 @@ class Orchestrator:
                 self.lanes.release(server, lane)
             group.running.pop(index, None)
             if generated:
-                self.event("reward", "end", group_id=gid, sample_id=index)
+                event("reward", "end", on_server=False)
             else:  # failed or cancelled while generating
-                self.event("generation", "end", **where)
+                event("generation", "end")
         group.finished += 1
         if group.finished == self.cfg.group_size:
             self._complete_group(group)

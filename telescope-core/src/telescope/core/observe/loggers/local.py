@@ -233,7 +233,7 @@ class LocalLogger(Logger):
         self._started(self._rollouts).write(step, [r.to_dict() for r in rows])
 
     def log_events(self, events: list[TimelineEvent]) -> None:
-        self._started(self._events).write([e.to_dict() for e in events])
+        self._started(self._events).write(events)  # dataclasses: encode_line writes their fields
         progress = self._meta.get("progress")
         if progress is not None and progress.get("step") is None:  # the first step after a start
             first = next((e.step for e in events if e.type == "trainer" and e.phase == "start"), None)

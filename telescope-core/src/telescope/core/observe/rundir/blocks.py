@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,8 @@ class EventBlocks:
         index = max(int((now - self.origin) // self.block_duration_s), 0)
         return max(index, self._blocks.index or 0, self._pending_index)
 
-    def write(self, records: list[dict[str, Any]]) -> None:
+    def write(self, records: Sequence[Any]) -> None:
+        """Buffer ``records`` (dicts or dataclass records such as ``TimelineEvent``) for their block."""
         if not records:
             return
         with self._lock:
