@@ -98,15 +98,8 @@ class DaemonThreadPool:
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
                 result, error = None, exc
             inbox.put(fut, result, error)
-            del (
-                func,
-                args,
-                kwargs,
-                inbox,
-                fut,
-                result,
-                error,
-            )  # an idle worker holds no call's objects (nor its loop)
+            # an idle worker holds none of its last call's objects (nor, through the future, its loop)
+            del func, args, kwargs, inbox, fut, result, error
 
     def _ensure_worker(self) -> None:
         if self._workers >= self.max_workers:  # the common case, read without the lock (it only grows)
