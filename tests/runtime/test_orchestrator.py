@@ -86,6 +86,38 @@ def test_a_plugin_failing_on_an_event_inside_a_request_ends_the_run_naming_the_h
     assert orch.counts.rollout_errors == 0 and not trainer.batches  # not taken for failed requests
 
 
+def test_timeline_events_reach_the_hooks_a_loop_turn_at_a_time_in_order(tokenizer: Any) -> None:
+    from telescope.core import hookimpl
+
+    class Calls:
+        def __init__(self) -> None:
+            self.calls: list[list[Any]] = []
+
+        @hookimpl
+        def telescope_events(self, events: list[Any]) -> None:
+            self.calls.append(list(events))
+
+    plugin = Calls()
+    orch, trainer, _ = build(
+        tokenizer, ToyEnv(varied_reward), FakeClient(varied_reply(tokenizer)), plugins=(plugin,)
+    )
+    asyncio.run(orch.run())
+    events = [e for call in plugin.calls for e in call]
+    assert len(plugin.calls) < len(events)  # handed over together, not one call per event
+    assert [e.time for e in events] == sorted(e.time for e in events)  # in the order they happened
+    spans: dict[tuple[int, int], list[str]] = {}
+    for e in events:
+        if e.type in ("generation", "reward"):
+            spans.setdefault((e.group_id, e.sample_id), []).append(f"{e.type} {e.phase}")
+    trained = sum(len(g.samples) for batch in trainer.batches for g in batch.groups)
+    assert len(spans) >= trained > 0
+    assert all(
+        s == ["generation start", "generation end", "reward start", "reward end"] for s in spans.values()
+    )
+    trainer_steps = [e.step for e in events if e.type == "trainer" and e.phase == "end"]
+    assert trainer_steps == [1, 2, 3]  # every step's trainer span reached the hooks
+
+
 def test_synchronous_batches_come_from_the_latest_weights(tokenizer: Any) -> None:
     client = FakeClient(varied_reply(tokenizer))
     orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), client)

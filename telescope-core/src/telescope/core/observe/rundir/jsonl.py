@@ -31,7 +31,7 @@ __all__ = ["JsonlReadStats", "JsonlWriter", "ZstdJsonlWriter", "iter_jsonl", "re
 
 
 def _jsonable(value: Any) -> Any:
-    """Fallback for json.dumps: NaN/inf are written as null by ``_clean``; others as str."""
+    """The encoders' fallback for other types: arrays as lists, numpy scalars as numbers, the rest as str."""
     if hasattr(value, "tolist"):
         return value.tolist()
     if hasattr(value, "item"):
