@@ -118,6 +118,35 @@ def test_timeline_events_reach_the_hooks_a_loop_turn_at_a_time_in_order(tokenize
     assert trainer_steps == [1, 2, 3]  # every step's trainer span reached the hooks
 
 
+def test_a_plugin_failing_on_the_runs_last_events_fails_the_run(tokenizer: Any) -> None:
+    from telescope.core import hookimpl
+    from telescope.core.errors import RunStageError
+
+    class FailsAtTheEnd:
+        closing = False
+
+        @hookimpl
+        def telescope_events(self, events: list[Any]) -> None:
+            if self.closing:
+                raise RuntimeError("plugin bug at the end")
+
+    plugin = FailsAtTheEnd()
+    client = FakeClient(varied_reply(tokenizer))
+    orch, _, _ = build(tokenizer, ToyEnv(varied_reward), client, plugins=(plugin,))
+    shutdown = orch._shutdown
+
+    async def shutdown_then_an_event(trainer_task: Any) -> None:  # the run's last event comes after it
+        await shutdown(trainer_task)
+        plugin.closing = True
+        orch.event("run", "instant", name="last")
+
+    orch._shutdown = shutdown_then_an_event  # type: ignore[method-assign]
+    with pytest.raises(
+        RunStageError, match="the telescope_events hook failed: RuntimeError: plugin bug at the end"
+    ):
+        asyncio.run(orch.run())
+
+
 def test_synchronous_batches_come_from_the_latest_weights(tokenizer: Any) -> None:
     client = FakeClient(varied_reply(tokenizer))
     orch, trainer, observer = build(tokenizer, ToyEnv(varied_reward), client)

@@ -145,7 +145,10 @@ class Orchestrator:
             watchdog_task.cancel()
             server_watch.cancel()
             await self._shutdown(trainer_task)
-            self.flush_events()
+            fatal = self._fatal
+            self.flush_events()  # the last events: cancelled samples' spans
+        if self._fatal is not fatal and self._fatal is not None:  # a plugin failed on them: not quietly
+            raise self._fatal
         return self.counts
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
