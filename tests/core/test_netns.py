@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +133,72 @@ def test_sigterm_to_the_starting_command_reaches_the_run_inside(tmp_path: Path) 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 5
     assert got.read_text() == str(int(signal.SIGTERM))
+
+
+PROBE = Path(__file__).with_name("loopback_probe.py")
+
+
+def load_probe() -> Any:
+    """tests/core/loopback_probe.py as a module (the host side: its listener, the host's addresses)."""
+    spec = importlib.util.spec_from_file_location("loopback_probe", PROBE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_namespaces
+def test_no_address_inside_the_namespace_reaches_a_loopback_only_service_of_the_host(tmp_path: Path) -> None:
+    """pasta maps its gateway address (192.0.2.1 / the host's gateway) to the host's 127.0.0.1
+    unless told not to (--no-map-gw): a loopback-only listener then served the whole run."""
+    probe = load_probe()
+    listener = probe.LoopbackListener()
+    host_addresses = list(probe.seen_addresses())
+    report = tmp_path / "report.json"
+    try:
+        inner = f"import runpy, sys; sys.stdout = open({str(report)!r}, 'w'); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+        args = [str(PROBE), str(listener.port), *host_addresses]
+        assert netns.run_inside([sys.executable, "-c", inner, *args]) == 0
+    finally:
+        accepted = listener.close()
+    seen = json.loads(report.read_text())
+    assert seen["gateways"], seen  # pasta's routes: the addresses it used to map to the host
+    tried = {*seen["gateways"], "127.0.0.1", "::1", "::ffff:127.0.0.1", "10.0.2.2", *host_addresses}
+    assert tried <= set(seen["tried"])
+    assert seen["reached"] == [], seen
+    assert accepted == []
+
+
+def _host_nameserver() -> str | None:
+    for line in (
+        Path("/etc/resolv.conf").read_text().splitlines() if Path("/etc/resolv.conf").exists() else []
+    ):
+        if line.startswith("nameserver"):
+            return line.split()[1]
+    return None
+
+
+@needs_namespaces
+def test_outbound_connections_still_leave_the_namespace(tmp_path: Path) -> None:
+    """Where the host reaches its DNS server over TCP, a process inside the namespace does too."""
+    server = _host_nameserver()
+    try:
+        socket.create_connection((server or "", 53), timeout=3).close()
+    except OSError as exc:
+        pytest.skip(f"the host itself has no outbound TCP to its nameserver {server}: {exc}")
+    code = f"import socket; socket.create_connection(({server!r}, 53), timeout=5).close()"
+    assert netns.run_inside([sys.executable, "-c", code]) == 0
+
+
+@needs_namespaces
+def test_root_keeps_every_user_inside_so_a_sandbox_uid_exists(tmp_path: Path) -> None:
+    """A root run maps every uid to itself (a ``local`` sandbox runs as 65534 and chowns its
+    workspace to it); anyone else maps only their own uid."""
+    target = tmp_path / "owned"
+    target.write_text("")
+    code = f"import os; os.chown({str(target)!r}, 65534, 65534); print(open('/proc/self/uid_map').read())"
+    status = netns.run_inside([sys.executable, "-c", code])
+    if os.geteuid() == 0:
+        assert status == 0 and target.stat().st_uid == 65534
+    else:
+        assert status != 0 and target.stat().st_uid == os.getuid()  # not root: no chown to others

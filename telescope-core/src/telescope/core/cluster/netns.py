@@ -7,8 +7,11 @@ starts its own private Ray cluster re-runs itself inside a new user + network na
 (``unshare``) whose only link to the outside is pasta's user-mode network (the ``passt`` package):
 outbound connections (the Hugging Face hub, W&B, cloud sandboxes) work as before, and no port of
 the namespace is forwarded to the host (``-t none -u none``), so Ray's ports, the inference servers,
-the weight-sync stores and the agent gateway answer only processes of the run itself. The user's id
-stays the same inside (``--map-current-user``); GPUs, files and the run directory are untouched.
+the weight-sync stores and the agent gateway answer only processes of the run itself. Nothing the
+other way either: no host port is forwarded in (``-T none -U none``) and pasta's gateway address
+is not mapped to the host's loopback (``--no-map-gw``), so the host's loopback-only services are
+out of the run's reach. The user's id stays the same inside (``--map-current-user``; root maps
+every uid, so a sandbox's uid exists inside); GPUs, files and the run directory are untouched.
 
 ``auto`` uses the namespace when the run starts a private cluster, listens on loopback only and the
 tools work here, and otherwise says once why it does not; ``required`` fails instead.
@@ -106,9 +109,12 @@ def run_inside(argv: list[str]) -> int:
     set up (user namespaces disabled, pasta failing): nothing of the run has started then."""
     ready_r, ready_w = os.pipe()  # the child says "I am inside" with its pid
     go_r, go_w = os.pipe()  # we say "the network is up" (or give up)
+    # root maps every uid (the parent writes the map, below): a sandbox's uid 65534 exists inside
+    as_root = os.geteuid() == 0
+    namespaces = ("--user", "--net") if as_root else ("--user", "--map-current-user", "--net")
     child = subprocess.Popen(
         [
-            *("unshare", "--user", "--map-current-user", "--net", "--fork", "--kill-child"),
+            *("unshare", *namespaces, "--fork", "--kill-child"),
             *(sys.executable, "-m", "telescope.core.cluster.netns", str(ready_w), str(go_r), "--", *argv),
         ],
         pass_fds=(ready_w, go_r),
@@ -118,6 +124,8 @@ def run_inside(argv: list[str]) -> int:
     os.close(go_r)
     try:
         inner_pid = _read_pid(ready_r, child)
+        if as_root:
+            _map_every_id(inner_pid)
         pasta = _start_pasta(inner_pid)
     except BaseException:
         os.write(go_w, _GIVE_UP)
@@ -155,22 +163,19 @@ def _read_pid(ready_r: int, child: subprocess.Popen[bytes]) -> int:
 
 def _start_pasta(pid: int) -> subprocess.Popen[bytes]:
     """pasta joins ``pid``'s namespaces, gives them a network interface with the host's addresses and
-    routes, and forwards no port in either direction. It runs in the foreground as our child (a
-    daemon pasta outlives the namespace) in its own session (Ctrl-C is for the run, not the network),
-    and dies with us (``PR_SET_PDEATHSIG``); ready once the namespace has a default route."""
+    routes, and forwards no port in either direction, nor its gateway address to the host's loopback
+    (``--no-map-gw``: by default pasta answers connections to the gateway from the host's 127.0.0.1,
+    and every loopback-only service of the host would be the run's). It runs in the foreground as
+    our child (a daemon pasta outlives the namespace) in its own session (Ctrl-C is for the run, not
+    the network), and dies with us (``PR_SET_PDEATHSIG``); ready once the namespace has a default
+    route."""
     command = [
         "pasta",
         "--foreground",
         "--config-net",
         "--quiet",
-        "-t",
-        "none",
-        "-u",
-        "none",
-        "-T",
-        "none",
-        "-U",
-        "none",
+        *("-t", "none", "-u", "none", "-T", "none", "-U", "none"),
+        "--no-map-gw",
     ]
     if os.geteuid() == 0:
         command += ["--runas", "0"]  # pasta drops root to nobody, who may not enter root's namespace
@@ -195,6 +200,19 @@ def _start_pasta(pid: int) -> subprocess.Popen[bytes]:
         time.sleep(0.02)
     errors.close()
     return pasta
+
+
+def _map_every_id(pid: int) -> None:
+    """Map every uid and gid of the host to itself in ``pid``'s new user namespace (root may): the
+    run keeps its users, so the ``local`` sandboxes' uid (65534) exists inside."""
+    try:
+        for kind in ("uid", "gid"):
+            Path(f"/proc/{pid}/{kind}_map").write_text("0 0 4294967295\n")
+    except OSError as exc:
+        raise NetworkNamespaceError(
+            f"root could not map the host's users into the run's user namespace ({exc}): "
+            "it needs CAP_SETUID and CAP_SETGID; set ray_network_namespace: off to run without it"
+        ) from None
 
 
 def _has_default_route(pid: int) -> bool:
