@@ -45,6 +45,12 @@ ADDED_FIELDS = {
     "inference_access_log": False,
     "rollout_token_view_max_tokens": 512,
     "agent_tool_call_parser": "xml",
+    "routing_policy": "sticky_least_loaded",
+    "routing_saturation_margin": 4,
+    "context_compaction_at_tokens": None,
+    "context_compaction_max_per_rollout": 4,
+    "context_compaction_train_summary": True,
+    "context_compaction_attempts": 2,
 }
 
 

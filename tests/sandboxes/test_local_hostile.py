@@ -7,6 +7,8 @@ the case's marker survives ``destroy``. Network probes target only 127.0.0.1.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from telescope.core.sandbox import ExecResult, SandboxConfig, SandboxPathError
+from telescope.core.sandbox import ExecResult, SandboxConfig, SandboxConfigError, SandboxPathError
 
 from .conftest import processes_with_marker, run
 
@@ -69,30 +71,171 @@ def test_cannot_connect_to_host_loopback(
     assert accepted == [None]
 
 
+def tun_condition() -> str:
+    """How this host's /dev/net/tun serves a networked sandbox, judged here from its mode alone:
+    ``opens`` (slirp4netns runs as the sandbox's uid: 65534 under root, else this user),
+    ``confined-root`` (only root may open it, and this is root with CAP_SYS_ADMIN) or ``refused``."""
+    info = os.stat("/dev/net/tun")
+    if os.geteuid() != 0:
+        return "opens" if os.access("/dev/net/tun", os.R_OK | os.W_OK) else "refused"
+    if info.st_mode & 0o006 == 0o006 or (info.st_uid == 65534 and info.st_mode & 0o600 == 0o600):
+        return "opens"
+    status = Path("/proc/self/status").read_text()
+    effective = int(next(x.split()[1] for x in status.splitlines() if x.startswith("CapEff:")), 16)
+    return "confined-root" if effective >> 21 & 1 else "refused"  # bit 21: CAP_SYS_ADMIN
+
+
 def test_network_access_is_outbound_only_never_the_hosts_loopback(
     local_provider: Any, marked_config: SandboxConfig, marker: str
 ) -> None:
     """network_access: true used to share the host's namespace: code reached 127.0.0.1 services
-    (and through Ray's job API, root). Now it gets its own namespace behind slirp4netns."""
+    (and through Ray's job API, root). Now it gets its own namespace behind slirp4netns, also where
+    /dev/net/tun is root's alone (slirp4netns then runs as root, confined: every capability but
+    CAP_NET_BIND_SERVICE dropped once the device is open), or a one-line refusal where that cannot be."""
     if shutil.which("slirp4netns") is None:
         pytest.skip("slirp4netns is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
-    result, accepted = _contained_against_host_listener(
-        local_provider,
-        marked_config.model_copy(update={"network_access": True}),
-        marker,
-        lambda port: (
-            "import socket\n"
-            "print('interfaces', sorted(name for _, name in socket.if_nameindex()))\n"
-            f"for host in ('127.0.0.1', '10.0.2.2'):  # this namespace's loopback; slirp4netns's gateway\n"
-            "    s = socket.socket(); s.settimeout(1)\n"
-            f"    try:\n        s.connect((host, {port})); print('CONNECTED', host)\n"
-            "    except OSError as e:\n        print('refused', host, e)\n"
-        ),
-    )
+    config = marked_config.model_copy(update={"network_access": True})
+    condition = tun_condition()
+    if condition == "refused":
+        with pytest.raises(SandboxConfigError, match=r"needs /dev/net/tun opened as uid \d+ .*chmod 0666"):
+            run(local_provider.create(config))
+        return
+    slirps = SlirpWatch()
+    try:
+        result, accepted = _contained_against_host_listener(
+            local_provider,
+            config,
+            marker,
+            lambda port: (
+                "import socket\n"
+                "print('interfaces', sorted(name for _, name in socket.if_nameindex()))\n"
+                f"for host in ('127.0.0.1', '10.0.2.2'):  # this namespace's loopback; slirp4netns's gateway\n"
+                "    s = socket.socket(); s.settimeout(1)\n"
+                f"    try:\n        s.connect((host, {port})); print('CONNECTED', host)\n"
+                "    except OSError as e:\n        print('refused', host, e)\n"
+            ),
+        )
+    finally:
+        seen = slirps.stop()
     assert "interfaces ['lo', 'tap0']" in result.stdout, result.stdout + result.stderr
     assert "CONNECTED" not in result.stdout
     assert "refused 127.0.0.1" in result.stdout and "refused 10.0.2.2" in result.stdout
     assert accepted == [None]
+    assert seen, "no slirp4netns ran for the sandbox"
+    if condition == "confined-root":
+        # the long-lived slirp4netns (the one that forwards the sandbox's traffic) holds nothing but
+        # CAP_NET_BIND_SERVICE (bit 10) once the device is open
+        assert min(caps for _, caps in seen.values()) == 1 << 10, seen
+    else:
+        assert {uid for uid, _ in seen.values()} == {65534 if os.geteuid() == 0 else os.getuid()}, seen
+
+
+CORE_TESTS = Path(__file__).resolve().parents[1] / "core"
+
+
+def load_test_module(name: str) -> Any:
+    """A module of tests/core by file (the loopback probe and its listener; the namespace checks)."""
+    spec = importlib.util.spec_from_file_location(f"core_{name}", CORE_TESTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+IN_RUN = """
+import asyncio, importlib.util, json, sys
+from telescope.core.sandbox import SandboxConfig, SandboxConfigError
+from telescope.sandboxes.local import LocalSandboxProvider
+
+probe_path, port, report_path, marker, *host_addresses = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("probe", probe_path)
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+run_addresses = list(probe.seen_addresses())  # the run's namespace: pasta's gateway, its own
+run_gateways = list(probe.gateways())
+
+async def main():
+    provider = LocalSandboxProvider()
+    config = SandboxConfig(network_access=True, memory_mb=512, disk_size_gb=0.05,
+                           environment_vars={"TELESCOPE_TEST_MARKER": marker})
+    try:
+        handle = await provider.create(config)
+    except SandboxConfigError as exc:
+        return {"refused": str(exc)}
+    try:
+        await provider.upload_bytes(handle, "prog.py", open(probe_path, "rb").read())
+        addresses = " ".join([*host_addresses, *run_addresses])
+        result = await provider.execute(handle, f"python3 prog.py {port} {addresses}", timeout=30)
+    finally:
+        await provider.destroy(handle)
+    return {"run_addresses": run_addresses, "run_gateways": run_gateways, "exit": result.exit_code, "stderr": result.stderr,
+            **json.loads(result.stdout or "{}")}
+
+open(report_path, "w").write(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_networked_sandbox_inside_a_run_reaches_no_loopback_service_of_the_host(
+    tmp_path: Path, marker: str
+) -> None:
+    """A sandbox with network_access: true inside a run's private namespace: its traffic leaves
+    through slirp4netns into the run's namespace and through pasta to the host. From there it
+    reached the host's loopback through pasta's gateway; it may reach no loopback-only service of
+    the host by any address it or the run can see."""
+    netns_tests = load_test_module("test_netns")
+    if netns_tests._unusable() or shutil.which("slirp4netns") is None or shutil.which("bwrap") is None:
+        pytest.skip(f"needs unshare, pasta, bwrap and slirp4netns: {netns_tests._unusable()}")
+    from telescope.core.cluster import netns
+
+    probe = load_test_module("loopback_probe")
+    listener = probe.LoopbackListener()
+    host_addresses = list(probe.seen_addresses())
+    report = tmp_path / "report.json"
+    argv = [sys.executable, "-c", IN_RUN, str(probe.__file__), str(listener.port), str(report), marker]
+    try:
+        assert netns.run_inside([*argv, *host_addresses]) == 0
+    finally:
+        accepted = listener.close()
+    seen = json.loads(report.read_text())
+    assert processes_with_marker(marker) == []
+    if tun_condition() == "refused":
+        assert "needs /dev/net/tun" in seen["refused"]
+        return
+    assert seen["exit"] == 0, seen
+    assert seen["gateways"] == ["10.0.2.2"], seen  # slirp4netns's: the run's namespace behind it
+    tried = {"127.0.0.1", "10.0.2.2", "::ffff:127.0.0.1", *host_addresses, *seen["run_addresses"]}
+    assert tried <= set(seen["tried"]), seen
+    assert seen["run_gateways"], seen  # pasta's routes: what it used to map to the host's loopback
+    assert seen["reached"] == [], seen
+    assert accepted == []
+
+
+class SlirpWatch:
+    """Records the uid and effective capabilities last seen of every slirp4netns this process starts."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            for entry in Path("/proc").iterdir():
+                try:
+                    if not entry.name.isdigit() or (entry / "comm").read_text().strip() != "slirp4netns":
+                        continue
+                    fields = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines())
+                except (OSError, ValueError):
+                    continue
+                if int(fields["PPid"]) == os.getpid():
+                    uid = int(fields["Uid"].split()[1])
+                    self.seen[int(entry.name)] = (uid, int(fields["CapEff"], 16))
+
+    def stop(self) -> dict[int, tuple[int, int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
 
 
 def _contained_against_host_listener(

@@ -90,6 +90,18 @@ class TelescopeConfig(BaseModel):
     """Free the inference lane when generation completes, before reward computation."""
     max_off_policy_steps: int = Field(default=8, ge=-1)
     """Cancel in-flight rollouts after this many weight updates (-1 disables cancellation)."""
+    routing_policy: Literal["pinned", "sticky", "least_loaded", "sticky_least_loaded"] = "sticky_least_loaded"
+    """Which server answers each request of a rollout (every turn, every sample of a group): sticky_least_loaded = the server holding its prefix (prefix cache) unless it runs more than routing_saturation_margin requests beyond the least loaded, then the least loaded; sticky = a hash of the group, whatever the load; least_loaded = the fewest requests in flight; pinned = the server the group was placed on."""
+    routing_saturation_margin: int = Field(default=4, ge=0)
+    """Requests in flight a server may run beyond the least loaded one before sticky_least_loaded sends a request holding its prefix elsewhere."""
+    context_compaction_at_tokens: int | None = Field(default=None, ge=1)
+    """Multi-turn rollouts: when the next turn's prompt would pass this many tokens, the policy summarizes the conversation and the rollout continues from system prompt + task + summary, each part trained as its own sequence with the rollout's advantage (null = off: a rollout reaching max_model_len stops)."""
+    context_compaction_max_per_rollout: int = Field(default=4, ge=1)
+    """Most compactions of one rollout; past it the rollout stops as if out of context (stop reason context_exhausted)."""
+    context_compaction_train_summary: bool = True
+    """Train the summary tokens the policy wrote (once, in their own sequence); false = keep them out of the loss."""
+    context_compaction_attempts: int = Field(default=2, ge=1)
+    """Tries to get a usable summary (non-empty, ended within max_tokens) before the rollout fails with CompactionFailed: counted as a failed rollout (rollout_error), never scored as a reward of 0."""
     stall_timeout_s: float = Field(default=1800.0, ge=0)
     """Fail the run, with a dump of what every server, lane and group is doing, when no training step completes for this many seconds (0 = never)."""
     trainer_overdue_factor: float = Field(default=10.0, ge=0)
@@ -463,4 +475,10 @@ def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
                 f"environments[{i}] ({env.name}): reward_min ({env.reward_min}) must be below "
                 f"reward_max ({env.reward_max})"
             )
+    at = cfg.context_compaction_at_tokens
+    if at is not None and at >= cfg.max_model_len:
+        problems.append(
+            f"context_compaction_at_tokens ({at}) must be below max_model_len ({cfg.max_model_len}): "
+            "the summary request and the summary need room after the conversation; lower it"
+        )
     return problems

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from telescope.core.env import reward_log
 from telescope.core.env.chat import ChatOptions, render_messages
+from telescope.core.env.compaction import Compactor
 from telescope.core.env.parsers import strip_eos
 from telescope.core.env.types import (
     ChatMessage,
@@ -310,6 +311,11 @@ class MultiTurnEnvironment(ConversationEnvironment):
     ) -> list[ChatMessage]:
         """The next turn's prompt: the conversation so far plus the environment's reply."""
         return [*state.last_messages(), *env_messages]
+
+    def compactor(self) -> Compactor:
+        """How this environment's conversations are compacted (``context_compaction_at_tokens``):
+        override to return a ``Compactor`` subclass with your own summary request or restart."""
+        return Compactor()
 
     @abstractmethod
     async def compute_reward(self, state: RolloutState, eos_token: str = "") -> RewardResult:  # type: ignore[override]

@@ -106,6 +106,8 @@ class RolloutState:
     stop_reason: str | None = None
     error: str | None = None
     custom: dict[str, Any] = field(default_factory=dict)
+    summaries: list[str] = field(default_factory=list)
+    """The summaries the rollout continued from, in order (context compaction)."""
 
     @property
     def num_turns(self) -> int:

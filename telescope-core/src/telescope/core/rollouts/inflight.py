@@ -67,6 +67,7 @@ class InflightGroup:
             lane,
             model_version,
             request_seed(run_seed, gid, index),
+            gid,
         )
 
     def fail(self, index: int, task: SampleTask, version: int, failure: GroupFailure) -> None:

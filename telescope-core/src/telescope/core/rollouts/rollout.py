@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.agent import AgentEnvironment
 from telescope.core.env.base import Environment, MultiTurnEnvironment
-from telescope.core.env.types import RewardResult, Sample, TrajectoryStep
+from telescope.core.env.types import RewardResult, Sample
+from telescope.core.rollouts.compaction import CompactionSettings
 from telescope.core.rollouts.groups import RolloutSample, normalize_reward
+from telescope.core.rollouts.routing import RouteKey, Router
 from telescope.core.rollouts.tokens import Interleaver
 
 if TYPE_CHECKING:
@@ -47,6 +49,8 @@ class GenerationSettings:
     token_view_max_tokens: int = 0
     """Not a sampling setting: completions of at most this many tokens are also decoded token
     by token for the rollout records' token view (``rollout_token_view_max_tokens``)."""
+    compaction: CompactionSettings | None = None
+    """Multi-turn rollouts summarize and continue past ``at_tokens`` (None: they stop at max_model_len)."""
 
     @classmethod
     def from_config(cls, cfg: TelescopeConfig, stop_ids: list[int]) -> GenerationSettings:
@@ -58,6 +62,7 @@ class GenerationSettings:
             stop_ids,
             cfg.vllm_scheduling_policy == "priority",
             cfg.rollout_token_view_max_tokens,
+            CompactionSettings.from_config(cfg),
         )
 
 
@@ -78,6 +83,13 @@ class SampleTask:
     seed: int | None = None
     """Sampling seed of the first request (turn t uses ``seed + t``): a rerun, or a resumed run,
     samples the same tokens from the same weights."""
+    group_id: int = -1
+    """The group this sample belongs to (its samples share the prompt: routing keeps them together)."""
+
+    @property
+    def route_key(self) -> RouteKey:
+        """What the router knows of this sample's requests."""
+        return RouteKey(self.request_id, f"g{self.group_id}", self.server)
 
 
 class RolloutRunner:
@@ -92,8 +104,33 @@ class RolloutRunner:
         """Token id -> its text decoded alone (the token view decodes each id once per run)."""
         self.agent_gateway: AgentGateway | None = None
         """Where agent environments' rollouts reach the model (set by the runtime when a run has one)."""
+        self.router: Router | None = None
+        """Picks each request's server among ``clients`` (None: every request to the lane's server)."""
+        self.clients: list[ServerClient] = []
 
-    def _params(self, prompt_len: int, turn: int, request_id: str, seed: int | None) -> dict[str, Any] | None:
+    def route_requests(self, router: Router, clients: list[ServerClient]) -> None:
+        """Send each request where ``router`` says (``clients[i]`` is server ``i``)."""
+        if router.num_servers != len(clients):
+            raise ValueError(
+                f"the router knows {router.num_servers} servers but {len(clients)} clients were given"
+            )
+        self.router, self.clients = router, clients
+
+    async def complete(
+        self, client: ServerClient, task: SampleTask, prompt_ids: list[int], params: dict[str, Any]
+    ) -> Any:
+        """One request of ``task``: on the server the router picks (else ``client``, the lane's server)."""
+        if self.router is None or self.router.policy == "pinned":
+            (choice,) = await client.complete(prompt_ids, **params)
+            return choice
+        server = self.router.route(task.route_key)
+        with self.router.request(server):
+            (choice,) = await self.clients[server].complete(prompt_ids, **params)
+        return choice
+
+    def request_params(
+        self, prompt_len: int, turn: int, request_id: str, seed: int | None
+    ) -> dict[str, Any] | None:
         room = self.settings.max_model_len - prompt_len
         if room < 1:
             return None
@@ -104,7 +141,7 @@ class RolloutRunner:
             "stop_token_ids": self.settings.stop_token_ids,
             "priority": -turn if self.settings.priority_by_turn else 0,
             "request_id": request_id,
-            "seed": None if seed is None else (seed + turn) & 0x7FFFFFFF,
+            "seed": None if seed is None else seed & 0x7FFFFFFF,
         }
 
     def decode(self, ids: list[int]) -> str:
@@ -133,6 +170,15 @@ class RolloutRunner:
         self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         """Generate and score one sample (never raises for model-output problems)."""
+        try:
+            return await self._run(client, task, on_generated)
+        finally:
+            if self.router is not None:
+                self.router.release(task.route_key)
+
+    async def _run(
+        self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
+    ) -> RolloutSample:
         if isinstance(task.env, AgentEnvironment):
             from telescope.core.rollouts.agent import run_agent_rollout
 
@@ -143,17 +189,19 @@ class RolloutRunner:
                 )
             return await run_agent_rollout(self, self.agent_gateway, client, task, on_generated)
         if isinstance(task.env, MultiTurnEnvironment):
-            return await self._multi_turn(client, task, task.env, on_generated)
+            from telescope.core.rollouts.multi_turn import run_multi_turn
+
+            return await run_multi_turn(self, client, task, task.env, on_generated)
         return await self._single_turn(client, task, on_generated)
 
     async def _single_turn(
         self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         start_version, t0 = task.model_version(), time.time()
-        params = self._params(len(task.prompt_ids), 0, task.request_id, task.seed)
+        params = self.request_params(len(task.prompt_ids), 0, task.request_id, turn_seed(task, 0))
         if params is None:  # nothing generated, nothing to score (the caller frees the lane)
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
-        (choice,) = await client.complete(task.prompt_ids, **params)
+        choice = await self.complete(client, task, task.prompt_ids, params)
         t1 = time.time()
         on_generated()
         text = self.decode(choice.token_ids)
@@ -172,97 +220,6 @@ class RolloutRunner:
         )
         sample.response_ids = [choice.response_id] if choice.response_id else []
         return sample
-
-    async def _multi_turn(
-        self,
-        client: ServerClient,
-        task: SampleTask,
-        env: MultiTurnEnvironment,
-        on_generated: Callable[[], None],
-    ) -> RolloutSample:
-        state = env.create_initial_state(task.sample)
-        messages = env.get_initial_prompt(task.sample)
-        prompt_ids, start_version, t0 = list(task.prompt_ids), task.model_version(), time.time()
-        completion: list[int] = []
-        logprobs: list[float] = []
-        mask: list[int] = []
-        finish = "stop"
-        response_ids: list[str] = []
-        for turn in range(env.max_turns):
-            params = self._params(len(prompt_ids), turn, f"{task.request_id}-t{turn}", task.seed)
-            if params is None:
-                state.stop_reason, finish = "context_exhausted", "length"
-                break
-            (choice,) = await client.complete(prompt_ids, **params)
-            response_ids += [choice.response_id] if choice.response_id else []
-            ids = list(choice.token_ids)
-            completion += ids
-            logprobs += list(choice.logprobs)
-            mask += [1] * len(ids)
-            finish = choice.finish_reason or "stop"
-            text = self.decode(ids)
-            assistant = {"role": "assistant", "content": _strip_eos(text, self.stop_text(ids))}
-            state.trajectory.append(
-                TrajectoryStep(
-                    prompt=[dict(m) for m in messages],
-                    completion=[assistant],
-                    prompt_token_ids=list(prompt_ids),
-                    completion_token_ids=ids,
-                    completion_logprobs=list(choice.logprobs),
-                    is_truncated=finish == "length",
-                )
-            )
-            env_messages = await env.env_response([*messages, assistant], state)
-            done, reason = env.is_done(state)
-            if done:
-                state.is_completed, state.stop_reason = True, reason
-                break
-            messages = env.get_next_prompt_messages(state, env_messages)
-            env_ids = self._env_tokens(ids, messages, env_messages, prompt_ids)
-            if env_ids is None:
-                state.stop_reason = "retokenization_mismatch"
-                break
-            completion += env_ids
-            logprobs += [0.0] * len(env_ids)
-            mask += [0] * len(env_ids)
-            prompt_ids = prompt_ids + ids + env_ids
-        t1 = time.time()
-        on_generated()
-        result = await env.score(state, task.sample, self.eos_text)
-        texts = "".join(str(m.get("content", "")) for s in state.trajectory for m in s.completion)  # type: ignore[union-attr]
-        sample = self._finish(
-            task,
-            completion,
-            logprobs,
-            mask,
-            finish,
-            result,
-            texts,
-            start_version,
-            (t0, t1, time.time()),
-            num_turns=state.num_turns,
-        )
-        sample.info["stop_reason"] = state.stop_reason
-        sample.response_ids = response_ids
-        return sample
-
-    def _env_tokens(
-        self,
-        ids: list[int],
-        messages: list[dict[str, Any]],
-        env_messages: list[dict[str, Any]],
-        prompt_ids: list[int],
-    ) -> list[int] | None:
-        """Token ids between this completion and the next generation (bridge + environment turn)."""
-        if self.interleaver is not None:
-            return self.interleaver.bridge(ids) + self.interleaver.env_ids(env_messages)
-        # Non-interleaved: re-render the whole conversation; keep it only if it extends the
-        # exact tokens so far (otherwise the trained sequence would not be what the model saw).
-        from telescope.core.env.chat import render_messages
-
-        full = self.tokenizer.encode(render_messages(self.tokenizer, messages), add_special_tokens=False)
-        seen = prompt_ids + ids
-        return list(full[len(seen) :]) if list(full[: len(seen)]) == seen else None
 
     def _finish(
         self,
@@ -345,5 +302,10 @@ class PromptTooLongError(ValueError):
         )
 
 
-def _strip_eos(text: str, eos: str) -> str:
+def turn_seed(task: SampleTask, turn: int) -> int | None:
+    """Turn ``turn``'s sampling seed (``SampleTask.seed``)."""
+    return None if task.seed is None else task.seed + turn
+
+
+def strip_stop(text: str, eos: str) -> str:
     return text[: -len(eos)] if eos and text.endswith(eos) else text

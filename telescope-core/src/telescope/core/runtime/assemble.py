@@ -13,6 +13,7 @@ from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.rollouts.batching import BatchBuilder
 from telescope.core.rollouts.prompts import PromptSource
 from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
+from telescope.core.rollouts.routing import Router
 from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 from telescope.core.runtime.orchestrator import Orchestrator
@@ -227,6 +228,10 @@ async def build_orchestrator(
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
     orchestrator.rollouts.traces = session.traces
     install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
+    router = Router(
+        len(clients), cfg.routing_policy, cfg.routing_saturation_margin, orchestrator.lanes.enabled
+    )
+    orchestrator.runner.route_requests(router, clients)  # each request's server: rollouts/routing.py
     orchestrator.servers.healer = RayServerHealer(
         session.servers.actors,
         clients,

@@ -6,6 +6,12 @@ creates a fresh namespace (``--unshare-net``) and stops before running the comma
 (``--block-fd``); slirp4netns gives that namespace a NAT-ed tap device with user-mode networking
 (``--disable-host-loopback``: the host's 127.0.0.1 is not reachable through the gateway either),
 and the command starts once the device is up. slirp4netns exits with the command (``--exit-fd``).
+
+slirp4netns opens ``/dev/net/tun`` inside the sandbox's namespaces, as the uid it runs as (the
+sandbox's under root). Where that uid may not open it (a host whose device is ``crw-------``
+root's), root with CAP_SYS_ADMIN runs slirp4netns as root instead, confined by its own
+``--enable-sandbox`` (an empty root, every capability dropped but CAP_NET_BIND_SERVICE) and
+``--enable-seccomp``; anyone else is refused at sandbox creation (``slirp_identity``).
 """
 
 from __future__ import annotations
@@ -15,18 +21,92 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["SLIRP_INSTALL", "UserNet", "slirp4netns_path"]
+__all__ = ["SLIRP_INSTALL", "TUN_DEVICE", "SlirpIdentity", "TunDeviceError", "UserNet", "slirp4netns_path"]
 
 SLIRP_INSTALL = "install slirp4netns (Debian/Ubuntu: apt-get install slirp4netns; telescope-sandboxes/install-bubblewrap.sh does it)"
 #: How long bubblewrap may take to report its child's pid, and slirp4netns to bring the device up.
 _START_TIMEOUT_S = 10.0
 
 
+#: The device slirp4netns opens (a path it hard-codes).
+TUN_DEVICE = "/dev/net/tun"
+_CAP_SYS_ADMIN = 21
+
+
 def slirp4netns_path() -> str | None:
     return shutil.which("slirp4netns")
+
+
+class TunDeviceError(RuntimeError):
+    """slirp4netns could not open the tun device here: the sandbox cannot have a network."""
+
+
+@dataclass(frozen=True)
+class SlirpIdentity:
+    """Who runs a sandbox's slirp4netns."""
+
+    run_as: int | None
+    """The uid it switches to (None: this process's)."""
+    confined_root: bool = False
+    """Root, because only root may open the tun device here: slirp4netns then confines itself
+    (``--enable-sandbox``, ``--enable-seccomp``) once the device is open."""
+
+    @classmethod
+    def choose(
+        cls, sandbox_uid: int | None, *, device: str | None = None, privileged: bool | None = None
+    ) -> SlirpIdentity:
+        """The sandbox's uid (``None``: this process's) where it may open ``device`` (default
+        ``TUN_DEVICE``), else confined root where this process is root with CAP_SYS_ADMIN
+        (``privileged``: detected when None); otherwise raise ``TunDeviceError`` naming the cause
+        and the fix."""
+        device = device or TUN_DEVICE
+        uid = os.geteuid() if sandbox_uid is None else sandbox_uid
+        cause = _tun_refusal(device, sandbox_uid)
+        if cause is None:
+            return cls(sandbox_uid)
+        if root_with_cap_sys_admin() if privileged is None else privileged:
+            return cls(None, confined_root=True)
+        raise TunDeviceError(
+            f"local sandbox: network_access=true needs {device} opened as uid {uid} (slirp4netns), "
+            f"but {cause}: make it usable by every user as the kernel creates it (chmod 0666 {device}; "
+            "in a container, pass the device with those permissions), run Telescope as root with "
+            "CAP_SYS_ADMIN, or set network_access: false"
+        )
+
+
+def _tun_refusal(device: str, sandbox_uid: int | None) -> str | None:
+    """Why ``sandbox_uid`` (None: this process) may not open ``device`` read-write, or None."""
+    try:
+        info = os.stat(device)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror}; load the tun module: modprobe tun)"
+    shown = f"it is {stat.filemode(info.st_mode)} uid {info.st_uid} gid {info.st_gid}"
+    if sandbox_uid is None:
+        return None if os.access(device, os.R_OK | os.W_OK) else shown
+    # the sandbox's uid runs with gid = uid and no supplementary groups (setpriv --clear-groups)
+    if sandbox_uid == info.st_uid:
+        bits = 0o600
+    elif sandbox_uid == info.st_gid:
+        bits = 0o060
+    else:
+        bits = 0o006
+    return None if info.st_mode & bits == bits else shown
+
+
+def root_with_cap_sys_admin() -> bool:
+    """Root allowed to enter another user's namespaces (not root in a container without it)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        status = open("/proc/self/status", encoding="ascii").read()
+    except OSError:
+        return False
+    effective = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> _CAP_SYS_ADMIN & 1)
 
 
 @dataclass
@@ -34,8 +114,8 @@ class UserNet:
     """The pipes between one bubblewrap command and its slirp4netns, and the slirp4netns process."""
 
     slirp4netns: str
-    run_as: int | None = None
-    """The uid bubblewrap runs as when it is not this process's (the sandbox uid, under root)."""
+    identity: SlirpIdentity = field(default_factory=lambda: SlirpIdentity(None))
+    """Who runs slirp4netns (``SlirpIdentity.choose``)."""
     info_read: int = -1
     info_write: int = -1
     block_read: int = -1
@@ -76,10 +156,12 @@ class UserNet:
         # That namespace is found from the network namespace itself: with --disable-userns the
         # sandbox's processes move on into a nested user namespace.
         argv = [self.slirp4netns, "--configure", "--mtu=65520", "--disable-host-loopback"]
+        if self.identity.confined_root:
+            argv += ["--enable-sandbox", "--enable-seccomp"]
         argv += [f"--userns-path=/proc/self/fd/{userns}", "--ready-fd", str(ready_write)]
         argv += ["--exit-fd", str(exit_read), str(pid), "tap0"]
-        if self.run_as is not None:
-            uid = self.run_as
+        if self.identity.run_as is not None:
+            uid = self.identity.run_as
             argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
         try:
             self.process = await asyncio.create_subprocess_exec(

@@ -56,7 +56,13 @@ from telescope.sandboxes.local._launch import (
 )
 from telescope.sandboxes.local._process import RunSpec, kill_group, run_command
 from telescope.sandboxes.local._seccomp import deny_list_program, program_fd
-from telescope.sandboxes.local._usernet import SLIRP_INSTALL, UserNet, slirp4netns_path
+from telescope.sandboxes.local._usernet import (
+    SLIRP_INSTALL,
+    SlirpIdentity,
+    TunDeviceError,
+    UserNet,
+    slirp4netns_path,
+)
 from telescope.sandboxes.local._workspace import INSIDE_TMP, INSIDE_WORKSPACE, Workspace, default_root
 
 __all__ = ["LocalSandboxKwargs", "LocalSandboxProvider", "create_local_provider"]
@@ -218,10 +224,20 @@ class LocalSandboxProvider(SandboxProvider):
                 "local sandbox: network_access=true gives the sandbox its own outbound-only network "
                 f"(never the host's, whose loopback services it could reach), which needs slirp4netns: {SLIRP_INSTALL}"
             )
+        if self.bwrap is not None and config.network_access:
+            self._slirp_identity()
         if self.bwrap is None and config.network_access is False:
             raise SandboxConfigError(
                 "local sandbox: network_access=false cannot be enforced without bubblewrap; install bubblewrap"
             )
+
+    def _slirp_identity(self) -> SlirpIdentity:
+        """Who runs a networked sandbox's slirp4netns here; SandboxConfigError when nobody may."""
+        uid = self.kwargs.uid if self._as_root else None
+        try:
+            return SlirpIdentity.choose(uid)
+        except TunDeviceError as exc:
+            raise SandboxConfigError(str(exc)) from None
 
     # ----------------------------------------------------------------- provider API
     async def _create(self, config: SandboxConfig) -> SandboxHandle:
@@ -265,7 +281,7 @@ class LocalSandboxProvider(SandboxProvider):
         owned_fds: tuple[int, ...] = ()
         if self.bwrap is not None:
             if config.network_access:
-                usernet = UserNet(_require_slirp4netns(), run_as=uid)
+                usernet = UserNet(_require_slirp4netns(), identity=self._slirp_identity())
             etc_dir = self._etc_dir()
             if self._seccomp is not None:  # last before the pure bwrap_argv: nothing can leak it
                 owned_fds = (program_fd(self._seccomp),)

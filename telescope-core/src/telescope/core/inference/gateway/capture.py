@@ -194,6 +194,8 @@ class Segment:
     """Per completion token: the sampling logprob (0.0 where masked)."""
     turns: list[CapturedCall] = field(default_factory=list)
     """The calls joined into this segment, in order."""
+    summary: bool = False
+    """A compaction's summary: the completion is the summary the policy wrote (``rollouts/compaction.py``)."""
 
     @property
     def tokens(self) -> list[int]:

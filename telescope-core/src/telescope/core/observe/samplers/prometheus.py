@@ -3,6 +3,11 @@
 Reduction (as the reference dashboard does): the ``vllm:`` prefix is stripped; every
 series is summed across its label sets (gauges, counters); a histogram or summary
 becomes ``<name>_mean = _sum / _count`` (buckets and ``_created`` are dropped).
+
+Each server's prefix-cache hit rate since its previous scrape, ``prefix_cache_hit_rate``, is
+derived from vLLM's own counters (prompt tokens looked up, and found, in its prefix cache: what
+sticky routing, ``rollouts/routing.py``, is for). The transformers engine keeps no prefix cache: a
+finished sequence's keys and values are dropped and every request prefills its whole prompt.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from typing import Any
 
 from telescope.core.observe.periodic import PeriodicThread
 
-__all__ = ["PrometheusScraper", "parse_prometheus", "reduce_vllm_metrics"]
+__all__ = ["PrometheusScraper", "parse_prometheus", "prefix_cache_hit_rate", "reduce_vllm_metrics"]
+
+PREFIX_CACHE_QUERIES = "prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "prefix_cache_hits_total"
 
 _log = logging.getLogger("telescope.observe")
 
@@ -69,6 +77,21 @@ def reduce_vllm_metrics(raw: dict[str, float], prefix: str = "vllm:") -> dict[st
     return out
 
 
+def prefix_cache_hit_rate(previous: dict[str, float] | None, metrics: dict[str, float]) -> float | None:
+    """Prompt tokens found in the prefix cache over those looked up between two scrapes (reduced
+    metrics); None when the counters are missing or no token was looked up (a restarted server's
+    counters start again from 0: measured from 0 then)."""
+    queries, hits = metrics.get(PREFIX_CACHE_QUERIES), metrics.get(PREFIX_CACHE_HITS)
+    if queries is None or hits is None:
+        return None
+    before_q = previous.get(PREFIX_CACHE_QUERIES, 0.0) if previous else 0.0
+    before_h = previous.get(PREFIX_CACHE_HITS, 0.0) if previous else 0.0
+    if queries < before_q:  # the server restarted
+        before_q = before_h = 0.0
+    looked_up = queries - before_q
+    return (hits - before_h) / looked_up if looked_up > 0 else None
+
+
 class PrometheusScraper:
     """Thread that GETs ``{url}/metrics`` of each server every ``interval_s`` and calls back.
 
@@ -90,6 +113,8 @@ class PrometheusScraper:
         self._interval = interval_s
         self._timeout = timeout_s
         self.errors: dict[int, int] = defaultdict(int)
+        self._previous: dict[int, dict[str, float]] = {}
+        """Each server's metrics at its previous scrape (the hit rate is over the interval)."""
         self._thread = PeriodicThread(self.scrape_all, interval_s, "telescope-vllm-metrics")
 
     @property
@@ -105,6 +130,10 @@ class PrometheusScraper:
         with urllib.request.urlopen(request, timeout=self._timeout) as resp:
             text = resp.read().decode("utf-8", errors="replace")
         metrics = reduce_vllm_metrics(parse_prometheus(text))
+        rate = prefix_cache_hit_rate(self._previous.get(server), metrics)
+        self._previous[server] = dict(metrics)
+        if rate is not None:
+            metrics["prefix_cache_hit_rate"] = rate
         return {
             "time": time.time(),
             "node": socket.gethostname(),

@@ -1,0 +1,151 @@
+"""Where each request of a rollout goes: a routing policy between the lanes and the servers.
+
+The lanes bound how many rollouts each server takes and place a group on the server with the
+most free slots (its ``home``); the router decides, request by request, which server answers.
+A rollout's next turn extends its conversation and a group's samples share their prompt, so the
+server that answered the previous request holds that prefix in its cache (vLLM's prefix cache).
+
+Policies (``routing_policy``):
+
+- ``pinned``: every request to the group's home (Telescope before routing existed);
+- ``sticky``: a group's requests go where a hash of the group sends them, whatever the load
+  (a consistent hash: the affinity of prime-rl's ``consistent_hash``);
+- ``least_loaded``: every request to the server with the fewest requests in flight;
+- ``sticky_least_loaded``: a request goes to the server holding its prefix (its rollout's, else
+  its group's, else the home) unless that server runs more than ``routing_saturation_margin``
+  requests beyond the least loaded one; then to the least loaded, which holds the prefix from then on.
+
+Load is the requests in flight per server (``request`` counts them); a finished rollout releases
+its affinity (``release``), and a group's once its last rollout has.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = ["ROUTING_POLICIES", "RouteKey", "Router", "RoutingPolicy"]
+
+RoutingPolicy = Literal["pinned", "sticky", "least_loaded", "sticky_least_loaded"]
+ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
+
+
+@dataclass(frozen=True)
+class RouteKey:
+    """What the router knows of one request: whose prefix it extends, and where the lanes put it."""
+
+    rollout: str
+    """The rollout (its next turn extends its own conversation)."""
+    group: str
+    """The group (its samples share the prompt)."""
+    home: int
+    """The server the lanes placed the group on (holds the rollout's lane slot)."""
+
+
+@dataclass
+class _GroupAffinity:
+    server: int
+    rollouts: int = 0
+    """Rollouts of the group that have not finished (the affinity is released at 0)."""
+
+
+class Router:
+    """Routes requests by ``policy``; counts requests in flight and the moves it made."""
+
+    def __init__(
+        self,
+        num_servers: int,
+        policy: str = "sticky_least_loaded",
+        saturation_margin: int = 4,
+        available: Callable[[int], bool] | None = None,
+    ) -> None:
+        if policy not in ROUTING_POLICIES:
+            raise ValueError(f"routing policy {policy!r} is not one of {', '.join(ROUTING_POLICIES)}")
+        if num_servers < 1:
+            raise ValueError(f"a router needs at least one server, got {num_servers}")
+        self.policy = policy
+        self.saturation_margin = saturation_margin
+        self.running = [0] * num_servers
+        """Requests in flight per server."""
+        self.moves = 0
+        """Requests sent away from the server holding their prefix because it was saturated."""
+        self._available = available or (lambda _server: True)
+        self._held = [0] * num_servers
+        """Conversations each server holds (rollouts routed there that have not finished)."""
+        self._rollouts: dict[str, int] = {}
+        self._groups: dict[str, _GroupAffinity] = {}
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.running)
+
+    def sessions(self, server: int) -> int:
+        """Rollouts whose conversation ``server`` holds."""
+        return self._held[server]
+
+    def route(self, key: RouteKey) -> int:
+        """The server for the next request of ``key``'s rollout (it holds the prefix from now on)."""
+        if self.policy == "pinned":
+            return key.home
+        if self.policy == "least_loaded":
+            return self._least_loaded()
+        held = self._rollouts.get(key.rollout)
+        if held is None:
+            group = self._groups.get(key.group)
+            if group is None:
+                first = self._hash(key.group) if self.policy == "sticky" else key.home
+                group = self._groups[key.group] = _GroupAffinity(first)
+            group.rollouts += 1
+            held = group.server
+        server = held
+        if not self._available(held) or (self.policy == "sticky_least_loaded" and self._saturated(held)):
+            server = self._least_loaded()
+            self.moves += server != held
+        self._hold(key.rollout, server)
+        return server
+
+    def release(self, key: RouteKey) -> None:
+        """``key``'s rollout finished: it holds no server, and its group none once all its rollouts finished."""
+        server = self._rollouts.pop(key.rollout, None)
+        if server is None:
+            return
+        self._held[server] -= 1
+        group = self._groups.get(key.group)
+        if group is not None:
+            group.rollouts -= 1
+            if group.rollouts <= 0:
+                del self._groups[key.group]
+
+    @contextmanager
+    def request(self, server: int) -> Iterator[None]:
+        """Count one request in flight on ``server`` while the block runs."""
+        self.running[server] += 1
+        try:
+            yield
+        finally:
+            self.running[server] -= 1
+
+    def _hold(self, rollout: str, server: int) -> None:
+        previous = self._rollouts.get(rollout)
+        if previous is not None:
+            self._held[previous] -= 1
+        self._rollouts[rollout] = server
+        self._held[server] += 1
+
+    def _saturated(self, server: int) -> bool:
+        least = min((self.running[i] for i in self._candidates()), default=self.running[server])
+        return self.running[server] - least > self.saturation_margin
+
+    def _candidates(self) -> list[int]:
+        return [i for i in range(self.num_servers) if self._available(i)]
+
+    def _least_loaded(self) -> int:
+        """Fewest requests in flight; ties go to the server holding the fewest conversations."""
+        candidates = self._candidates() or list(range(self.num_servers))
+        return min(candidates, key=lambda i: (self.running[i], self._held[i], i))
+
+    def _hash(self, group: str) -> int:
+        return zlib.crc32(group.encode()) % self.num_servers
