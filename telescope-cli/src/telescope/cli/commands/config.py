@@ -12,6 +12,7 @@ from telescope.cli.errors import user_errors
 from telescope.cli.options import CONTEXT, PLUGINS, RUN_YAML
 from telescope.cli.style import new_app
 from telescope.core.config import config_to_yaml
+from telescope.core.config.secrets import redact_secrets
 
 app = new_app(help="Show or validate a run configuration.", no_args_is_help=True)
 
@@ -29,8 +30,9 @@ def show(
     if not sources:
         typer.echo(config_to_yaml(run.cfg), nl=False)
         return
-    # YAML with the source of each value as a comment: still loadable, never truncated.
-    for key, value in run.cfg.to_dict().items():
+    # YAML with the source of each value as a comment: still loadable, never truncated; secrets
+    # redacted as in the plain output (a terminal's scrollback and a pasted issue are not private).
+    for key, value in redact_secrets(run.cfg.to_dict()).items():
         line = yaml.safe_dump({key: value}, default_flow_style=True, width=10_000).strip()[1:-1]
         typer.echo(f"{line}  # {run.layers.sources.get(key, 'defaults')}")
 
