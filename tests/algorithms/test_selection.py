@@ -87,6 +87,7 @@ def test_each_builtin_is_selectable_by_name(registry, name: str) -> None:  # typ
         "advantage_norms": algorithm.advantage_norms,
         "default_advantage_norm": algorithm.default_advantage_norm,
         "uses_ratio": algorithm.uses_ratio,
+        "token_advantages": algorithm.supports_token_advantages,
     }
     rewards = torch.tensor([[1.0, 0.0, 0.0]])
     a = normalize_batch_advantages(compute_advantages(rewards, cfg, registry), cfg, registry)

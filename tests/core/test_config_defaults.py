@@ -51,6 +51,14 @@ ADDED_FIELDS = {
     "context_compaction_max_per_rollout": 4,
     "context_compaction_train_summary": True,
     "context_compaction_attempts": 2,
+    "distill_teacher_model": None,
+    "distill_teacher_base_url": None,
+    "distill_teacher_num_workers": 1,
+    "distill_kl_coef": 1.0,
+    "distill_reward_weight": 1.0,
+    "distill_teacher_timeout_s": 120.0,
+    "distill_teacher_max_retries": 3,
+    "distill_teacher_batch_size": 64,
 }
 
 

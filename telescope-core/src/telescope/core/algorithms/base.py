@@ -69,6 +69,9 @@ class Algorithm:
     default_advantage_norm: ClassVar[str] = "group"
     #: Whether ``token_losses`` reads the reference logprobs (ratio r_t) even without PPO clip.
     uses_ratio: ClassVar[bool] = False
+    #: Whether ``token_losses`` reads each token's own advantage (on-policy distillation's per-token
+    #: signal); False for a loss that averages the advantage over the sequence.
+    supports_token_advantages: ClassVar[bool] = True
 
     # --- advantages ----------------------------------------------------------------
     def advantage_norm(self, cfg: TelescopeConfig) -> str:

@@ -41,6 +41,7 @@ class Gspo(Algorithm):
     name = "gspo"
     supports_ppo_clip = False
     uses_ratio = True
+    supports_token_advantages = False  # Â_i averages A over the sequence
 
     def token_losses(self, inputs: LossInputs, ref: torch.Tensor | None, cfg: TelescopeConfig) -> TokenLosses:
         assert ref is not None

@@ -4,7 +4,8 @@ Metadata read by the config validator (a plugin's own algorithm declares the sam
 ``supports_ppo_clip`` (may ``use_ppo_clip`` be on), ``advantage_norms`` (allowed values of
 ``advantage_norm``), ``default_advantage_norm`` (used when the user sets none) and
 ``uses_ratio`` (the loss weights tokens by π/ref without PPO clip, so ``use_tis`` needs
-``ppo_clip_ref_logprobs: batch``).
+``ppo_clip_ref_logprobs: batch``) and ``token_advantages`` (the loss reads each token's own
+advantage, so on-policy distillation's per-token signal can train it).
 Factories are import strings, so nothing here imports torch.
 """
 
@@ -64,6 +65,8 @@ ALGORITHMS: dict[str, tuple[str, str, bool, tuple[str, ...], str]] = {
 
 #: Algorithms whose loss always reads an importance ratio (their class's ``uses_ratio``).
 RATIO_ALGORITHMS = frozenset({"cispo", "gspo", "sapo"})
+#: Algorithms whose loss averages the advantage over each sequence (no per-token advantage).
+SEQUENCE_ADVANTAGE_ALGORITHMS = frozenset({"gspo"})
 
 
 @hookimpl
@@ -78,4 +81,5 @@ def telescope_register_algorithms(register: Register) -> None:
             advantage_norms=norms,
             default_advantage_norm=default_norm,
             uses_ratio=name in RATIO_ALGORITHMS,
+            token_advantages=name not in SEQUENCE_ADVANTAGE_ALGORITHMS,
         )

@@ -173,6 +173,24 @@ class TelescopeConfig(BaseModel):
     entropy_chunk_size: int = Field(default=1024, ge=1)
     """Chunk size (tokens) for logprob and entropy computation."""
 
+    # --- On-policy distillation ----------------------------------------------------
+    distill_teacher_model: str | None = None
+    """Teacher for on-policy distillation (docs/distillation.md): a Hugging Face id, local path or demo model served on its own inference workers; with distill_teacher_base_url, the model name sent to that endpoint and whose tokenizer is checked. null = no distillation."""
+    distill_teacher_base_url: str | None = None
+    """OpenAI-compatible endpoint of the teacher (vLLM, telescope serve) answering /v1/completions with prompt_logprobs for token-id prompts, e.g. http://127.0.0.1:8000. null = serve distill_teacher_model locally."""
+    distill_teacher_num_workers: int = Field(default=1, ge=1)
+    """Inference workers serving a local teacher (its own pool, placed like the policy's); unused with distill_teacher_base_url."""
+    distill_kl_coef: float = Field(default=1.0, ge=0)
+    """Weight of the per-token distillation advantage: distill_kl_coef * (teacher_logprob - student_logprob) on every completion token."""
+    distill_reward_weight: float = Field(default=1.0, ge=0)
+    """Weight of the environment reward's advantage in the mix with the teacher's signal. 0 = pure distillation."""
+    distill_teacher_timeout_s: float = Field(default=120.0, gt=0)
+    """How long one teacher request may take before it is retried."""
+    distill_teacher_max_retries: int = Field(default=3, ge=0)
+    """Retries of a failed or timed-out teacher request; then the group is discarded as an infrastructure failure (never a zero signal)."""
+    distill_teacher_batch_size: int = Field(default=64, ge=1)
+    """Most sequences one teacher request carries (samples finishing together are scored in one request)."""
+
     # --- Rollout / sampling --------------------------------------------------------
     group_size: int = Field(default=8, ge=1)
     """Number of completions sampled per prompt."""
@@ -469,6 +487,7 @@ def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
             "lora_target_modules: [] names no module; list module names (e.g. [q_proj, v_proj]) "
             "or set null for the architecture's attention and MLP projections"
         )
+    problems += _distill_problems(cfg)
     for i, env in enumerate(cfg.environments):
         if env.reward_min is not None and env.reward_max is not None and env.reward_min >= env.reward_max:
             problems.append(
@@ -480,5 +499,28 @@ def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
         problems.append(
             f"context_compaction_at_tokens ({at}) must be below max_model_len ({cfg.max_model_len}): "
             "the summary request and the summary need room after the conversation; lower it"
+        )
+    return problems
+
+
+def _distill_problems(cfg: TelescopeConfig) -> list[str]:
+    """On-policy distillation's rules that need no registry (the algorithm's are in ``validate``)."""
+    if cfg.distill_teacher_model is None:
+        if cfg.distill_teacher_base_url is not None:
+            return [
+                f"distill_teacher_base_url: {cfg.distill_teacher_base_url} needs distill_teacher_model (the "
+                "model name the endpoint serves, whose tokenizer is checked against the policy's); set it"
+            ]
+        return []
+    problems = []
+    if cfg.discard_group_zero_advantage:
+        problems.append(
+            "distill_teacher_model is set but discard_group_zero_advantage: true would discard groups whose "
+            "rewards are equal, which still carry the teacher's per-token signal; set "
+            "discard_group_zero_advantage: false"
+        )
+    if cfg.distill_kl_coef == 0 and cfg.distill_reward_weight == 0:
+        problems.append(
+            "distill_kl_coef: 0 and distill_reward_weight: 0 leave no training signal; set one of them above 0"
         )
     return problems

@@ -147,6 +147,12 @@ def _algorithm_problems(cfg: TelescopeConfig, registry: Registry) -> list[str]:
             f"the importance-sampling correction ('{cfg.algorithm}' already weights each token by its ratio "
             "to the rollout policy); set ppo_clip_ref_logprobs: batch (or use_tis: false)"
         )
+    if cfg.distill_teacher_model is not None and not meta.get("token_advantages", True):
+        problems.append(
+            f"distill_teacher_model is set but algorithm '{cfg.algorithm}' uses one advantage per sequence, "
+            "which would average the teacher's per-token signal away; use grpo, rloo, reinforce_pp, dr_grpo, "
+            "cispo or sapo"
+        )
     allowed = tuple(meta.get("advantage_norms", ("group", "batch")))
     if cfg.advantage_norm not in allowed:
         problems.append(

@@ -19,7 +19,7 @@ from telescope.core.inference.protocol import (
 from telescope.core.observe.samplers.prometheus import parse_prometheus
 from telescope.core.weights.errors import StaleWeightsError, WeightSyncError, WeightSyncMismatchError
 
-__all__ = ["Completion", "InferenceClient", "InferenceServerError", "engine_metrics"]
+__all__ = ["Completion", "InferenceClient", "InferenceServerError", "engine_metrics", "prompt_logprob_ids"]
 
 #: Metric-name prefixes stripped by ``metrics()``, so both engines report the same keys.
 METRIC_PREFIXES = ("vllm:", "telescope:")
@@ -49,6 +49,9 @@ class Completion:
     top_logprobs: list[dict[int, float]] | None = None
     """Per token, ``{token id: logprob}`` of its most likely alternatives (requests with ``logprobs`` > 0
     and ``return_tokens_as_token_ids``; None otherwise)."""
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    """Per prompt token, ``{token id: logprob}`` of that token and any alternatives (null first: nothing
+    predicts it); requests with ``prompt_logprobs``, None otherwise."""
 
 
 def engine_metrics(text: str) -> dict[str, float]:
@@ -244,7 +247,17 @@ def _completion(choice: Any, response_id: str | None = None) -> Completion:
         weight_versions=choice.weight_versions,
         response_id=response_id,
         top_logprobs=_top_ids(choice.logprobs.top_logprobs if choice.logprobs else None),
+        prompt_logprobs=prompt_logprob_ids(choice.prompt_logprobs),
     )
+
+
+def prompt_logprob_ids(
+    raw: list[dict[str, dict[str, Any]] | None] | None,
+) -> list[dict[int, float] | None] | None:
+    """vLLM's ``prompt_logprobs`` (``{"<id>": {"logprob": ...}}`` per position) keyed by token id."""
+    if raw is None:
+        return None
+    return [None if row is None else {int(k): float(v["logprob"]) for k, v in row.items()} for row in raw]
 
 
 def _top_ids(top: list[dict[str, float] | None] | None) -> list[dict[int, float]] | None:

@@ -98,6 +98,11 @@ class CompletionRequest(BaseModel):
     """Render logprob tokens as ``token_id:<id>`` (vLLM's option; accepted by both engines)."""
     skip_special_tokens: bool = True
     """Leave special tokens out of ``text``."""
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """vLLM's extension: each choice's ``prompt_logprobs`` gives, for every prompt token after the first,
+    ``{"<id>": {"logprob", "rank"}}`` of that token (and its ``prompt_logprobs`` most likely alternatives)
+    under the model's own distribution (temperature 1); the first entry is null. A teacher's judgement
+    of given token ids (on-policy distillation)."""
     cache_salt: str | None = None
     """vLLM's prefix-cache namespace: requests reuse only cached blocks made under the same salt (the
     vllm client names the weights with it). The transformers engine has no prefix cache: ignored."""
@@ -127,6 +132,9 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length", "abort"] | str | None = None
     weight_versions: list[int] | None = None
     """Telescope extension: the weight versions that produced this sample (first to last)."""
+    prompt_logprobs: list[dict[str, dict[str, float | int | str | None]] | None] | None = None
+    """vLLM's ``prompt_logprobs`` (requests that ask for them): null, then per prompt token
+    ``{"<id>": {"logprob": ..., "rank": ...}}``."""
 
 
 class Usage(BaseModel):

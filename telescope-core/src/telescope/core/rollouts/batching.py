@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from telescope.core.algorithms.distill import DistillSignal, check_algorithm
 from telescope.core.packing import Packer
+from telescope.core.rollouts.distill import train_samples
 from telescope.core.rollouts.groups import RolloutGroup
-from telescope.core.trainer import RankBatch, TrainSample
+from telescope.core.trainer import RankBatch
 
 if TYPE_CHECKING:
     from telescope.core.algorithms.base import Algorithm
     from telescope.core.config import TelescopeConfig
+    from telescope.core.inference.teacher import TeacherCounts
 
 __all__ = ["BatchBuilder", "GroupBucket", "TrainBatch"]
 
@@ -77,6 +80,12 @@ class BatchBuilder:
         self.algorithm = algorithm
         self.pad_token_id = pad_token_id
         self._packer: Packer | None = None
+        self.distill = DistillSignal.from_config(cfg)
+        """The teacher's share of each token's advantage (None: the reward's advantage alone)."""
+        self.teacher_counts: TeacherCounts | None = None
+        """The teacher's cumulative requests, retries and failures (reported with every batch)."""
+        if self.distill is not None:
+            check_algorithm(algorithm)
 
     def assign_advantages(self, group: RolloutGroup) -> None:
         """Stage-1 advantages of one finished group (written onto its samples)."""
@@ -96,20 +105,12 @@ class BatchBuilder:
         final = self.algorithm.normalize_batch_advantages(stage1, self.cfg).tolist()
         for sample, advantage in zip(samples, final, strict=True):
             sample.advantage = float(advantage)
-        train = [
-            TrainSample(s.prompt_ids, s.completion_ids, s.inference_logprobs, s.advantage, s.loss_mask)
-            for s in samples
-        ]
-        train += [  # an agent's rewritten histories: trained with their rollout's advantage
-            TrainSample(
-                seg.prompt_ids, seg.completion_ids, seg.logprobs, s.advantage, [int(m) for m in seg.loss_mask]
-            )
-            for s in samples
-            for seg in s.extra_segments
-        ]
+        train, distill_metrics = train_samples(samples, self.distill)
         packed = self._packer_for(dp_world_size).pack(train)
         per_rank = [RankBatch.from_packed(packed, rank, step) for rank in range(dp_world_size)]
-        metrics = dict(packed.metrics())
+        metrics = dict(packed.metrics()) | distill_metrics
+        if self.teacher_counts is not None:
+            metrics |= self.teacher_counts.metrics()
         metrics["batch/num_samples"] = float(len(samples))
         metrics["batch/num_tokens"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
         return TrainBatch(step, per_rank, groups, metrics)

@@ -63,6 +63,9 @@ class RolloutSample:
     extra_segments: list[Any] = field(default_factory=list)
     """Further sequences of the same rollout (``inference.gateway.capture.Segment``: an agent that
     rewrote its history), trained beside this one with the same advantage."""
+    teacher_logprobs: list[list[float]] | None = None
+    """On-policy distillation: the teacher's logprob of each completion token, for this sequence and
+    then each of ``extra_segments`` (``rollouts.distill``); None without a teacher."""
 
 
 @dataclass

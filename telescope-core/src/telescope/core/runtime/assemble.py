@@ -11,6 +11,7 @@ from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
 from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.rollouts.batching import BatchBuilder
+from telescope.core.rollouts.distill import DistillRunner
 from telescope.core.rollouts.prompts import PromptSource
 from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
 from telescope.core.rollouts.routing import Router
@@ -21,6 +22,7 @@ from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
 from telescope.core.runtime.reporting import report_evals
 from telescope.core.runtime.supervision.faults import install_faults
 from telescope.core.runtime.supervision.healing import RayServerHealer
+from telescope.core.runtime.teacher import distill_runner
 
 if TYPE_CHECKING:
     import pluggy
@@ -222,9 +224,12 @@ async def build_orchestrator(
     )
     if any(getattr(env, "is_agent", False) for env in envs.values()):
         runner.agent_gateway = await start_agent_gateway(cfg, tokenizer, clients[0])
+    if cfg.distill_teacher_model is not None:  # on-policy distillation: the teacher scores every sample
+        runner = await distill_runner(session, runner)
     trainer = RayTrainerGroup.from_info(session.trainers, session.trainer_info, clients, session.servers.urls)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
+    batches.teacher_counts = runner.teacher.counts if isinstance(runner, DistillRunner) else None
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
     orchestrator.rollouts.traces = session.traces
     install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
@@ -296,5 +301,7 @@ async def train_session(session: RunSession, pset: PluginSet) -> None:
         await close_environments(orchestrator)
         if orchestrator.runner.agent_gateway is not None:
             await orchestrator.runner.agent_gateway.close()
+        if isinstance(orchestrator.runner, DistillRunner):
+            await orchestrator.runner.close()
         for client in clients:
             await client.close()

@@ -37,6 +37,7 @@ from telescope.core.inference.gateway.capture import (
 from telescope.core.inference.gateway.chat import ToolCallParser, parse_message, render_chat
 from telescope.core.inference.gateway.errors import BadRequest, GatewayError, error_body
 from telescope.core.inference.gateway.schema import ChatCompletionsBody, CompletionsBody, _Sampling
+from telescope.core.inference.gateway.scoring import prompt_logprobs_param, wire_prompt_logprobs
 from telescope.core.inference.gateway.stream import chat_chunks, completion_chunks
 from telescope.core.inference.server_client import ServerClient
 
@@ -198,7 +199,8 @@ class Gateway:
         if body.echo or body.suffix is not None:
             raise BadRequest("echo and suffix are not supported; leave them out", param="echo")
         prompts = await asyncio.to_thread(self._completion_prompts, body)
-        call = _Call(prompts, self._engine_params(body, body.max_tokens, body.logprobs), session)
+        params = self._engine_params(body, body.max_tokens, body.logprobs)
+        call = _Call(prompts, params | prompt_logprobs_param(body.prompt_logprobs), session)
         outputs = await self._generate(call)
         texts = [self._text(c, body) for out in outputs for c in out]
         response = self._completion_response(body, prompts, outputs, texts)
@@ -372,6 +374,8 @@ class Gateway:
             entry: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
             if body.logprobs is not None:
                 entry["logprobs"] = self._completion_logprobs(choice, text, body)
+            if body.prompt_logprobs is not None:
+                entry["prompt_logprobs"] = wire_prompt_logprobs(choice.prompt_logprobs)
             if body.return_token_ids:
                 entry["token_ids"] = choice.token_ids
                 entry["prompt_token_ids"] = prompts[p]

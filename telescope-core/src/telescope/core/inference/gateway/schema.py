@@ -89,6 +89,10 @@ class CompletionsBody(_Sampling):
     """Most tokens per choice."""
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Return each token's logprob and the ``logprobs`` most likely alternatives (0: the token's only)."""
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """vLLM's extension: each choice's ``prompt_logprobs`` holds, per prompt token after the first,
+    ``{"<id>": {"logprob": ...}}`` of that token (and this many alternatives) under the model's own
+    distribution; the first entry is null. How a run asks ``telescope serve`` to be its teacher."""
     echo: bool = False
     """Not supported: only false (the prompt is not repeated in the text)."""
     suffix: str | None = None

@@ -20,6 +20,7 @@ from telescope.core.inference.protocol import (
     WeightSyncInitRequest,
     WeightUpdateRequest,
 )
+from telescope.core.inference.transformers_engine.prompt_scoring import PromptTokenLogprob, score_prompts
 from telescope.core.inference.transformers_engine.sampling import SamplingParams
 from telescope.core.inference.transformers_engine.scheduler import RequestState, Sequence
 from telescope.core.inference.transformers_engine.weights import ServerWeightSync
@@ -193,10 +194,30 @@ async def completions(request: web.Request) -> web.Response:
     state.engine.submit(req)
     try:
         await done
+        scored = None if body.prompt_logprobs is None else await _score(state, prompts, body.prompt_logprobs)
     except asyncio.CancelledError:  # client went away: free the slots now
         state.engine.abort([request_id])
         raise
-    return web.json_response(_response(state, body, req))
+    return web.json_response(_response(state, body, req, scored))
+
+
+async def _score(state: Any, prompts: list[list[int]], top: int) -> list[list[Any]]:
+    """``prompt_logprobs`` of every prompt, computed on the generation loop's thread between steps."""
+    model = state.engine.model
+    return await asyncio.to_thread(state.engine.run_between_steps, lambda: score_prompts(model, prompts, top))
+
+
+def _prompt_logprobs(scored: list[PromptTokenLogprob | None]) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's wire form: per position ``{"<id>": {"logprob", "rank"}}`` of the token and its alternatives."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for entry in scored:
+        if entry is None:
+            out.append(None)
+            continue
+        row = {str(i): {"logprob": v, "rank": rank + 1} for rank, (i, v) in enumerate(entry.top)}
+        row[str(entry.token_id)] = {"logprob": entry.logprob, "rank": entry.rank}
+        out.append(row)
+    return out
 
 
 def _resolve(future: asyncio.Future[RequestState], req: RequestState) -> None:
@@ -204,7 +225,9 @@ def _resolve(future: asyncio.Future[RequestState], req: RequestState) -> None:
         future.set_result(req)
 
 
-def _response(state: Any, body: CompletionRequest, req: RequestState) -> dict[str, Any]:
+def _response(
+    state: Any, body: CompletionRequest, req: RequestState, scored: list[list[Any]] | None = None
+) -> dict[str, Any]:
     choices = []
     for seq in req.sequences:
         choice: dict[str, Any] = {
@@ -216,6 +239,8 @@ def _response(state: Any, body: CompletionRequest, req: RequestState) -> dict[st
             "weight_versions": seq.weight_versions,
             "logprobs": None,
         }
+        if scored is not None:
+            choice["prompt_logprobs"] = _prompt_logprobs(scored[seq.choice_index // body.n])
         if body.logprobs is not None:  # token strings only when asked for: they cost a tokenizer call
             tokens = (
                 [f"token_id:{t}" for t in seq.output_ids]
