@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from telescope.core.env import (
     RewardResult,
@@ -24,6 +24,9 @@ from telescope.core.env import (
 from telescope.core.env.data import load_rows, select_rows
 from telescope.core.env.parsers import extract_code_block, strip_think_tags
 from telescope.envs.kwargs import I3CodeKwargs
+
+if TYPE_CHECKING:
+    from telescope.core.sandbox import SandboxError
 
 __all__ = ["I3CodeEnvironment", "I3CodeKwargs", "parse_runner_output"]
 
@@ -169,11 +172,13 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             await self._pool.close()
             self._pool = None
 
-    async def _run_tests(self, code: str, meta: dict[str, Any]) -> list[dict[str, Any]] | str:
+    async def _run_tests(self, code: str, meta: dict[str, Any]) -> list[dict[str, Any]] | str | SandboxError:
         """One attempt: upload the bundle into a fresh directory, run, clean up.
 
-        Returns the per-test records, or why the sandbox failed (counted as ``sandbox_error``).
+        Returns the per-test records, why the sandbox failed (counted as ``sandbox_error``), or the
+        infrastructure failure that hit it (``infra.infra_cause``: retried, then raised, never scored).
         """
+        from telescope.core.infra import infra_cause
         from telescope.core.sandbox import SandboxError
 
         kw, info = self.code_kwargs, meta["verification_info"]
@@ -191,7 +196,7 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             pool = await self._get_pool()
             handle = await pool.acquire(timeout=600)
         except SandboxError as exc:
-            return f"{type(exc).__name__}: {exc}"
+            return exc if infra_cause(exc) is not None else f"{type(exc).__name__}: {exc}"
         discard = True
         try:
             provider = self._provider
@@ -209,7 +214,7 @@ class I3CodeEnvironment(SingleTurnEnvironment):
                 return f"test runner failed (exit {result.exit_code}): {result.stderr.strip()[-1000:]}"
             return records
         except SandboxError as exc:
-            return f"{type(exc).__name__}: {exc}"
+            return exc if infra_cause(exc) is not None else f"{type(exc).__name__}: {exc}"
         finally:
             await pool.release(handle, discard=discard)
 
@@ -234,12 +239,14 @@ class I3CodeEnvironment(SingleTurnEnvironment):
             return RewardResult(
                 0.0, metrics, info_turns=[info_turn("error", "No code extracted", kind="stderr")]
             )
-        records: list[dict[str, Any]] | str = "not run"
+        records: list[dict[str, Any]] | str | Exception = "not run"
         for attempt in range(self.code_kwargs.max_attempts):
             metrics["retry_count"] = float(attempt)
             records = await self._run_tests(code, sample.metadata)
-            if not isinstance(records, str):
+            if isinstance(records, list):
                 break
+        if isinstance(records, Exception):  # the infrastructure's failure: the sample is not scored
+            raise records
         metrics["total_reward_time"] = time.monotonic() - start
         turns = [info_turn("generated_code", code, kind="code")]
         if isinstance(records, str):

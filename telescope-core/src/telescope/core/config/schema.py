@@ -102,6 +102,14 @@ class TelescopeConfig(BaseModel):
     """Train the summary tokens the policy wrote (once, in their own sequence); false = keep them out of the loss."""
     context_compaction_attempts: int = Field(default=2, ge=1)
     """Tries to get a usable summary (non-empty, ended within max_tokens) before the rollout fails with CompactionFailed: counted as a failed rollout (rollout_error), never scored as a reward of 0."""
+    infra_max_retries_per_sample: int = Field(default=2, ge=0)
+    """Times a sample hit by an infrastructure failure (a sandbox that could not be created, a provider timeout or 5xx, an inference server that died mid-request; never the model's output) runs again, with backoff, before it is masked: its group trains on its other samples (dropped when fewer than 2 remain). It never scores 0."""
+    infra_retry_backoff_s: float = Field(default=1.0, ge=0)
+    """Seconds before the first retry of a sample hit by an infrastructure failure; doubled for each further retry (at most 60)."""
+    infra_max_failure_rate: float = Field(default=0.5, gt=0, le=1)
+    """End the run, naming the provider and the cause, when more than this share of the last infra_failure_window sample attempts failed for the infrastructure (1 = never)."""
+    infra_failure_window: int = Field(default=200, ge=1)
+    """Sample attempts the infrastructure failure rate (infra_max_failure_rate) is measured over; the rule waits for a full window."""
     stall_timeout_s: float = Field(default=1800.0, ge=0)
     """Fail the run, with a dump of what every server, lane and group is doing, when no training step completes for this many seconds (0 = never)."""
     trainer_overdue_factor: float = Field(default=10.0, ge=0)

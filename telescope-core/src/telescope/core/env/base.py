@@ -20,6 +20,7 @@ from telescope.core.env.types import (
     Sample,
     info_turn,
 )
+from telescope.core.infra import infra_cause
 
 __all__ = [
     "ConversationEnvironment",
@@ -147,7 +148,9 @@ class Environment(ABC):
         """``compute_reward`` under the ``reward_timeout_s`` deadline; never raises.
 
         ``target`` is the completion text (single-turn) or the rollout state (multi-turn).
-        A failure scores 0 with ``reward_error``/``reward_timeout`` set.
+        A failure scores 0 with ``reward_error``/``reward_timeout`` set; an infrastructure failure
+        (``telescope.core.infra.infra_cause``: a sandbox that could not be created, ...) is raised
+        instead, never scored: the sample is retried or masked (``rollouts/outcomes.py``).
         """
         timeout = self.kwargs.reward_timeout_s
         token = reward_log.scoring(self)
@@ -159,6 +162,8 @@ class Environment(ABC):
             reward_log.report("compute_reward", None, message)
             return _failed_reward("reward_timeout", message)
         except Exception as exc:  # noqa: BLE001 - rewards never crash a run, but are logged and counted
+            if infra_cause(exc) is not None:
+                raise
             reward_log.report("compute_reward", exc)
             return _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
         finally:

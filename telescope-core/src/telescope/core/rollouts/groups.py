@@ -22,8 +22,16 @@ class GroupFailure:
     """Why a group could not be trained on: a discard ``reason`` and the detail a user needs."""
 
     reason: str
-    """``rollout_error``, ``prompt_too_long`` or ``reward_error`` (a discard reason of the records)."""
+    """``rollout_error``, ``prompt_too_long``, ``reward_error`` or ``infra_error`` (a discard reason
+    of the records)."""
     message: str
+
+    @classmethod
+    def masked(cls, env: str, left: int, detail: str) -> GroupFailure:
+        """Infrastructure failures masked samples until fewer than 2 were left (no advantage to compute)."""
+        return cls(
+            "infra_error", f"{left} sample(s) left after masking infrastructure failures in '{env}': {detail}"
+        )
 
     @classmethod
     def rewards_failed(cls, env: str, sample: RolloutSample) -> GroupFailure:

@@ -45,6 +45,12 @@ class InflightGroup:
     """Why the group cannot be trained on (the first failure of one of its samples)."""
     reward_errors: int = 0
     """Samples whose reward raised or timed out (known once the group is complete)."""
+    retries: dict[int, int] = field(default_factory=dict)
+    """Sample index -> times it ran again after an infrastructure failure (``rollouts/outcomes.py``)."""
+    masked: dict[int, str] = field(default_factory=dict)
+    """Sample index -> the infrastructure failure it was masked for (never trained, never scored)."""
+    waiting: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
+    """Sample index -> the task waiting out its backoff before it is queued again."""
 
     @property
     def group_id(self) -> int:
@@ -55,8 +61,9 @@ class InflightGroup:
     ) -> SampleTask:
         """What ``lane`` of this group's server needs to run sample ``index`` (dispatched now)."""
         p, gid = self.prepared, self.group_id
+        retry = self.retries.get(index, 0)
         return SampleTask(
-            f"g{gid}-s{index}-v{model_version()}",
+            f"g{gid}-s{index}-v{model_version()}" + (f"-r{retry}" if retry else ""),
             p.env,
             p.sample,
             p.prompt_ids,
@@ -75,6 +82,11 @@ class InflightGroup:
         self.failure = self.failure or failure
         self.results[index] = failed_sample(task, version, failure.message)
 
+    def mask(self, index: int, message: str) -> None:
+        """Sample ``index`` is masked: its infrastructure failures ran out of retries."""
+        self.masked[index] = message
+        self.results[index] = None
+
     def is_stale(self, version: int, limit: int) -> bool:
         """A sample still generating was dispatched more than ``limit`` versions before ``version``
         (never with ``limit`` < 0)."""
@@ -85,16 +97,23 @@ class InflightGroup:
         ids = [r.sample.request_id for r in self.running.values()]
         for running in list(self.running.values()):
             running.task.cancel()
+        for waiting in list(self.waiting.values()):
+            waiting.cancel()
         return ids
 
     def complete(self, version: int) -> RolloutGroup:
         """The finished group, ``discard_reason`` set when it failed (a group whose every reward
-        failed fails as ``reward_error``); counts ``reward_errors``."""
+        failed fails as ``reward_error``, one with fewer than 2 samples left unmasked as
+        ``infra_error``); counts ``reward_errors``. Masked samples are not in it."""
         item = self.prepared.item
         samples = [s for s in self.results if s is not None]
         done = RolloutGroup(item.group_id, item.env_name, item.sample_idx, samples, version)
+        if self.masked:
+            done.info["masked_samples"] = len(self.masked)
         errored = [s for s in samples if reward_failed(s)]
         self.reward_errors = len(errored)
+        if self.failure is None and self.masked and len(samples) < 2:
+            self.failure = GroupFailure.masked(item.env_name, len(samples), next(iter(self.masked.values())))
         if self.failure is None and errored and len(errored) == len(samples):
             self.failure = GroupFailure.rewards_failed(item.env_name, errored[0])
         if self.failure is not None:

@@ -17,6 +17,8 @@ Liveness: a failure in any task of the run (trainer loop, prompt prefetch, rollo
 ends ``run`` at once with a ``RunStageError`` naming the stage; with ``stall_timeout_s`` set,
 the watchdog fails a run that completes no step for that long (``supervision/liveness.py``,
 from ``snapshot()``). Weight syncs and healing: ``self.servers`` (``supervision/servers.py``).
+One sample's run and outcome (an infrastructure failure retried or masked, never scored):
+``sample_run.py`` and ``rollouts/outcomes.py``.
 """
 
 from __future__ import annotations
@@ -28,19 +30,20 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from telescope.core.errors import stage_error
-from telescope.core.observe.rundir.records import TimelineEvent
 from telescope.core.rollouts.batching import BatchBuilder, GroupBucket, TrainBatch
-from telescope.core.rollouts.groups import GroupFailure, RolloutGroup, zero_advantage_kind
+from telescope.core.rollouts.groups import RolloutGroup, zero_advantage_kind
 from telescope.core.rollouts.inflight import InflightGroup, RunningSample
 from telescope.core.rollouts.lanes import Lanes, QueuedSample
+from telescope.core.rollouts.outcomes import InfraLedger, InfraPolicy
 from telescope.core.rollouts.prompts import PromptSource
-from telescope.core.rollouts.rollout import PromptTooLongError, RolloutRunner, SampleTask
+from telescope.core.rollouts.rollout import RolloutRunner
+from telescope.core.runtime.events import EventQueue
 from telescope.core.runtime.reporting import StepRollouts
+from telescope.core.runtime.sample_run import run_sample
 from telescope.core.runtime.step_metrics import Counts, step_metrics
 from telescope.core.runtime.supervision import liveness
 from telescope.core.runtime.supervision.servers import InferenceSupervisor, WeightBroadcaster
 from telescope.core.runtime.supervision.stall import FailureStreaks
-from telescope.core.weights.errors import StaleWeightsError
 
 if TYPE_CHECKING:
     import pluggy
@@ -111,16 +114,20 @@ class Orchestrator:
         self._failures = FailureStreaks.for_batch_size(cfg.prompts_batch_size_for_trainer)
         """An environment whose every group fails would never train: it ends the run (stall.py)."""
         self._discards = liveness.DiscardTally()
-        self._events: list[TimelineEvent] = []
-        """Timeline events not yet handed to the hooks (``emit``: at most until the next loop turn)."""
+        self.infra = InfraLedger(InfraPolicy.from_config(cfg))
+        """Samples' infrastructure failures: retried, masked, counted (``rollouts/outcomes.py``)."""
+        self.events = EventQueue(hook, lambda: self.counts.inference_step + 1, self.fail)
+        self.event, self.emit, self.flush_events = self.events.event, self.events.emit, self.events.flush
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and prompt ledger, taken between two awaits (so they agree with each other)."""
-        return {"counts": self.counts.state_dict(), "prompts": self.prompts.state_dict()}
+        counts = {**self.counts.state_dict(), "infra": self.infra.state_dict()}
+        return {"counts": counts, "prompts": self.prompts.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a checkpointed run (before ``run()``)."""
         self.counts = Counts.from_state(state["counts"])
+        self.infra.load_state_dict(state["counts"].get("infra", {}))
         self.prompts.load_state_dict(state["prompts"])
 
     # --- main loop ---------------------------------------------------------------------
@@ -128,11 +135,11 @@ class Orchestrator:
         """Run until ``number_of_steps`` training steps are done; any failure ends the run at once."""
         self._step_started = time.time()  # evals before training do not count as a stalled step
         trainer_task = self.spawn(self._trainer_loop(), "trainer loop")
-        watch = liveness.watchdog(self.snapshot, self._fail, self.cfg.stall_timeout_s, self.progress_every_s)
+        watch = liveness.watchdog(self.snapshot, self.fail, self.cfg.stall_timeout_s, self.progress_every_s)
         watchdog_task = self.spawn(watch, "watchdog")
         server_watch = self.spawn(self.servers.watch(self.snapshot), "inference server watch")
         try:
-            await self.prompts.start(on_failure=lambda exc: self._fail(stage_error("prompt prefetch", exc)))
+            await self.prompts.start(on_failure=lambda exc: self.fail(stage_error("prompt prefetch", exc)))
             while not trainer_task.done():
                 self._raise_if_failed()
                 await self._start_groups()
@@ -163,9 +170,10 @@ class Orchestrator:
         if exc is None:
             self.poke()  # a finished trainer loop ends the main loop
         else:
-            self._fail(stage_error(stage, exc))
+            self.fail(stage_error(stage, exc))
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
+        """End the run with ``error`` (the first one given wins)."""
         if self._fatal is None:
             self._fatal = error
         self.poke()
@@ -173,33 +181,6 @@ class Orchestrator:
     def _raise_if_failed(self) -> None:
         if self._fatal is not None:
             raise self._fatal
-
-    def event(self, kind: str, phase: str, **fields: Any) -> None:
-        """A timeline event from loose fields (``TimelineEvent.of``); its step defaults to the one being filled."""
-        fields.setdefault("step", self.counts.inference_step + 1)
-        self.emit(TimelineEvent.of(kind, phase, **fields))
-
-    def emit(self, event: TimelineEvent) -> None:
-        """Queue ``event`` for the hooks: the events of one loop turn reach ``telescope_events`` together."""
-        if not self._events:
-            try:
-                asyncio.get_running_loop().call_soon(self.flush_events)
-            except RuntimeError:  # no loop running (before or after the run): hand it over now
-                self._events.append(event)
-                self.flush_events()
-                return
-        self._events.append(event)
-
-    def flush_events(self) -> None:
-        """Hand the queued events to ``telescope_events`` (a plugin raising ends the run, naming the hook)."""
-        if not self._events:
-            return
-        events, self._events = self._events, []
-        try:
-            self.hook.telescope_events(events=events)
-        except Exception as exc:  # noqa: BLE001 - a plugin's error ends the run (hookspecs.py), named as
-            # such: raised inside a sample's request it would be counted as a failed rollout instead
-            self._fail(stage_error("the telescope_events hook", exc, events[-1].step))
 
     def _report_group(self, group: RolloutGroup) -> None:
         """A group is done with (kept in the batch being cut, discarded, or cancelled)."""
@@ -265,71 +246,22 @@ class Orchestrator:
                 continue
             sample = group.sample_task(index, ready.slot, lambda: self.counts.model_version, self.cfg.seed)
             name = f"the rollout task of group {gid} sample {index}"
-            task = self.spawn(self._run_sample(group, index, sample), name)
+            task = self.spawn(run_sample(self, group, index, sample), name)
             group.running[index] = RunningSample(task, sample, version)
 
-    # --- one sample --------------------------------------------------------------------
-    async def _run_sample(self, group: InflightGroup, index: int, task: SampleTask) -> None:
-        freed = generated = False
-        gid, server, lane = group.prepared.item.group_id, task.server, task.lane
-        version = self.counts.model_version
-
-        def event(kind: str, phase: str, on_server: bool = True) -> None:  # built directly: 4 per sample
-            at = (server, lane) if on_server else (None, None)
-            step = self.counts.inference_step + 1
-            self.emit(
-                TimelineEvent(kind, phase, step=step, group_id=gid, sample_id=index, server=at[0], lane=at[1])
-            )
-
-        def on_generated() -> None:  # generation over (all turns), the reward comes next
-            nonlocal freed, generated
-            generated = True
-            running = group.running.get(index)
-            if running is not None:
-                running.generating = False  # scoring does not age a sample (max_off_policy_steps)
-                self.servers.clock.answered(server, running.started)  # the frozen-server rule's data
-            event("generation", "end")
-            event("reward", "start", on_server=False)
-            if not freed and self.cfg.free_lane_after_generation and self.individual:
-                freed = True
-                self.lanes.release(server, lane)
-                self.poke()
-
-        event("generation", "start")
-        try:
-            group.results[index] = await self.runner.run(self.clients[server], task, on_generated)
-        except (asyncio.CancelledError, StaleWeightsError):  # stale: never train on it, the run ends
-            raise
-        except PromptTooLongError as exc:
-            group.fail(index, task, version, GroupFailure("prompt_too_long", str(exc)))
-        except Exception as exc:  # noqa: BLE001 - a failed request discards its group, the run goes on
-            if await self.servers.lost(server):
-                return  # not the sample's fault: its group is re-queued when the server is drained
-            self.counts.rollout_errors += 1
-            message = f"{type(exc).__name__}: {exc}"
-            group.fail(index, task, version, GroupFailure("rollout_error", message))
-            log.warning("rollout of group %d sample %d failed: %s", gid, index, message)
-        finally:
-            if not freed:
-                self.lanes.release(server, lane)
-            group.running.pop(index, None)
-            if generated:
-                event("reward", "end", on_server=False)
-            else:  # failed or cancelled while generating
-                event("generation", "end")
-        group.finished += 1
-        if group.finished == self.cfg.group_size:
-            self._complete_group(group)
-        self.poke()
-
     # --- groups -> batches ----------------------------------------------------------------
-    def _complete_group(self, group: InflightGroup) -> None:
+    def is_inflight(self, group: InflightGroup) -> bool:
+        """``group`` is still being generated (not completed, cancelled or served again)."""
+        return self._groups.get(group.group_id) is group
+
+    def complete_group(self, group: InflightGroup) -> None:
+        """Every sample of ``group`` finished or failed: discard it, or keep it for a batch."""
         self._groups.pop(group.group_id, None)
         done = group.complete(self.counts.model_version)
         self.counts.reward_errors[done.env_name] += group.reward_errors
         stalled = self._failures.record(done.env_name, group.failure)
         if stalled is not None:
-            self._fail(stalled)
+            self.fail(stalled)
         if done.discard_reason is None:
             self.batches.assign_advantages(done)
             kind = zero_advantage_kind(done.rewards)
@@ -445,7 +377,7 @@ class Orchestrator:
         self._step_started = now
         self._discards.reset()
         self._enter("the telescope_step_end hook")
-        report = step_metrics(self.counts, batch, metrics, sync, timing)
+        report = step_metrics(self.counts, batch, metrics, sync, timing) | self.infra.step_metrics()
         rows = self.rollouts.close(step + 1, report)
         self.flush_events()  # the step's events reach the hooks before its metrics
         self.hook.telescope_step_end(step=step + 1, metrics=report, rollouts=rows)

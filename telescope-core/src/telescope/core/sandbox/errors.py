@@ -8,6 +8,8 @@ where a provider cannot report that as a result.
 
 from __future__ import annotations
 
+from telescope.core.infra import InfraCause, infra_cause
+
 __all__ = [
     "SandboxAuthError",
     "SandboxCommandTimeoutError",
@@ -21,7 +23,9 @@ __all__ = [
     "SandboxPoolClosedError",
     "SandboxPoolTimeoutError",
     "SandboxUnavailableError",
+    "USER_ERRORS",
     "classify_provider_error",
+    "infra_cause_of",
 ]
 
 
@@ -81,6 +85,37 @@ class SandboxCommandTimeoutError(SandboxError, TimeoutError):
         super().__init__(f"command timed out after {timeout:g}s: {shown}", sandbox_id=sandbox_id)
         self.command = command
         self.timeout = timeout
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    SandboxConfigError,
+    SandboxDependencyError,
+    SandboxAuthError,
+    SandboxUnavailableError,
+    SandboxPathError,
+    ValueError,
+)
+"""Failures the user fixes (settings, credentials, installs, paths): raised as they are, never
+retried as infrastructure."""
+
+
+def infra_cause_of(exc: BaseException, action: str) -> InfraCause | None:
+    """The infrastructure cause of a provider failure while ``action`` (``create`` or another call),
+    or None when it is not the infrastructure's (a user error, a bug in the caller)."""
+    marked = infra_cause(exc)
+    if marked is not None:
+        return marked.cause
+    if isinstance(exc, USER_ERRORS) or not isinstance(exc, SandboxError | OSError | TimeoutError):
+        return None
+    if action == "create":
+        return "sandbox_create"
+    if isinstance(exc, SandboxOOMError):
+        return "sandbox_oom"
+    if isinstance(exc, SandboxNotRunningError):
+        return "sandbox_lost"
+    if isinstance(exc, TimeoutError):
+        return "provider_timeout"
+    return "provider_error"
 
 
 _MESSAGE_CLASSES: tuple[tuple[tuple[str, ...], type[SandboxError]], ...] = (

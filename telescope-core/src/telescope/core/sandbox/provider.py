@@ -14,22 +14,26 @@ import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
+from telescope.core.infra import infra_cause, mark
 from telescope.core.sandbox import tracking
 from telescope.core.sandbox.errors import (
     SandboxAuthError,
     SandboxDependencyError,
     SandboxError,
     SandboxNotRunningError,
+    infra_cause_of,
 )
 from telescope.core.sandbox.types import ExecResult, SandboxConfig, SandboxHandle
 
 __all__ = ["SandboxProvider", "import_sdk", "require_credential"]
+
+T = TypeVar("T")
 
 
 def import_sdk(module: str, *, provider: str, pip_name: str, extra: str) -> ModuleType:
@@ -111,7 +115,7 @@ class SandboxProvider(ABC):
         """Create a sandbox; raises `SandboxConfigError` for settings the provider cannot honour."""
         config = config if config is not None else SandboxConfig()
         self.check_config(config)
-        handle = await self._create(config)
+        handle = await self._infra_guard("create", self._create(config), None)
         tracking.track(self, handle)
         return handle
 
@@ -132,14 +136,16 @@ class SandboxProvider(ABC):
             raise ValueError(f"execute: command must be a non-empty string, got {command!r}")
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"execute: timeout must be a positive number of seconds, got {timeout!r}")
-        return await self._execute(handle, command, float(timeout), working_dir)
+        return await self._infra_guard(
+            "execute", self._execute(handle, command, float(timeout), working_dir), handle
+        )
 
     async def upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
         """Write ``content`` to ``remote_path`` (relative paths are relative to the workdir)."""
         self._check_live(handle)
         if not remote_path:
             raise ValueError("upload_bytes: remote_path must be a non-empty path")
-        await self._upload_bytes(handle, remote_path, bytes(content))
+        await self._infra_guard("upload", self._upload_bytes(handle, remote_path, bytes(content)), handle)
 
     async def upload_file(self, handle: SandboxHandle, remote_path: str, local_path: str | Path) -> None:
         """Copy the local file ``local_path`` to ``remote_path`` in the sandbox."""
@@ -188,6 +194,17 @@ class SandboxProvider(ABC):
             await self.destroy(handle)
 
     # ----------------------------------------------------------------- helpers
+    async def _infra_guard(self, action: str, call: Awaitable[T], handle: SandboxHandle | None) -> T:
+        """``call``; an infrastructure failure (``errors.infra_cause_of``) is counted here and marked
+        (``infra.mark``) before it propagates, as it is: callers keep branching on its class."""
+        try:
+            return await call
+        except Exception as exc:
+            cause = infra_cause_of(exc, action)
+            if cause is not None and infra_cause(exc) is None:
+                mark(exc, cause=cause, provider=self.name)
+            raise
+
     def _check_owner(self, handle: SandboxHandle) -> None:
         if handle.provider != self.name:
             raise SandboxError(

@@ -9,7 +9,9 @@ transformers engine, each checked against vLLM's source by the contract tests
 - **Abort** is by disconnect. vLLM names a completion ``cmpl-<request_id>-<prompt index>``, and its
   ``/abort_requests`` route exists only under ``--tokens-only``; but every completion route aborts
   its request when the client disconnects. ``abort(ids)`` closes the connection of each matching
-  request in flight (a multi-turn sample's turns are ``<id>-t<turn>``) and counts those.
+  request in flight (a multi-turn sample's turns are ``<id>-t<turn>``) and counts those, and also
+  those its caller's cancellation closed before (the run cancels a stale group's tasks first, then
+  aborts their ids: by then their connections are closed, and vLLM has aborted them).
 - **Pause** around a sync is ``mode=keep`` with ``clear_cache`` explicit (``pause_clear_cache``).
 - **Prefix cache**: each request carries a ``cache_salt`` that changes at every applied sync, so a
   request never reuses KV blocks computed with older weights.
@@ -36,6 +38,9 @@ from telescope.core.weights.errors import WeightSyncError, WeightSyncMismatchErr
 from telescope.core.weights.verify import compare_fingerprints
 
 __all__ = ["VllmClient", "matches_request"]
+
+#: Cancelled requests remembered for a later ``abort`` to count (a run aborts them at once).
+MAX_CLOSED_REMEMBERED = 4096
 
 
 def matches_request(request_id: str, sent_id: str) -> bool:
@@ -69,6 +74,9 @@ class VllmClient(InferenceClient):
         """Whether the adapter was loaded (requests then name it as their ``model``)."""
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
         """Request id -> the task awaiting its completion (cancelling it closes the connection)."""
+        self._closed: dict[str, None] = {}
+        """Ids of requests whose connection a cancellation closed before vLLM answered, which no
+        ``abort`` has counted yet (oldest first, at most ``MAX_CLOSED_REMEMBERED``)."""
         # The prefix-cache namespace: new at every applied sync (and per client, so a restarted
         # client never meets the blocks of an earlier one).
         self._salt_base = uuid.uuid4().hex[:12]
@@ -95,25 +103,38 @@ class VllmClient(InferenceClient):
         self._in_flight[request_id] = task
         try:
             return await super().complete(prompt, **params)
+        except asyncio.CancelledError:
+            if self._in_flight.get(request_id) is task:  # not by ``abort``, which counted it already
+                self._remember_closed(request_id)
+            raise
         finally:
             if self._in_flight.get(request_id) is task:
                 del self._in_flight[request_id]
 
     async def abort(self, request_ids: list[str] | None = None) -> int:
         """Close the connection of every matching request in flight (``None``: all); vLLM aborts a
-        request whose client disconnected. Returns how many requests were in flight and closed."""
-        found = [
-            sent
-            for sent in self._in_flight
-            if request_ids is None or any(matches_request(r, sent) for r in request_ids)
-        ]
+        request whose client disconnected. Returns how many requests were closed unanswered: those
+        in flight now, and those a cancellation closed since the last abort (counted once)."""
+
+        def wanted(sent: str) -> bool:
+            return request_ids is None or any(matches_request(r, sent) for r in request_ids)
+
+        found = [sent for sent in self._in_flight if wanted(sent)]
+        closed = [sent for sent in self._closed if wanted(sent)]
+        for sent in closed:
+            del self._closed[sent]
         current = asyncio.current_task()
         for sent in found:
             task = self._in_flight.pop(sent)
             if task is not current:
                 task.cancel()
         await asyncio.sleep(0)  # let the cancelled tasks close their connections
-        return len(found)
+        return len(found) + len(closed)
+
+    def _remember_closed(self, request_id: str) -> None:
+        self._closed[request_id] = None
+        if len(self._closed) > MAX_CLOSED_REMEMBERED:  # ids nobody aborts (a shutdown's cancellations)
+            del self._closed[next(iter(self._closed))]
 
     async def pause(self, mode: str = "keep") -> None:
         """``POST /pause?mode=...&clear_cache=...`` (vLLM >= 0.16); ``clear_cache`` from ``pause_clear_cache``."""

@@ -1,0 +1,133 @@
+"""Infrastructure failures: what failed under a sample that was not the model's doing.
+
+A sandbox that could not be created, a provider that timed out or answered 5xx, a sandbox the
+provider killed for memory, an inference server that died mid-request, a gateway call that failed
+for a transport reason: these are the infrastructure's, and a sample they hit is retried or
+masked, never scored 0 (``rollouts/outcomes.py``). The model's code crashing, its tests timing
+out and wrong answers stay results the reward scores.
+
+The layer where such a failure happens decides it is one: it raises an ``InfraError`` made by
+``failure``, or marks the exception it raises anyway (``mark``: callers keep branching on its
+class, e.g. a sandbox that is gone), and either counts it (per cause, provider and environment) in this process's ``ORIGINS``: a
+failure a lower layer absorbs (a sandbox pool creating another sandbox) is counted as well as one
+that reaches a sample. The run takes the counts once per step (``ORIGINS.drain``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = [
+    "CAUSES",
+    "ORIGINS",
+    "InfraCause",
+    "InfraError",
+    "Origin",
+    "attributed_to",
+    "failure",
+    "infra_cause",
+    "mark",
+]
+
+InfraCause = Literal[
+    "sandbox_create",
+    "sandbox_lost",
+    "sandbox_oom",
+    "provider_timeout",
+    "provider_error",
+    "server_error",
+    "server_died",
+    "gateway_transport",
+]
+CAUSES: tuple[str, ...] = get_args(InfraCause)
+"""Every cause, in the order the metrics and ``runs show`` list them."""
+
+
+class InfraError(RuntimeError):
+    """A failure of the infrastructure under a sample (``cause``, ``provider``): never the model's."""
+
+    def __init__(self, message: str, *, cause: InfraCause, provider: str) -> None:
+        if cause not in CAUSES:
+            raise ValueError(f"InfraError: cause {cause!r} is not one of {', '.join(CAUSES)}")
+        super().__init__(message)
+        self.cause: InfraCause = cause
+        self.provider = provider
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where infrastructure failures happened: one count key."""
+
+    cause: str
+    provider: str
+    env: str
+    """The environment whose sample the failing call served ("" when none was attributed)."""
+
+
+class OriginCounts:
+    """Infrastructure failures counted where they happened, until the run drains them (thread-safe:
+    rewards may run on threads of their own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[Origin] = Counter()
+
+    def add(self, cause: str, provider: str) -> None:
+        with self._lock:
+            self._counts[Origin(cause, provider, _ENV.get())] += 1
+
+    def drain(self) -> Counter[Origin]:
+        """The counts since the last drain (and forget them)."""
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        return counts
+
+
+ORIGINS = OriginCounts()
+
+_ENV: ContextVar[str] = ContextVar("telescope_infra_env", default="")
+
+
+def attributed_to(env: str) -> None:
+    """Count this context's infrastructure failures (and its tasks') under environment ``env``."""
+    _ENV.set(env)
+
+
+def failure(message: str, *, cause: InfraCause, provider: str) -> InfraError:
+    """An ``InfraError`` to raise, counted in ``ORIGINS`` (call it once, where the failure happened)."""
+    error = InfraError(message, cause=cause, provider=provider)
+    ORIGINS.add(cause, provider)
+    return error
+
+
+def mark(exc: BaseException, *, cause: InfraCause, provider: str, count: bool = True) -> InfraError:
+    """Mark ``exc`` as an infrastructure failure (``infra_cause`` finds it), counted unless ``count``
+    is False (a failure already counted where it happened, summarised again); returns the mark."""
+    message = f"{type(exc).__name__}: {exc}"
+    error = (
+        failure(message, cause=cause, provider=provider)
+        if count
+        else InfraError(message, cause=cause, provider=provider)
+    )
+    exc.infra_failure = error  # type: ignore[attr-defined]
+    return error
+
+
+def infra_cause(exc: BaseException) -> InfraError | None:
+    """The infrastructure failure ``exc`` is, carries (``mark``) or was raised from (``raise ... from``),
+    else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, InfraError):
+            return current
+        marked = getattr(current, "infra_failure", None)
+        if isinstance(marked, InfraError):
+            return marked
+        seen.add(id(current))
+        current = current.__cause__
+    return None
