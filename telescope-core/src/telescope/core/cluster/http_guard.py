@@ -11,7 +11,9 @@
   ``no-cors`` request only as ``text/plain``, a form or nothing, never JSON. Otherwise 415.
 
 Framework free (the transformers engine's aiohttp app, the ASGI middleware in vLLM's server and the
-OTLP receiver's ``http.server`` call ``refusal``); imports nothing heavy.
+OTLP receiver's ``http.server`` call ``refusal``; the agent gateway, whose callers carry the secret
+or a rollout key of their own, calls ``host_refusal`` and ``content_type_refusal``); imports
+nothing heavy.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from telescope.core.cluster.run_secret import ENV_VAR, authorized
 __all__ = [
     "ALLOWED_HOSTS_ENV",
     "Refusal",
+    "content_type_refusal",
     "host_allowed",
     "host_name",
+    "host_refusal",
     "refusal",
 ]
 
@@ -78,6 +82,37 @@ def host_allowed(header: str | None, bound_host: str = "", extra: Iterable[str] 
     return name in allowed or _is_address(name)
 
 
+def host_refusal(host: str | None, *, bound_host: str = "", what: str = "this server") -> Refusal | None:
+    """421 unless the request's ``Host`` names this server (see the module doc), else None."""
+    if host_allowed(host, bound_host):
+        return None
+    return Refusal(
+        421,
+        f"Host {host!r} does not name {what}: send a Host of localhost, an address of this machine or "
+        f"a name listed in {ALLOWED_HOSTS_ENV} (a foreign host name is how DNS rebinding looks)",
+    )
+
+
+def content_type_refusal(
+    method: str,
+    path: str,
+    content_type: str | None,
+    content_types: Iterable[str] = ("application/json",),
+) -> Refusal | None:
+    """415 for a POST/PUT/PATCH whose ``Content-Type`` is none of ``content_types`` (never one a web
+    page can send ``no-cors``: ``text/plain``, forms), else None."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    accepted = tuple(content_types)
+    if method.upper() not in BODY_METHODS or kind in accepted:
+        return None
+    return Refusal(
+        415,
+        f"{method} {path} with content type {kind or 'none'!r} refused: send "
+        f"'Content-Type: {accepted[0]}' (also for an empty body: {{}})"
+        + (f"; accepted: {', '.join(accepted)}" if len(accepted) > 1 else ""),
+    )
+
+
 def refusal(
     method: str,
     path: str,
@@ -89,34 +124,18 @@ def refusal(
     what: str = "this server",
     content_types: Iterable[str] = ("application/json",),
 ) -> Refusal | None:
-    """The refusal of one request, or None when it may be served.
+    """The refusal of one request, or None when it may be served: Host, then the secret (except on
+    ``open_paths``), then the content type.
 
     ``header(name)`` returns a request header (case-insensitive) or None; ``path`` is without query.
-    ``content_types``: what a POST/PUT/PATCH may carry (never one a web page can send ``no-cors``:
-    ``text/plain``, forms).
     """
-    host = header("Host")
-    if not host_allowed(host, bound_host):
-        return Refusal(
-            421,
-            f"Host {host!r} does not name {what}: send a Host of localhost, an address of this machine or "
-            f"a name listed in {ALLOWED_HOSTS_ENV} (a foreign host name is how DNS rebinding looks)",
-        )
-    if path in set(open_paths):
-        return None
+    refused = host_refusal(header("Host"), bound_host=bound_host, what=what)
+    if refused is not None or path in set(open_paths):
+        return refused
     if not authorized(header("Authorization"), secret):
         return Refusal(
             401,
             f"{method} {path} needs the run's secret: send 'Authorization: Bearer <{ENV_VAR}>' (the "
             f"clients of the run that started {what} do; a process outside the run cannot)",
         )
-    content_type = (header("Content-Type") or "").split(";", 1)[0].strip().lower()
-    accepted = tuple(content_types)
-    if method.upper() in BODY_METHODS and content_type not in accepted:
-        return Refusal(
-            415,
-            f"{method} {path} with content type {content_type or 'none'!r} refused: send "
-            f"'Content-Type: {accepted[0]}' (also for an empty body: {{}})"
-            + (f"; accepted: {', '.join(accepted)}" if len(accepted) > 1 else ""),
-        )
-    return None
+    return content_type_refusal(method, path, header("Content-Type"), content_types)

@@ -5,10 +5,12 @@ ids through its ``ServerClient`` (the same client on the transformers engine and
 builds OpenAI answers from the ids and logprobs the engine sampled; tool calls are parsed out of
 the sampled text. Streaming answers are sent as server-sent events once the choices are generated.
 
-Access: with a ``secret``, every ``/v1`` route needs ``Authorization: Bearer <secret>`` (the openai
-client sends its ``api_key`` so) or a rollout key of ``capture`` (the call is then recorded for that
-rollout). ``/health`` is open. Without a secret (a gateway bound to loopback for tests and benches)
-anything but an unknown or ended rollout key is let in.
+Access: like every listener of a run (``cluster.http_guard``), a request whose ``Host`` does not
+name this gateway is refused (421: DNS rebinding), and so is a POST that is not JSON (415: what a
+web page can send ``no-cors``). With a ``secret``, every ``/v1`` route needs
+``Authorization: Bearer <secret>`` (the openai client sends its ``api_key`` so) or a rollout key of
+``capture`` (the call is then recorded for that rollout). ``/health`` is open. Without a secret (a
+gateway bound to loopback for tests and benches) anything but an unknown or ended rollout key is let in.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from telescope.core.cluster.http_guard import content_type_refusal, host_refusal
 from telescope.core.cluster.run_secret import authorized
 from telescope.core.env.chat import ChatOptions
 from telescope.core.inference.client import Completion, InferenceServerError
@@ -107,11 +110,14 @@ class Gateway:
         self.settings = settings
         self.secret = secret
         self.capture = capture if capture is not None else CaptureRegistry()
+        self._bound_host = ""
         self._chat = ChatOptions(settings.enable_thinking, settings.chat_template)
 
-    def app(self) -> web.Application:
-        """The routes, behind the error and access middlewares."""
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors])
+    def app(self, bound_host: str = "") -> web.Application:
+        """The routes, behind the error and access middlewares (``bound_host``: the host it listens
+        on, a name it also answers to)."""
+        self._bound_host = bound_host
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors, self._doors])
         app.router.add_get(ROUTES["models"], self.models)
         app.router.add_post(ROUTES["completions"], self.completions)
         app.router.add_post(ROUTES["chat"], self.chat_completions)
@@ -131,6 +137,19 @@ class Gateway:
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
             message = f"{request.method} {request.path}: {exc.reason}"
             return web.json_response(error_body(message, kind), status=exc.status)
+
+    @web.middleware
+    async def _doors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Host and content type, before anything is read; who may call is ``_session``'s."""
+        headers = request.headers
+        refused = host_refusal(
+            headers.get("Host"), bound_host=self._bound_host, what="this gateway"
+        ) or content_type_refusal(request.method, request.path, headers.get("Content-Type"))
+        if refused is not None:
+            raise GatewayError(refused.message, status=refused.status)
+        return await handler(request)
 
     def _session(self, request: web.Request) -> CaptureSession | None:
         """The caller's rollout session (None: a plain call), or raise when it may not call."""

@@ -12,6 +12,8 @@ KINDS = {
     401: "authentication_error",  # no key, a wrong key, an unknown rollout key
     403: "permission_error",  # a known rollout key that may not call now (ended, or at its limits)
     404: "not_found_error",  # no such route or model
+    415: "invalid_request_error",  # a POST that is not JSON
+    421: "invalid_request_error",  # a Host that does not name the gateway (DNS rebinding)
     502: "server_error",  # the engine behind the gateway failed or could not be reached
 }
 

@@ -19,7 +19,7 @@ async def start_gateway(
 ) -> tuple[web.AppRunner, str]:
     """Serve ``gateway`` on ``host:port`` (0: a free port) from this loop; returns (runner, base URL
     ending in ``/v1``). Stop it with ``await runner.cleanup()``."""
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(gateway.app(host), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
