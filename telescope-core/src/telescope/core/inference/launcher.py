@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.config.secrets import redact_secrets
 from telescope.core.inference.settings import num_servers, server_port
 from telescope.core.observe.stdio import without_process_prefix
 
@@ -198,11 +199,15 @@ class InferenceEngine:
         raise NotImplementedError(f"{type(self).__name__}.server_command")
 
     def write_config(self, directory: str | os.PathLike[str] | None = None) -> str:
-        """Write the resolved config as JSON (what every server process reads) and return its path."""
+        """Write the resolved config as JSON (what every server process reads) and return its path.
+
+        Secrets are redacted (``config.secrets``) as in config.yaml: the file lies in the run
+        directory, which users upload and share, and no server reads a secret from it (the run's
+        secret comes through the environment)."""
         directory = Path(directory or tempfile.mkdtemp(prefix="telescope-inference-"))
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "resolved_config.json"
-        data = self.cfg.to_dict() if hasattr(self.cfg, "to_dict") else dict(vars(self.cfg))
+        data = redact_secrets(self.cfg.to_dict() if hasattr(self.cfg, "to_dict") else dict(vars(self.cfg)))
         path.write_text(json.dumps(data, indent=1, default=str))
         return str(path)
 
