@@ -3,6 +3,9 @@
 Run: ``.venv/bin/python bench/scale.py`` (the sweep and a long run), or pick parts:
 ``--servers 1,16,64 --concurrency 32,256 --steps 20`` for the sweep, ``--long-steps 10000`` for
 the memory run (0 skips it), ``--profile 64`` for the per-phase CPU breakdown at 64 servers.
+``--routing`` prints only the routing table instead: each routing policy (``rollouts/routing.py``)
+against simulated servers with a prefix cache and a cost per prefilled token, on multi-turn
+workloads with skewed lengths (``bench/routing.py``: hit rate, throughput, per-server load).
 
 What is real: the prompt scheduler and prefetch, the rollout runner (tokens, logprobs, stop
 handling), the ``reverse_text`` environment's reward, groups, staleness, the batch builder and
@@ -321,6 +324,18 @@ def long_run(tokenizer: Any, steps: int, servers: int, per_server: int) -> None:
         print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3:.0f} MB")
 
 
+def routing_bench() -> Any:
+    """bench/routing.py as a module (the routing policies against simulated prefix-cache servers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_routing", Path(__file__).with_name("routing.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", default="1,4,16,64,256", help="comma-separated server counts")
@@ -330,7 +345,13 @@ def main() -> None:
     parser.add_argument("--long-steps", type=int, default=10_000, help="steps of the memory run (0: skip)")
     parser.add_argument("--long-servers", type=int, default=4)
     parser.add_argument("--long-concurrency", type=int, default=16)
+    parser.add_argument(
+        "--routing", action="store_true", help="only the routing policies' table (bench/routing.py)"
+    )
     args = parser.parse_args()
+    if args.routing:
+        routing_bench().table()
+        return
     from transformers import AutoTokenizer
 
     from telescope.core.models.tiny import resolve_model_path

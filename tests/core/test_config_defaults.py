@@ -50,7 +50,7 @@ ADDED_FIELDS = {
     "rollout_token_view_max_tokens": 512,
     "agent_tool_call_parser": "xml",
     "routing_policy": "sticky_least_loaded",
-    "routing_saturation_margin": 4,
+    "routing_saturation_margin": 8,
     "context_compaction_at_tokens": None,
     "context_compaction_max_per_rollout": 4,
     "context_compaction_train_summary": True,

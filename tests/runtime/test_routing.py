@@ -50,6 +50,17 @@ def test_a_saturated_server_sends_the_turn_to_the_least_loaded_which_holds_the_p
     assert router.sessions(2) == 1 and router.sessions(0) == 0
 
 
+def test_a_groups_next_sample_goes_to_the_least_loaded_server_already_holding_its_prompt() -> None:
+    router = Router(3, "sticky_least_loaded", saturation_margin=2)
+    assert router.route(key("g0-s0", home=0)) == 0
+    with ExitStack() as stack:
+        load(router, 0, 3, stack)
+        assert router.route(key("g0-s1", home=0)) == 1  # moved: server 1 holds the prompt now
+        # server 2 is as idle as 1 and holds fewer conversations, but only 1 has the prompt cached
+        assert router.route(key("g0-s2", home=0)) == 1
+    assert router.moves == 1
+
+
 def test_a_finished_rollout_releases_its_affinity_and_its_group_once_all_finished() -> None:
     router = Router(2, "sticky_least_loaded", saturation_margin=4)
     router.route(key("g0-s0", home=1))

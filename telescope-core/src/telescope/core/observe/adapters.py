@@ -85,6 +85,7 @@ def records_from_group(
                 prompt_idx=int(getattr(group, "sample_idx", -1)),
                 num_turns=int(getattr(s, "num_turns", 1)),
                 **_reward_details(getattr(s, "info", None) or {}),
+                segments=(getattr(s, "info", None) or {}).get("segments"),
                 **_token_view(s),
             )
         )

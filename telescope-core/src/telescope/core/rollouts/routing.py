@@ -11,8 +11,9 @@ Policies (``routing_policy``):
 - ``sticky``: a group's requests go where a hash of the group sends them, whatever the load
   (a consistent hash: the affinity of prime-rl's ``consistent_hash``);
 - ``least_loaded``: every request to the server with the fewest requests in flight;
-- ``sticky_least_loaded``: a request goes to the server holding its prefix (its rollout's, else
-  its group's, else the home) unless that server runs more than ``routing_saturation_margin``
+- ``sticky_least_loaded``: a request goes to the server holding its prefix (its rollout's
+  conversation; a rollout's first request: the least loaded of the servers holding its group's
+  prompt, at first the home) unless that server runs more than ``routing_saturation_margin``
   requests beyond the least loaded one; then to the least loaded, which holds the prefix from then on.
 
 Load is the requests in flight per server (``request`` counts them); a finished rollout releases
@@ -47,7 +48,8 @@ class RouteKey:
 
 @dataclass
 class _GroupAffinity:
-    server: int
+    servers: set[int]
+    """The servers that got a request of the group (each holds its prompt)."""
     rollouts: int = 0
     """Rollouts of the group that have not finished (the affinity is released at 0)."""
 
@@ -59,7 +61,7 @@ class Router:
         self,
         num_servers: int,
         policy: str = "sticky_least_loaded",
-        saturation_margin: int = 4,
+        saturation_margin: int = 8,
         available: Callable[[int], bool] | None = None,
     ) -> None:
         if policy not in ROUTING_POLICIES:
@@ -93,17 +95,19 @@ class Router:
         if self.policy == "least_loaded":
             return self._least_loaded()
         held = self._rollouts.get(key.rollout)
-        if held is None:
-            group = self._groups.get(key.group)
+        group = self._groups.get(key.group)
+        if held is None:  # a rollout's first request: a server holding its group's prompt
             if group is None:
                 first = self._hash(key.group) if self.policy == "sticky" else key.home
-                group = self._groups[key.group] = _GroupAffinity(first)
+                group = self._groups[key.group] = _GroupAffinity({first})
             group.rollouts += 1
-            held = group.server
+            held = min(group.servers, key=lambda i: (self.running[i], i))
         server = held
         if not self._available(held) or (self.policy == "sticky_least_loaded" and self._saturated(held)):
             server = self._least_loaded()
             self.moves += server != held
+        if group is not None:
+            group.servers.add(server)
         self._hold(key.rollout, server)
         return server
 

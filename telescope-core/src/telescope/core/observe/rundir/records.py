@@ -136,6 +136,10 @@ class RolloutRecord:
     model did not generate (a multi-turn rollout's environment turns). Set with
     ``completion_token_texts``. The trainer's logprobs of the same tokens are computed on the
     trainer ranks after the record is made, so the records hold no per-token mismatch."""
+    segments: list[dict[str, Any]] | None = None
+    """A compacted rollout's trained sequences, in order (``rollouts/compaction.py``): each with
+    ``kind`` (``conversation`` or ``summary``), ``prompt_tokens``, ``completion_tokens``,
+    ``trained_tokens`` and ``text`` (its completion decoded). None: one sequence, the record's own."""
 
     @property
     def kept(self) -> bool:
@@ -168,9 +172,9 @@ class RolloutRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the derived ``kept``/token-count fields added (the token view's
-        fields only when set: most records do without them)."""
+        fields and ``segments`` only when set: most records do without them)."""
         out = _shallow_dict(self)
-        for name in _TOKEN_VIEW_FIELDS:
+        for name in (*_TOKEN_VIEW_FIELDS, "segments"):
             if out[name] is None:
                 del out[name]
         out["kept"] = self.kept

@@ -123,6 +123,16 @@ function kv(obj) {
   return h('div', { class: 'kv' }, Object.entries(obj || {}).map(([k, v]) => [h('span', { class: 'k' }, k), h('span', {}, value(k, v))]));
 }
 
+// A compacted rollout: its trained sequences in order, the policy's summaries marked.
+function segmentView(segments) {
+  if (!(segments || []).length) return null;
+  return [h('h3', {}, `segments (${segments.length}), each trained as its own sequence`),
+    segments.map((s, i) => h('div', { class: 'segment' },
+      h('div', { class: s.kind === 'summary' ? 'k' : 'muted' },
+        `${i + 1}. ${s.kind === 'summary' ? 'SUMMARY (written by the policy)' : 'conversation'} · prompt ${s.prompt_tokens} · completion ${s.completion_tokens} · trained ${s.trained_tokens}`),
+      h('pre', { class: 'msg' }, s.text)))];
+}
+
 function recordPanel(record, messages) {
   const facts = { reward: record.reward, raw_reward: record.raw_reward, advantage: record.advantage, outcome: record.discard_reason || 'kept',
     zero_advantage_kind: record.zero_advantage_kind, stop_reason: record.stop_reason, env_stop_reason: record.env_stop_reason,
@@ -135,6 +145,7 @@ function recordPanel(record, messages) {
     Object.keys(record.sample_tags || {}).length ? [h('h3', {}, 'tags'), kv(record.sample_tags)] : null,
     Object.keys(record.golden_answers || {}).length ? [h('h3', {}, 'golden answers'), kv(record.golden_answers)] : null,
     h('h3', {}, 'timings'), kv(record.timings), h('h3', {}, 'conversation'), conversationView(messages),
+    segmentView(record.segments),
     (record.info_turns || []).length ? [h('h3', {}, 'environment info'), record.info_turns.map(t => h('pre', { class: 'msg' }, JSON.stringify(t, null, 1)))] : null,
     tokenView(record));
 }
