@@ -53,7 +53,9 @@ def teacher(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             p.add_(torch.randn(p.shape, generator=generator) * 0.05)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(tiny_path).save_pretrained(folder)
-    srv = start_in_thread(make_cfg(model=str(folder)), TransformersEngineKwargs(max_num_seqs=8), port=free_port())
+    srv = start_in_thread(
+        make_cfg(model=str(folder)), TransformersEngineKwargs(max_num_seqs=8), port=free_port()
+    )
     yield SimpleNamespace(url=srv.url, path=str(folder))
     srv.stop()
 
@@ -93,7 +95,9 @@ def test_advantage_is_the_hand_computed_reverse_kl_of_the_sampled_completion_tok
     row = pack_samples(train, seq_len=64, pad_to_multiple_of=8).per_rank[0][0]
 
     kl_sum = kl_tokens = teacher_sum = 0.0
-    for k, ((prompt, completion, mask, adv), s, t) in enumerate(zip(BATCH, student, expected_teacher, strict=True)):
+    for k, ((prompt, completion, mask, adv), s, t) in enumerate(
+        zip(BATCH, student, expected_teacher, strict=True)
+    ):
         positions = [i for i, idx in enumerate(row.sample_index) if idx == k][len(prompt) :]
         assert [row.input_ids[i] for i in positions] == completion
         for i, s_t, t_t, m in zip(positions, s, t, mask, strict=True):
@@ -170,7 +174,9 @@ def test_a_teacher_with_another_vocabulary_is_refused_naming_both(tiny_path: str
     other.add_tokens(["<teacher-only>"])
     other.save_pretrained(tmp_path)
     cfg = make_cfg(model=tiny_path, distill_teacher_model=str(tmp_path), discard_group_zero_advantage=False)
-    check_same_tokenizer(cfg.model_copy(update={"distill_teacher_model": tiny_path}), AutoTokenizer.from_pretrained(tiny_path))
+    check_same_tokenizer(
+        cfg.model_copy(update={"distill_teacher_model": tiny_path}), AutoTokenizer.from_pretrained(tiny_path)
+    )
     with pytest.raises(ValueError, match="another tokenizer") as err:
         check_same_tokenizer(cfg, AutoTokenizer.from_pretrained(tiny_path))
     assert str(tmp_path) in str(err.value) and tiny_path in str(err.value)

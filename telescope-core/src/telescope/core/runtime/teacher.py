@@ -53,19 +53,31 @@ def check_same_tokenizer(cfg: TelescopeConfig, policy_tokenizer: Any) -> None:
         )
 
 
-def teacher_server_config(cfg: TelescopeConfig, base_port: int) -> dict[str, Any]:
+def teacher_server_config(cfg: TelescopeConfig, base_port: int, positions: int | None) -> dict[str, Any]:
     """The config the teacher's servers start from: the run's, serving the teacher model on its own
-    ports, without LoRA adapters (the teacher is a whole model), one token longer (a full-length
-    sequence is scored as a prompt, which must leave room for one generated token)."""
+    ports, without LoRA adapters (the teacher is a whole model), one token longer where the teacher's
+    ``positions`` allow (a sequence is scored as a prompt, which must leave room for one generated
+    token; a rollout that fills a context as long as the teacher's whole window cannot be scored)."""
+    longer = cfg.max_model_len + 1
     data = cfg.to_dict()
     data.update(
         model=cfg.distill_teacher_model,
         inference_num_workers=cfg.distill_teacher_num_workers * cfg.inference_tensor_parallel_size,
         inference_base_port=base_port,
-        max_model_len=cfg.max_model_len + 1,
+        max_model_len=longer if positions is None else min(longer, positions),
         lora_rank=0,
     )
     return data
+
+
+def teacher_positions(name: str) -> int | None:
+    """The teacher model's ``max_position_embeddings`` (None when its config does not say)."""
+    from transformers import AutoConfig
+
+    from telescope.core.models.tiny import resolve_model_path
+
+    value = getattr(AutoConfig.from_pretrained(resolve_model_path(name)), "max_position_embeddings", None)
+    return int(value) if value is not None else None
 
 
 @dataclass
@@ -155,9 +167,17 @@ def _start_pool(session: RunSession, options: dict[str, Any]) -> Teacher:
         TeacherClient([], str(cfg.distill_teacher_model), **options), placement_group=pg, claims=claims
     )
     try:
-        ray.get(pg.ready(), timeout=cfg.ray_placement_timeout_s)
+        try:
+            ray.get(pg.ready(), timeout=cfg.ray_placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the teacher's placement group ({count} x {bundle}) could not be placed within "
+                f"ray_placement_timeout_s={cfg.ray_placement_timeout_s}s; cluster resources: "
+                f"{ray.cluster_resources()}. Lower distill_teacher_num_workers or ray_inference_cpus_per_worker, "
+                "add nodes, or use distill_teacher_base_url"
+            ) from None
         servers = start_servers(
-            teacher_server_config(cfg, first),
+            teacher_server_config(cfg, first, teacher_positions(str(cfg.distill_teacher_model))),
             session.plugins,
             Pools(pg, None, gpus, 0.0),
             cfg.inference_engine,
