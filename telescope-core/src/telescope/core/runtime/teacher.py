@@ -61,13 +61,21 @@ def teacher_server_config(cfg: TelescopeConfig, base_port: int, positions: int |
     longer = cfg.max_model_len + 1
     data = cfg.to_dict()
     data.update(
-        model=cfg.distill_teacher_model,
+        model=teacher_location(str(cfg.distill_teacher_model)),
         inference_num_workers=cfg.distill_teacher_num_workers * cfg.inference_tensor_parallel_size,
         inference_base_port=base_port,
         max_model_len=longer if positions is None else min(longer, positions),
         lora_rank=0,
     )
     return data
+
+
+def teacher_location(name: str) -> str:
+    """``name`` as the servers must load it: a folder on this machine as an absolute path (a relative
+    one would be looked up from the server process's working directory), anything else unchanged."""
+    import os
+
+    return os.path.abspath(name) if os.path.isdir(name) else name
 
 
 def teacher_positions(name: str) -> int | None:
