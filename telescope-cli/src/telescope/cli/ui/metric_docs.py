@@ -82,13 +82,6 @@ METRIC_DOCS: tuple[tuple[str, str], ...] = (
     ("totals/aborted_requests", "Requests of cancelled samples the servers confirmed aborting."),
     ("totals/rollout_errors", "Failed requests since the run started."),
     ("totals/reward_errors/<env>", "Rewards of {env} that raised or timed out since the run started."),
-    ("infra/failed", "Sample attempts an infrastructure failure ended in this step (never scored)."),
-    ("infra/retried", "Of them, samples run again after a backoff (infra_max_retries_per_sample)."),
-    ("infra/masked", "Of them, samples out of retries, masked: their group trained on the rest."),
-    ("infra/cause/<cause>", "Infrastructure failures of cause {cause}, counted where they happened."),
-    ("infra/env/<env>/<what>", "Samples of environment {env} {what} for the infrastructure."),
-    ("infra/provider/<provider>/<what>", "Infrastructure failures of provider {provider}: {what}."),
-    ("totals/infra/<what>", "Infrastructure failures under samples since the run started: {what}."),
     ("faults/inference_restarts", "Inference servers restarted after they died, since the run started."),
     (
         "distill/reverse_kl",
