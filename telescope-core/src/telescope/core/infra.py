@@ -31,6 +31,7 @@ __all__ = [
     "failure",
     "infra_cause",
     "mark",
+    "summary",
 ]
 
 InfraCause = Literal[
@@ -131,3 +132,16 @@ def infra_cause(exc: BaseException) -> InfraError | None:
         seen.add(id(current))
         current = current.__cause__
     return None
+
+
+def summary(metrics: dict[str, float]) -> str | None:
+    """``infra 12 failed (10 retried, 2 masked): sandbox_create 8, server_error 4`` from a step's
+    ``totals/infra/*`` metrics (the run so far); None while nothing failed."""
+    totals = {k.removeprefix("totals/infra/"): v for k, v in metrics.items() if k.startswith("totals/infra/")}
+    failed = int(totals.get("failed", 0))
+    causes = [(c, int(totals.get(f"cause/{c}", 0))) for c in CAUSES]
+    counted = ", ".join(f"{c} {n}" for c, n in causes if n)
+    if not failed and not counted:
+        return None
+    retried, masked = int(totals.get("retried", 0)), int(totals.get("masked", 0))
+    return f"infra {failed} failed ({retried} retried, {masked} masked)" + (f": {counted}" if counted else "")

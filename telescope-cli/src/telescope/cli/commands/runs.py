@@ -16,6 +16,7 @@ from rich.table import Table
 from telescope.cli.errors import say
 from telescope.cli.health import run_health
 from telescope.cli.style import new_app
+from telescope.core.infra import summary as infra_summary
 from telescope.core.observe.rundir.reader import RunDirError, RunDirReader
 from telescope.core.observe.stats import split_metric_key
 from telescope.core.observe.stdio import printable_data
@@ -207,6 +208,13 @@ def _discards(console: Console, rows: list[dict[str, Any]]) -> None:
         console.print(f"  zero_advantage samples by kind: {parts}")
 
 
+def _infra(console: Console, steps: list[dict[str, Any]]) -> None:
+    """One line on the infrastructure failures under samples (retried, masked, by cause), when any."""
+    line = infra_summary(steps[-1].get("metrics", {})) if steps else None
+    if line is not None:
+        console.print(f"[bold]Infrastructure[/] (all steps): {escape(line)}")
+
+
 def sample_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """The first ``n`` kept rollouts of the last step that has rollouts."""
     if not rows or n <= 0:
@@ -244,6 +252,7 @@ def summary_json(
         "steps": steps,
         "latest_evals": run.latest_evals(),
         "rollout_outcomes": dict(Counter(r.get("discard_reason") or "kept" for r in rows)),
+        "infra": infra_summary(steps[-1].get("metrics", {})) if steps else None,
         "samples": sample_rows(rows, n),
     }
 
@@ -284,6 +293,7 @@ def show(
     _latest(console, steps, metrics)
     _evals(console, run, metrics)
     _discards(console, rows)
+    _infra(console, steps)
     _samples(console, rows, rollouts, width=100)
     for fname, problem in run.problems().items():
         console.print(f"[yellow]note:[/] {escape(fname)}: {escape(problem)}")

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from telescope.core.infra import summary
+
 __all__ = [
     "Field",
     "StepLine",
@@ -74,6 +76,7 @@ def progress_fields(
     step_time = _first(metrics, STEP_TIME_KEYS)
     tps = _first(metrics, TOKENS_PER_S_KEYS)
     async_level = _first(metrics, ASYNC_KEYS)
+    infra = summary(metrics)  # only when the infrastructure failed under a sample
     return [
         Field(f"step {step}/{total}", 0),
         Field(f"ETA {format_duration(eta_s)}", 0),
@@ -83,6 +86,7 @@ def progress_fields(
         Field(f"async {async_level:.0f}" if async_level is not None else "async -", 5),
         Field(f"discarded {discarded}", 2),
         Field(f"cancelled {cancelled}", 2),
+        *([Field(infra, 2)] if infra else []),
     ]
 
 
