@@ -14,9 +14,12 @@ async def try_agent(
     env: AgentEnvironment, sample: Any, model: str = "telescope/tiny", max_tokens: int = 32
 ) -> RolloutSample:
     """One rollout of ``env`` on ``sample`` against ``model`` served in this process (the transformers
-    engine on CPU) behind a gateway: what ``telescope env check`` runs for an agent environment."""
+    engine on CPU) behind a gateway: what ``telescope env check`` runs for an agent environment. The
+    gateway takes the run's secret (made here when absent) or the agent's rollout key, nothing else:
+    for its duration it is as closed as a run's."""
     import asyncio
 
+    from telescope.core.cluster.run_secret import ensure_run_secret
     from telescope.core.config import TelescopeConfig
     from telescope.core.inference.client import InferenceClient
     from telescope.core.inference.gateway.app import Gateway, GatewaySettings
@@ -33,7 +36,8 @@ async def try_agent(
     tokenizer = server.state.tokenizer
     try:
         async with InferenceClient(server.url) as engine:
-            gateway = Gateway(engine, tokenizer, GatewaySettings.from_config(cfg, max_tokens=max_tokens))
+            settings = GatewaySettings.from_config(cfg, max_tokens=max_tokens)
+            gateway = Gateway(engine, tokenizer, settings, secret=ensure_run_secret())
             site, url = await start_gateway(gateway)
             try:
                 runner = RolloutRunner(
