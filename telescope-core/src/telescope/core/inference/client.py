@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from telescope.core import infra
 from telescope.core.cluster.run_secret import auth_headers
 from telescope.core.inference.protocol import (
     ENDPOINTS,
@@ -124,7 +125,17 @@ class InferenceClient:
         params.setdefault("logprobs", 0)
         body = CompletionRequest(prompt=prompt, return_token_ids=True, **params)
         floor = self.served_version
-        raw = await self._request("POST", ENDPOINTS["completions"], json=body.model_dump(exclude_none=True))
+        try:
+            raw = await self._request(
+                "POST", ENDPOINTS["completions"], json=body.model_dump(exclude_none=True)
+            )
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # died mid-request
+            infra.mark(exc, cause="server_died", provider="inference")
+            raise
+        except InferenceServerError as exc:  # the server's own fault: never the sample's
+            if exc.status >= 500:
+                infra.mark(exc, cause="server_error", provider="inference")
+            raise
         response = CompletionResponse.model_validate(raw)
         choices = sorted(response.choices, key=lambda c: c.index)
         completions = [_completion(choice, response.id) for choice in choices]
