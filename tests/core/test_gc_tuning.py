@@ -38,7 +38,9 @@ def test_cycles_made_inside_are_still_collected_automatically() -> None:
             alive = weakref.ref(a)
             collections.clear()  # driver_gc's own collect at entry
             del a, b
-            kept = [[] for _ in range(1_000)]  # kept alive: each counts towards the young threshold
+            kept: list[list[int]] = [
+                [] for _ in range(1_000)
+            ]  # kept alive: each counts towards the young threshold
             survived = alive() is not None
             del kept
     finally:
