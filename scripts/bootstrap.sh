@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install every Telescope package (editable) with the dev tools; with --daytona,
 # .venv-daytona instead: a small second environment for Daytona's SDK and its tests (make test-daytona);
-# with --vllm-source VERSION, .venv-vllm: vLLM's package alone, read by make test-vllm-contract.
+# with --vllm-source VERSION, .venv-vllm-source/VERSION: that vLLM release's package alone, read by make
+# test-vllm-contract.
 # Idempotent: re-runs only when a pyproject.toml changed. Used by `make quickstart` and `make test`.
 #   PYTHON=python3.12 make test                     # pick the interpreter
 #   TELESCOPE_TORCH_SPEC="torch==2.9.1" make test   # pick the torch build to install
@@ -30,11 +31,13 @@ up_to_date() {
   [ -f "$1/.telescope-install-stamp" ] && [ "$(cat "$1/.telescope-install-stamp")" = "$want" ]
 }
 
-# --vllm-source VERSION: .venv-vllm holds that vLLM release's package without its dependencies (its
-# wheel is CUDA-only and pins a CUDA torch): the vLLM contract tests read its source, never import it.
+# --vllm-source VERSION: $TELESCOPE_VLLM_VENV (default .venv-vllm-source/VERSION) holds that vLLM release's
+# package without its dependencies (its wheel is CUDA-only and pins a CUDA torch): the vLLM contract tests
+# read its source, never import it.
 if [ "${1:-}" = "--vllm-source" ]; then
-  VLLM_VENV="${TELESCOPE_VLLM_VENV:-.venv-vllm}"
   version="${2:?bootstrap --vllm-source needs a vLLM version}"
+  VLLM_VENV="${TELESCOPE_VLLM_VENV:-.venv-vllm-source/$version}"
+  mkdir -p "$(dirname "$VLLM_VENV")"
   [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV"
   if [ "$(cat "$VLLM_VENV/.telescope-install-stamp" 2>/dev/null)" != "vllm==$version" ]; then
     echo "bootstrap: installing vllm==$version (package only, no dependencies) into $VLLM_VENV" >&2

