@@ -17,6 +17,7 @@ from telescope.core.algorithms import get_algorithm
 from telescope.core.env import MultiTurnEnvironment, MultiTurnKwargs, RewardResult, Sample
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import ChatMessage, RolloutState
+from telescope.core.infra import infra_cause
 from telescope.core.rollouts.batching import BatchBuilder
 from telescope.core.rollouts.compaction import CompactionFailed, CompactionSettings
 from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
@@ -171,8 +172,10 @@ def test_a_rejected_summary_is_retried_and_trained_nowhere(tokenizer: Any) -> No
 def test_a_compaction_that_never_gets_a_usable_summary_ends_the_rollout_unscored(tokenizer: Any) -> None:
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     server = Server(tokenizer, bad_summaries=[[end], [end]])
-    with pytest.raises(CompactionFailed, match="no usable summary in 2 attempts"):
+    with pytest.raises(CompactionFailed, match="no usable summary in 2 attempts") as failed:
         run(tokenizer, server)
+    cause = infra_cause(failed.value)  # an infrastructure outcome: retried, then masked, never scored
+    assert cause is not None and cause.cause == "compaction_failed"
 
 
 def test_every_segment_reaches_the_batch_with_the_rollouts_advantage(tokenizer: Any) -> None:

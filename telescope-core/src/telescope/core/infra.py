@@ -43,6 +43,7 @@ InfraCause = Literal[
     "server_error",
     "server_died",
     "gateway_transport",
+    "compaction_failed",
 ]
 CAUSES: tuple[str, ...] = get_args(InfraCause)
 """Every cause, in the order the metrics and ``runs show`` list them."""

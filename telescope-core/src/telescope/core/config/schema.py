@@ -101,7 +101,7 @@ class TelescopeConfig(BaseModel):
     context_compaction_train_summary: bool = True
     """Train the summary tokens the policy wrote (once, in their own sequence); false = keep them out of the loss."""
     context_compaction_attempts: int = Field(default=2, ge=1)
-    """Tries to get a usable summary (non-empty, ended within max_tokens) before the rollout fails with CompactionFailed: counted as a failed rollout (rollout_error), never scored as a reward of 0."""
+    """Tries to get a usable summary (non-empty, ended within max_tokens) before the rollout ends as an infrastructure failure (cause compaction_failed): retried, then masked (infra_max_retries_per_sample), never scored as a reward of 0."""
     infra_max_retries_per_sample: int = Field(default=2, ge=0)
     """Times a sample hit by an infrastructure failure (a sandbox that could not be created, a provider timeout or 5xx, an inference server that died mid-request; never the model's output) runs again, with backoff, before it is masked: its group trains on its other samples (dropped when fewer than 2 remain). It never scores 0."""
     infra_retry_backoff_s: float = Field(default=1.0, ge=0)

@@ -15,7 +15,8 @@ prompt would pass ``context_compaction_at_tokens``, the policy is asked for a su
 
 So every trained token is one the policy sampled, in the sequence it was sampled in, and in exactly
 one segment. A summary that stays unusable after ``context_compaction_attempts`` tries ends the
-rollout with ``CompactionFailed`` (never a reward of 0; the runtime counts it as a failed rollout).
+rollout with ``CompactionFailed``: an infrastructure outcome (cause ``compaction_failed``), so the
+sample is retried, then masked (``rollouts/outcomes.py``), never scored as a reward of 0.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from telescope.core.inference.gateway.capture import Segment
+from telescope.core.infra import ORIGINS, InfraError
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
-__all__ = ["CompactionFailed", "CompactionSettings", "Conversation", "segment_records"]
+__all__ = ["CompactionFailed", "CompactionSettings", "Conversation", "compaction_failed", "segment_records"]
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,19 @@ class CompactionSettings:
         )
 
 
-class CompactionFailed(RuntimeError):
+class CompactionFailed(InfraError):
     """The policy gave no usable summary in the attempts allowed, or there was no room to ask for one:
-    the rollout cannot go on and is not the model's outcome to score."""
+    the rollout cannot go on and is not the model's outcome to score (cause ``compaction_failed``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, cause="compaction_failed", provider="policy")
+
+
+def compaction_failed(message: str) -> CompactionFailed:
+    """A ``CompactionFailed`` to raise, counted where it happened (``infra/cause/compaction_failed``)."""
+    error = CompactionFailed(message)
+    ORIGINS.add(error.cause, error.provider)
+    return error
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from telescope.core.env.chat import render_messages
 from telescope.core.env.types import ChatMessage, RolloutState, TrajectoryStep
 from telescope.core.rollouts.compaction import (
-    CompactionFailed,
     Conversation,
+    compaction_failed,
     segment_records,
     summary_segment,
 )
@@ -50,7 +50,8 @@ async def run_multi_turn(
     env: MultiTurnEnvironment,
     on_generated: Callable[[], None],
 ) -> RolloutSample:
-    """Play and score one rollout of ``task`` (raises ``CompactionFailed`` when a needed summary fails)."""
+    """Play and score one rollout of ``task`` (raises ``CompactionFailed``, an infrastructure failure,
+    when a needed summary fails)."""
     state = env.create_initial_state(task.sample)
     initial = env.get_initial_prompt(task.sample)
     messages = initial
@@ -180,7 +181,7 @@ async def compact(
         runner, turn.completion, [*messages, *request], [*env_messages, *request], turn.prompt
     )
     if request_ids is None:
-        raise CompactionFailed(
+        raise compaction_failed(
             "the chat template renders the conversation differently once the summary request is added"
         )
     prompt = conversation.tokens + request_ids
@@ -191,7 +192,7 @@ async def compact(
             len(prompt), turn.index, f"{task.request_id}-c{index}-a{attempt}", seed
         )
         if params is None:
-            raise CompactionFailed(
+            raise compaction_failed(
                 f"no room to ask for a summary: the conversation and the request take {len(prompt)} tokens "
                 f"of max_model_len={runner.settings.max_model_len}; lower context_compaction_at_tokens"
             )
@@ -203,7 +204,7 @@ async def compact(
         if summary is not None:
             break
     else:
-        raise CompactionFailed(
+        raise compaction_failed(
             f"compaction {index + 1} of rollout {task.request_id}: no usable summary in {settings.attempts} "
             f"attempts (the last: {len(ids)} tokens, finish reason {choice.finish_reason!r}); raise max_tokens "
             "or context_compaction_attempts, or give the environment a compactor it can satisfy"
