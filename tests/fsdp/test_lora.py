@@ -76,7 +76,9 @@ def test_only_adapters_train_and_are_synced(tiny_model_dir: str) -> None:
 
 
 def test_trainer_logprobs_are_base_plus_merged_adapter(tiny_model_dir: str) -> None:
-    """An independent model: plain transformers with W + (alpha/r) B A merged by hand."""
+    """An independent model: plain transformers with W + (alpha/r) B A merged by hand. The adapter
+    trained must matter (every module's B A non-zero, the merged model's logprobs far from the
+    base model's), or both sides would equal the base model and the comparison prove nothing."""
     from transformers import AutoModelForCausalLM
 
     from telescope.core.algorithms.logprobs import token_logprobs
@@ -88,27 +90,37 @@ def test_trainer_logprobs_are_base_plus_merged_adapter(tiny_model_dir: str) -> N
     for k in range(2):
         step(backend, make_samples(6, seed=10 + k), cfg, k)
     sent = weights(backend)
-    merged = AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    )
+
+    def load() -> Any:
+        return AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
+
+    base, merged = load(), load()
     state = merged.state_dict()
     for module in expected_adapter_shapes():
         a, b = (
             sent[f"base_model.model.{module}.lora_A.weight"],
             sent[f"base_model.model.{module}.lora_B.weight"],
         )
-        state[f"{module}.weight"] = state[f"{module}.weight"] + (cfg.lora_alpha / RANK) * b @ a
+        delta = (cfg.lora_alpha / RANK) * b @ a
+        assert float(delta.abs().max()) > 0, f"{module}: the adapter is still a no-op"
+        state[f"{module}.weight"] = state[f"{module}.weight"] + delta
     merged.load_state_dict(state)
     samples = make_samples(4, seed=99)
     packer = Packer(cfg.seq_len, cfg.pad_to_multiple_of, 1)
     batch = RankBatch.from_packed(packer.pack(samples), 0, 0)
+    adapter_effect = 0.0
     for mb in batch.micro_batches:
         dev = move_to_device(mb, prepare_tensors(mb), backend.state.device)
         with torch.no_grad():
             got = token_logprobs(packed_logits(backend.state.model, dev), dev.targets, 1.0, 16)
             want = token_logprobs(packed_logits(merged, dev), dev.targets, 1.0, 16)
+            plain = token_logprobs(packed_logits(base, dev), dev.targets, 1.0, 16)
         mask = dev.loss_mask.bool()
         torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=0)
+        adapter_effect = max(adapter_effect, float((want[mask] - plain[mask]).abs().max()))
+    assert adapter_effect > 100 * 2e-5, f"the adapter moved logprobs by {adapter_effect:.2e} only"
 
 
 def test_checkpoint_holds_adapters_only_and_resumes_exactly(tiny_model_dir: str, tmp_path: Any) -> None:
