@@ -37,7 +37,7 @@ def device(tmp_path: Path, mode: int, owner: int | None = None) -> str:
 @pytest.mark.parametrize(
     ("mode", "owner", "opens"),
     [
-        (0o666, 0, True),  # the kernel's own mode: everyone
+        (0o666, 0, True),  # udev's default rule: everyone
         (0o600, 0, False),  # root's alone: not the sandbox's uid
         (0o660, 0, False),  # root's group: the sandbox runs with no group but its own
         (0o600, SANDBOX_UID, True),  # the sandbox's uid owns it

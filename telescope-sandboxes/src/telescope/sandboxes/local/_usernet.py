@@ -72,7 +72,7 @@ class SlirpIdentity:
             return cls(None, confined_root=True)
         raise TunDeviceError(
             f"local sandbox: network_access=true needs {device} opened as uid {uid} (slirp4netns), "
-            f"but {cause}: make it usable by every user as the kernel creates it (chmod 0666 {device}; "
+            f"but {cause}: make it usable by every user, as udev's default rule does (chmod 0666 {device}; "
             "in a container, pass the device with those permissions), run Telescope as root with "
             "CAP_SYS_ADMIN, or set network_access: false"
         )
