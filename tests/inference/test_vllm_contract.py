@@ -24,6 +24,7 @@ import functools
 import os
 import re
 import warnings
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -206,20 +207,27 @@ def _literal(name: str) -> list[str]:
     raise AssertionError(f"no Literal {name} in vLLM's config")
 
 
-def _routes() -> dict[str, ast.AsyncFunctionDef]:
-    """HTTP path -> handler, from every ``@router.<method>("/path")`` in vLLM's entrypoints."""
+@functools.cache
+def _route_files() -> dict[str, tuple[str, ast.AsyncFunctionDef]]:
+    """HTTP path -> (file, handler), from every ``@router.<method>("/path")`` in vLLM's entrypoints."""
     assert VLLM is not None
-    routes: dict[str, ast.AsyncFunctionDef] = {}
+    routes: dict[str, tuple[str, ast.AsyncFunctionDef]] = {}
     for path in sorted((VLLM / "entrypoints").rglob("*.py")):
-        for node in ast.walk(_tree(str(path.relative_to(VLLM)))):
+        rel = str(path.relative_to(VLLM))
+        for node in ast.walk(_tree(rel)):
             if not isinstance(node, ast.AsyncFunctionDef):
                 continue
             for deco in node.decorator_list:
                 if isinstance(deco, ast.Call) and ast.unparse(deco.func).startswith("router.") and deco.args:
                     route = deco.args[0]
                     if isinstance(route, ast.Constant) and isinstance(route.value, str):
-                        routes.setdefault(route.value, node)
+                        routes.setdefault(route.value, (rel, node))
     return routes
+
+
+def _routes() -> dict[str, ast.AsyncFunctionDef]:
+    """HTTP path -> handler (``_route_files``)."""
+    return {path: handler for path, (_, handler) in _route_files().items()}
 
 
 # -- the installed release -------------------------------------------------------------------------
@@ -424,6 +432,38 @@ def _imported_modules(rel: str, node: ast.AST) -> set[str]:
     return found
 
 
+@functools.cache
+def _entrypoint_functions() -> tuple[tuple[str, set[str]], ...]:
+    """Every top-level function of vLLM's entrypoints: its name and the vllm modules it imports."""
+    assert VLLM is not None
+    return tuple(
+        (fn.name, _imported_modules(rel, fn))
+        for rel in (str(p.relative_to(VLLM)) for p in sorted((VLLM / "entrypoints").rglob("*.py")))
+        for fn in _tree(rel).body
+        if isinstance(fn, ast.FunctionDef)
+    )
+
+
+@functools.cache
+def _entrypoint_calls() -> tuple[Counter[str], Counter[str]]:
+    """Calls in vLLM's entrypoints by callee: all of them, and those inside ``if envs.VLLM_SERVER_DEV_MODE:``."""
+    assert VLLM is not None
+    calls: Counter[str] = Counter()
+    gated: Counter[str] = Counter()
+    for path in sorted((VLLM / "entrypoints").rglob("*.py")):
+        for node in ast.walk(_tree(str(path.relative_to(VLLM)))):
+            if isinstance(node, ast.Call):
+                calls[ast.unparse(node.func)] += 1
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "envs.VLLM_SERVER_DEV_MODE":
+                gated.update(
+                    ast.unparse(c.func)
+                    for stmt in node.body
+                    for c in ast.walk(stmt)
+                    if isinstance(c, ast.Call)
+                )
+    return calls, gated
+
+
 def _only_in_dev_mode(route_file: str) -> bool:
     """Whether vLLM attaches the routes of ``route_file`` only with ``VLLM_SERVER_DEV_MODE``: its own
     ``attach_router`` checks (0.16-0.17), or every function importing it is called only inside
@@ -433,41 +473,17 @@ def _only_in_dev_mode(route_file: str) -> bool:
     ]
     if attach and "if not envs.VLLM_SERVER_DEV_MODE" in ast.unparse(attach[0]):
         return True
-    assert VLLM is not None
-    trees = {
-        str(p.relative_to(VLLM)): _tree(str(p.relative_to(VLLM)))
-        for p in (VLLM / "entrypoints").rglob("*.py")
-    }
-    registrars = {
-        fn.name
-        for rel, tree in trees.items()
-        for fn in tree.body
-        if isinstance(fn, ast.FunctionDef) and _module_of(route_file) in _imported_modules(rel, fn)
-    }
-    calls, gated = 0, 0
-    for tree in trees.values():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) in registrars:
-                calls += 1
-            if isinstance(node, ast.If) and ast.unparse(node.test) == "envs.VLLM_SERVER_DEV_MODE":
-                gated += sum(
-                    isinstance(c, ast.Call) and ast.unparse(c.func) in registrars
-                    for stmt in node.body
-                    for c in ast.walk(stmt)
-                )
-    return bool(registrars) and calls > 0 and calls == gated
+    registrars = {name for name, modules in _entrypoint_functions() if _module_of(route_file) in modules}
+    calls, gated = _entrypoint_calls()
+    return bool(registrars) and all(0 < calls[name] == gated[name] for name in registrars)
 
 
 def test_vllms_control_routes_exist_only_in_dev_mode_which_we_turn_off() -> None:
     assert VLLM is not None
-    routes = _routes()
+    routes = _route_files()
     for path in ("/pause", "/resume", "/is_paused", "/collective_rpc", "/sleep", "/reset_prefix_cache"):
         assert path in routes, path
-        where = next(
-            str(p.relative_to(VLLM))
-            for p in sorted((VLLM / "entrypoints").rglob("*.py"))
-            if routes[path] in ast.walk(_tree(str(p.relative_to(VLLM))))
-        )
+        where = routes[path][0]
         assert _only_in_dev_mode(where), f"{path} ({where}) is served without dev mode"
     assert build_vllm_env(make_cfg())["VLLM_SERVER_DEV_MODE"] == "0"
     envs = (VLLM / "envs.py").read_text()  # type: ignore[operator]
