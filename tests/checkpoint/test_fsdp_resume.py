@@ -208,3 +208,15 @@ def test_tied_embeddings_are_stored_once_and_resume_exactly(builtin_tiny_dir: st
     (again,) = run_steps(resumed, cfg, range(2, 3))
     assert again["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert again["learning_rate"] == expected["learning_rate"]
+
+
+def test_resume_at_a_lower_learning_rate_trains_at_it(uninterrupted: dict[str, Any]) -> None:
+    """A health rollback restores a checkpoint with learning_rate lowered: the restored scheduler
+    keeps this run's base LR, not the checkpoint's (AdamW moments still come back)."""
+    cfg = uninterrupted["cfg"]
+    lowered = cfg.model_copy(update={"learning_rate": cfg.learning_rate / 4})
+    backend = make_backend(lowered)
+    assert backend.load_checkpoint(str(uninterrupted["full"])) == {"step": 3, "training_state": True}
+    assert len(backend.state.optimizer.state) > 0
+    (m,) = run_steps(backend, lowered, range(3, 4))
+    assert m["learning_rate"] == pytest.approx(expected_lr(cfg, 3) / 4, rel=1e-12)

@@ -4,6 +4,8 @@ Set ``TELESCOPE_FAULTS`` to a comma-separated spec before the run starts; the dr
 it to every Ray worker (the run's ``runtime_env``). Entries are ``name@N`` or ``name=value``:
 
 - ``train_step_raise@N``: every trainer rank raises ``InjectedFault`` in training step N (1-based).
+- ``train_loss_nan@N``: every trainer rank trains step N on NaN advantages: its loss, gradients
+  and gradient norm are NaN (the backend skips the optimizer step), the run goes on.
 - ``prompt_raise@N``: preparing the N-th prompt of the run (1-based) raises.
 - ``request_fail=P``: each inference request fails with probability P; which ones is decided by
   a hash of the request id, so a rerun fails the same requests.
@@ -49,6 +51,8 @@ class FaultSpec(BaseModel):
 
     train_step_raise: int | None = Field(default=None, ge=1)
     """Training step (1-based) in which every trainer rank raises."""
+    train_loss_nan: int | None = Field(default=None, ge=1)
+    """Training step (1-based) whose advantages are NaN on every rank (a non-finite loss)."""
     prompt_raise: int | None = Field(default=None, ge=1)
     """The N-th prompt prepared in the run (1-based) fails to prepare."""
     request_fail: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -112,6 +116,15 @@ def on_train_step(step: int) -> None:
     faults = current()
     if faults is not None and faults.train_step_raise == step:
         raise _fire("train_step_raise", f"train_step_raise@{step}")
+
+
+def nan_loss_in(step: int) -> bool:
+    """Trainer ranks, before training step ``step`` (1-based): whether its advantages become NaN."""
+    faults = current()
+    if faults is None or faults.train_loss_nan != step:
+        return False
+    fired.setdefault("train_loss_nan", time.time())
+    return True
 
 
 def on_prepare_prompt(count: int) -> None:

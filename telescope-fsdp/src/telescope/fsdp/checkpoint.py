@@ -17,8 +17,8 @@ With LoRA (``lora_rank > 0``) the model part holds the adapter tensors only (the
 ``base_model``, loaded again at start-up), and the optimizer part only their state.
 
 On load the LR scheduler is always put at the saved step with the *current* run's schedule
-(``base_lr * lr_lambda(step)``), so the next step uses exactly the LR the uninterrupted run
-would have used. A weights-only checkpoint loaded with ``training_state=True`` gets a fresh
+(``base_lr * lr_lambda(step)``, ``base_lr`` the current ``learning_rate``), so the next step uses
+exactly the LR the uninterrupted run would have used, or the lowered one of a health rollback. A weights-only checkpoint loaded with ``training_state=True`` gets a fresh
 optimizer (warned). Atomic naming is ``CheckpointManager``'s job.
 """
 
@@ -94,9 +94,12 @@ def load(st: TrainState, directory: str, rank: int, *, training_state: bool = Tr
             logger.warning(layout.weights_only_warning(path, step))
             st.optimizer.state.clear()
         if "scheduler" in trainer_state and restore_optimizer:
-            st.scheduler.load_state_dict(
-                {**trainer_state["scheduler"], "lr_lambdas": [None] * len(st.optimizer.param_groups)}
-            )
+            # this run's base LR stays (a health rollback lowers it; a resume may change learning_rate)
+            current = {
+                "lr_lambdas": [None] * len(st.optimizer.param_groups),
+                "base_lrs": list(st.scheduler.base_lrs),
+            }
+            st.scheduler.load_state_dict({**trainer_state["scheduler"], **current})
         set_scheduler_step(st.scheduler, step)
         st.counters.clear()
         st.counters.update(trainer_state["counters"])

@@ -23,6 +23,9 @@ from telescope.core.observe.stdio import printable_data
 
 app = new_app(help="Inspect run directories.", no_args_is_help=True)
 
+FINDINGS_SHOWN = 10
+"""``runs show`` lists the latest this many health findings (``--json`` has every recorded one)."""
+
 
 @app.callback()
 def _runs() -> None:
@@ -118,6 +121,27 @@ def _header(console: Console, run: RunDirReader, steps: list[dict[str, Any]]) ->
         word = {"slow": "slow: ", "overdue": "overdue: "}.get(health["state"], "")
         line = f"  {word}{health['text']}"
         console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+
+
+def health_findings(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The health sentinel's verdict as run.json's ``info.health`` holds it (None: not recorded)."""
+    health = (meta.get("info") or {}).get("health")
+    return health if isinstance(health, dict) else None
+
+
+def _findings(console: Console, meta: dict[str, Any]) -> None:
+    """``Health: <state>`` and one line per finding (the latest ``FINDINGS_SHOWN``)."""
+    health = health_findings(meta)
+    if health is None:
+        return
+    state, findings = str(health.get("state", "ok")), health.get("findings") or []
+    style = {"ok": "green", "warning": "yellow"}.get(state, "red")
+    count = health.get("count", len(findings))
+    rollbacks = f", {health['rollbacks']} rollback(s)" if health.get("rollbacks") else ""
+    console.print(f"[bold]Health[/] [{style}]{escape(state)}[/]: {count} finding(s){rollbacks}")
+    for f in findings[-FINDINGS_SHOWN:]:
+        line = f"  step {f.get('step')}  {f.get('name')} ({f.get('action')}): {f.get('evidence')}"
+        console.print(line, markup=False)
 
 
 def _config(console: Console, cfg: dict[str, Any], model: str) -> None:
@@ -247,6 +271,7 @@ def summary_json(
         "run_dir": str(run.path),
         "run": run.meta,
         "health": run_health(run.meta, time.time()),
+        "health_findings": health_findings(run.meta),
         "model": display_model(run, cfg),
         "config": cfg,
         "steps": steps,
@@ -288,6 +313,7 @@ def show(
         printable_data(cfg),
     )
     _header(console, run, steps)
+    _findings(console, run.meta)
     _config(console, cfg, display_model(run, cfg))
     _reward_curve(console, run, reward_key)
     _latest(console, steps, metrics)

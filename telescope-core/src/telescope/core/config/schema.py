@@ -18,6 +18,7 @@ __all__ = ["TelescopeConfig"]
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+HealthAction = Literal["off", "warn", "stop", "rollback"]
 
 DEFAULT_CODE_EXCLUDE = [".git", ".venv", "__pycache__", "*.egg-info", "runs", "wandb", "node_modules"]
 
@@ -255,6 +256,54 @@ class TelescopeConfig(BaseModel):
     """A checkpoint that cannot be written (disk full, ...): stop = end the run, warn = train on without it."""
     max_run_restarts: int = Field(default=2, ge=0)
     """Restarts from the latest checkpoint after a trainer failure (a dead rank); 0 = a failure ends the run."""
+
+    # --- Health (docs/health.md) ---------------------------------------------------
+    health_window_steps: int = Field(default=10, ge=2)
+    """Healthy steps each health rule compares a step with: their median and median absolute deviation (the run's own recent history)."""
+    health_min_history_steps: int = Field(default=1, ge=1)
+    """Healthy steps a health rule collects before it judges a step (nonfinite and reward_saturated need none)."""
+    health_patience_steps: int = Field(default=2, ge=1)
+    """Anomalous steps in a row that raise a health finding (nonfinite: the first one)."""
+    health_max_rollbacks: int = Field(default=2, ge=0)
+    """Health rollbacks a run makes; after that a finding whose action is rollback stops the run."""
+    health_rollback_lr_factor: float = Field(default=0.5, gt=0, le=1)
+    """A health rollback continues from its checkpoint with the learning rate times this."""
+    health_entropy_collapse_action: HealthAction = "warn"
+    """What entropy_collapse does: off, warn (a console line, the health/entropy_collapse metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_entropy_collapse_ratio: float = Field(default=0.25, gt=0, lt=1)
+    """entropy_collapse: the policy's entropy falls below this share of its recent median."""
+    health_kl_spike_action: HealthAction = "warn"
+    """What kl_spike does: off, warn (a console line, the health/kl_spike metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_kl_spike_mads: float = Field(default=10.0, gt=0)
+    """kl_spike: kl_divergence_inference rises above its recent median plus this many robust standard deviations (1.4826 x MAD, at least 10% of the median)."""
+    health_kl_spike_min: float = Field(default=0.5, ge=0)
+    """kl_spike: ... and above this many nats per token (a KL this small is never a spike)."""
+    health_grad_norm_spike_action: HealthAction = "warn"
+    """What grad_norm_spike does: off, warn (a console line, the health/grad_norm_spike metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_grad_norm_spike_mads: float = Field(default=10.0, gt=0)
+    """grad_norm_spike: the gradient norm (before clipping) rises above its recent median plus this many robust standard deviations (1.4826 x MAD, at least 10% of the median)."""
+    health_length_blowup_action: HealthAction = "warn"
+    """What length_blowup does: off, warn (a console line, the health/length_blowup metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_length_blowup_ratio: float = Field(default=2.0, gt=1)
+    """length_blowup: the mean completion length rises above this many times its recent median."""
+    health_length_blowup_truncated_share: float = Field(default=0.5, gt=0, le=1)
+    """length_blowup: ... or at least this share of completions hit max_tokens, and at least twice the recent median share."""
+    health_length_collapse_action: HealthAction = "warn"
+    """What length_collapse does: off, warn (a console line, the health/length_collapse metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_length_collapse_ratio: float = Field(default=0.3, gt=0, lt=1)
+    """length_collapse: the mean completion length falls below this share of its recent median."""
+    health_reward_saturated_action: HealthAction = "warn"
+    """What reward_saturated does: off, warn (a console line, the health/reward_saturated metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_reward_saturated_groups: int = Field(default=64, ge=2)
+    """reward_saturated: the finished rollout groups it looks back over (kept or discarded)."""
+    health_reward_saturated_share: float = Field(default=0.95, gt=0, le=1)
+    """reward_saturated: at least this share of those groups gave every sample the same reward (no learning signal)."""
+    health_degenerate_outputs_action: HealthAction = "warn"
+    """What degenerate_outputs does: off, warn (a console line, the health/degenerate_outputs metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
+    health_degenerate_outputs_share: float = Field(default=0.5, gt=0, le=1)
+    """degenerate_outputs: at least this share of a step's distinct prompts got one and the same completion, when recently less than half of it did."""
+    health_nonfinite_action: HealthAction = "warn"
+    """What nonfinite does: off, warn (a console line, the health/nonfinite metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
 
     # --- Evals ---------------------------------------------------------------------
     eval_before_training: bool = True
@@ -496,6 +545,14 @@ def _cross_field_problems(cfg: TelescopeConfig) -> list[str]:
             "or set null for the architecture's attention and MLP projections"
         )
     problems += _distill_problems(cfg)
+    rollbacks = [
+        name for name, value in cfg.model_dump().items() if name.startswith("health_") and value == "rollback"
+    ]
+    if rollbacks and not cfg.checkpoint_every:
+        problems.append(
+            f"{', '.join(rollbacks)}: rollback restores a checkpoint, but checkpoint_every is off; "
+            "set checkpoint_every (e.g. 5) or choose stop"
+        )
     for i, env in enumerate(cfg.environments):
         if env.reward_min is not None and env.reward_max is not None and env.reward_min >= env.reward_max:
             problems.append(

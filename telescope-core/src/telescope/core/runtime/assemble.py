@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.chat import ChatOptions
 from telescope.core.env.resolve import create_environment
+from telescope.core.health import HEALTH_PLUGIN
 from telescope.core.observe.info import environment_info, eval_info
 from telescope.core.rollouts.batching import BatchBuilder
 from telescope.core.rollouts.distill import DistillRunner
@@ -290,6 +291,9 @@ async def train_session(session: RunSession, pset: PluginSet) -> None:
     evals = None
     try:
         evals = await add_checkpoints_and_evals(orchestrator, session, session.logger_ids)
+        health = pset.pm.get_plugin(HEALTH_PLUGIN)  # the run's sentinel acts after every other step hook
+        if health is not None:
+            orchestrator.hooks.append(health.step_hook(session))
         if evals is not None:
             await evals.before_training(resumed=session.resume is not None)
         await orchestrator.run()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from telescope.core.runtime.orchestrator import Orchestrator
     from telescope.core.runtime.ray_group import RayTrainerGroup
 
-__all__ = ["ResumePoint", "RunCheckpointer", "checkpoint_root", "find_resume_point"]
+__all__ = ["ResumePoint", "RunCheckpointer", "checkpoint_root", "checkpoint_steps", "find_resume_point"]
 
 log = logging.getLogger("telescope.checkpoint")
 
@@ -53,6 +53,11 @@ def _manager(cfg: TelescopeConfig) -> CheckpointManager:
     from telescope.core.checkpoint import CheckpointManager
 
     return CheckpointManager(checkpoint_root(cfg), cfg.checkpoint_keep_last, cfg.checkpoint_keep_every)
+
+
+def checkpoint_steps(cfg: TelescopeConfig) -> list[int]:
+    """The steps of the run's complete checkpoints, oldest first."""
+    return _manager(cfg).steps()
 
 
 @dataclass(frozen=True)
@@ -129,8 +134,11 @@ class RunCheckpointer:
         """Save when due; the orchestrator state is taken now, before anything else can change it."""
         from telescope.core.checkpoint import checkpoint_due
 
-        if not checkpoint_due(step, self.cfg.checkpoint_every, self.cfg.number_of_steps):
-            return
+        if checkpoint_due(step, self.cfg.checkpoint_every, self.cfg.number_of_steps):
+            await self.checkpoint(orchestrator, step)
+
+    async def checkpoint(self, orchestrator: Orchestrator, step: int) -> Path | None:
+        """Save ``step`` now, inside a ``checkpoint`` span; the committed folder, or None (``save``)."""
         state = orchestrator.state_dict()
         orchestrator.emit(TimelineEvent("checkpoint", "start", step=step))
         try:
@@ -144,6 +152,7 @@ class RunCheckpointer:
             "checkpoint", "end", step=step, attrs={"path": str(path or ""), "ok": path is not None}
         )
         orchestrator.emit(end)
+        return path
 
     async def save(self, step: int, state: dict[str, Any]) -> Path | None:
         """Write and commit ``step_<step>``; two attempts, then ``checkpoint_failure`` decides.

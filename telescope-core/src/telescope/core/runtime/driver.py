@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 from telescope.core.cluster.signals import sigterm_as_interrupt, teardown_signals
 from telescope.core.config import TelescopeConfig
 from telescope.core.errors import describe_failure
+from telescope.core.health import HEALTH_PLUGIN
+from telescope.core.health.restore import health_rollback
+from telescope.core.health.sentinel import HealthSentinel
 from telescope.core.observe import LoggerHub, build_logger_hub
 from telescope.core.observe.stdio import tail_lines
 from telescope.core.runtime.assemble import train_session
@@ -92,7 +95,8 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
     hub.on_fatal = lambda err: sessions[-1].fail(err)
     hook = pset.pm.hook
     hub.report_system = lambda sample: hook.telescope_system_sample(sample=sample)
-    with registered(pset.pm, hub, LOGGER_HUB_PLUGIN):
+    health = HealthSentinel(wcfg, hook, fail=lambda err: sessions[-1].fail(err))  # for the whole run
+    with registered(pset.pm, hub, LOGGER_HUB_PLUGIN), registered(pset.pm, health, HEALTH_PLUGIN):
         hub.start(wcfg, run_dir, resume.logger_ids if resume else None)
         session.run_id = str(hub.run_ids().get("local", {}).get("run_id", ""))
         session.logger_ids = hub.run_ids
@@ -164,7 +168,9 @@ def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSe
             asyncio.run(session.train(functools.partial(train_session, session, pset)))
             return
         except Exception as exc:
-            plan = _restart_plan(exc, session, seen, len(restarts))
+            rollback = health_rollback(exc, session.cfg)  # a health finding's: its checkpoint, a lower LR
+            failures = sum(not r.get("health_rollback") for r in restarts)
+            plan = rollback.plan if rollback else _restart_plan(exc, session, seen, failures)
             if plan is None:
                 raise
             point = plan.point
@@ -174,11 +180,14 @@ def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSe
                     "reason": plan.reason,
                     "checkpoint": str(point.path),
                     "time": time.time(),
+                    "health_rollback": rollback is not None,
                 }
             )
             session.stop()
             pset.pm.hook.telescope_run_info(info={"restarts": restarts})
-            again = RunSession(session.cfg, session.plugins, session.registry, session.run_dir)
+            again = RunSession(
+                rollback.cfg if rollback else session.cfg, session.plugins, session.registry, session.run_dir
+            )
             again.resume, again.run_id, again.traces = point, session.run_id, session.traces
             again.logger_ids = session.logger_ids
             sessions.append(again)

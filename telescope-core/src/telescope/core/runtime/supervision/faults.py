@@ -10,11 +10,13 @@ way: clients (``inference/faults.py``) and environments (``env/faults.py``, by `
   inside ``PromptSource.prepare`` (the failure names the environment and sample as a real one).
 - ``server_kill``: a step hook, first of the orchestrator's, SIGKILLs server 0 after step N.
 - ``train_step_raise``: each trainer rank's backend raises in step N (``with_trainer_faults``).
+- ``train_loss_nan``: each trainer rank's backend trains step N on NaN advantages (same wrapper).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import TYPE_CHECKING, Any
 
 from telescope.core import faults
@@ -68,11 +70,15 @@ class _FaultyBackend:
 
     def train_step(self, batch: RankBatch) -> dict[str, float]:
         faults.on_train_step(batch.step + 1)
+        if faults.nan_loss_in(batch.step + 1):
+            for row in batch.micro_batches:
+                row.advantages = [math.nan] * len(row.advantages)
         return self.backend.train_step(batch)
 
 
 def with_trainer_faults(backend: TrainerBackend) -> TrainerBackend:
-    """A trainer rank's backend, wrapped when ``TELESCOPE_FAULTS`` is set (``train_step_raise``)."""
+    """A trainer rank's backend, wrapped when ``TELESCOPE_FAULTS`` is set (``train_step_raise``,
+    ``train_loss_nan``)."""
     if faults.current() is None:
         return backend
     return _FaultyBackend(backend)  # type: ignore[return-value]

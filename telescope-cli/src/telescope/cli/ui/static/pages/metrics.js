@@ -46,13 +46,28 @@ async function sendLayout(method, path, body) {
 
 async function fetchData(runs) {
   const catalog = new Map();
-  const series = {};
+  const series = {}, health = {};
   await Promise.all(runs.map(async run => {
-    const [cat, data] = await Promise.all([runApi(run, 'catalog'), runApi(run, 'metrics', { keys: '*' })]);
+    const [cat, data, about] = await Promise.all([runApi(run, 'catalog'), runApi(run, 'metrics', { keys: '*' }), runApi(run, 'config')]);
     for (const item of cat.keys) if (!catalog.has(item.key)) catalog.set(item.key, item);
     series[run] = data;
+    health[run] = ((about.meta || {}).info || {}).health || null;
   }));
-  return { catalog, series };
+  return { catalog, series, health };
+}
+
+// The health sentinel's verdict of each run (run.json info.health, docs/health.md): its state and
+// its latest findings, above the Overview charts. Runs without a sentinel show nothing.
+const FINDINGS_SHOWN = 5;
+function healthBox() {
+  const rows = ctx.runs.filter(run => ctx.health[run]).map(run => {
+    const { state = 'ok', count = 0, rollbacks = 0, findings = [] } = ctx.health[run];
+    const head = `${run}: ${state}${count ? `, ${count} finding${count > 1 ? 's' : ''}` : ''}${rollbacks ? `, ${rollbacks} rollback${rollbacks > 1 ? 's' : ''}` : ''}`;
+    return h('div', { class: `health-run ${state}`, 'data-run': run },
+      h('div', { class: 'health-state' }, head),
+      findings.slice(-FINDINGS_SHOWN).map(f => h('div', { class: 'finding' }, `step ${f.step} ${f.name} (${f.action}): ${f.evidence}`)));
+  });
+  return rows.length ? h('div', { id: 'health-findings' }, h('div', { class: 'group-title' }, 'Health'), rows) : null;
 }
 
 function traces(key) {
@@ -198,7 +213,7 @@ function sectionsView(filter) {
   const names = [...bySection.keys()].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
   if (!names.length) return empty(filter ? `No metric key contains "${filter}".` : 'No step metrics yet.');
   const overview = overviewKeys(visibleKeys(filter));
-  return [overview.length ? section(OVERVIEW, overview.length, h('div', { class: 'grid' }, overview.map(chart))) : null,
+  return [healthBox(), overview.length ? section(OVERVIEW, overview.length, h('div', { class: 'grid' }, overview.map(chart))) : null,
     names.map(name => {
       const groups = bySection.get(name);
       const groupNames = [...groups.keys()].sort();
