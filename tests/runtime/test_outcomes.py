@@ -59,6 +59,7 @@ def test_a_sample_failing_for_the_infrastructure_runs_again_and_is_never_scored(
         == len(failed_first)
     )
     assert total(steps, "infra/masked") == 0 and orch.counts.rollout_errors == 0
+    assert total(steps, "infra/groups_hit") == len(failed_first)  # one failing sample per group
     assert steps[-1]["totals/infra/retried"] == len(failed_first)
 
 

@@ -125,3 +125,44 @@ def test_a_pool_whose_creates_keep_failing_raises_the_infrastructure_error_count
     marked = infra.infra_cause(info.value)  # the last create's failure, which the pool's error is raised from
     assert marked is not None and marked.cause == "sandbox_create"
     assert counted()[("sandbox_create", "scripted")] >= 2  # each failed create, not the pool's summary
+
+
+def test_the_fault_seam_fails_creates_and_commands_as_a_provider_would_and_each_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from telescope.core import faults
+    from telescope.core.sandbox import build_provider
+    from telescope.core.sandbox.faults import FaultySandboxProvider
+
+    class Registry:  # what build_provider needs of the plugin registry
+        def create(self, kind: str, name: str, kwargs: Any) -> SandboxProvider:
+            return ScriptedProvider()
+
+    assert isinstance(build_provider(Registry(), "scripted"), ScriptedProvider)  # unset: as it is
+    monkeypatch.setenv("TELESCOPE_FAULTS", "sandbox_create_fail=0.3,sandbox_exec_kill=0.2")
+    provider = build_provider(Registry(), "scripted")
+    assert isinstance(provider, FaultySandboxProvider) and provider.name == "scripted"
+    faults.injected.clear()
+    counted()
+    outcomes: list[str] = []
+
+    async def go() -> None:
+        for _ in range(60):
+            try:
+                async with provider.sandbox() as handle:
+                    result = await provider.execute(handle, "true")
+                    outcomes.append(f"result {result.limit_exceeded}")
+            except (SandboxError, SandboxNotRunningError) as exc:
+                marked = infra.infra_cause(exc)
+                assert marked is not None
+                outcomes.append(marked.cause)
+
+    asyncio.run(go())
+    injected = faults.injected
+    assert injected["sandbox_create_fail"] > 0 and injected["sandbox_exec_kill"] > 0
+    assert outcomes.count("sandbox_create") == injected["sandbox_create_fail"]
+    assert outcomes.count("sandbox_lost") == injected["sandbox_exec_kill"]
+    assert counted() == {
+        ("sandbox_create", "scripted"): injected["sandbox_create_fail"],
+        ("sandbox_lost", "scripted"): injected["sandbox_exec_kill"],
+    }

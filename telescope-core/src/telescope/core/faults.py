@@ -14,6 +14,15 @@ it to every Ray worker (the run's ``runtime_env``). Entries are ``name@N`` or ``
 - ``server_slow=S``: every inference request waits S seconds before it is sent.
 - ``server_kill@N``: inference server 0 is SIGKILLed once training step N ended (the run
   restarts it, up to ``inference_max_restarts`` times).
+- ``server_error=P``: each inference request is answered 503 with probability P (an
+  infrastructure failure: the sample is retried or masked, never scored).
+- ``sandbox_create_fail=P``: each sandbox creation fails with probability P (a provider 503).
+- ``sandbox_exec_kill=P``: each command run in a sandbox has its sandbox terminated by the
+  provider with probability P (``SandboxNotRunningError``: the infrastructure's, not the code's).
+
+``injected`` counts, per fault name, how many times each probabilistic fault fired in this
+process (the driver's: sandboxes and requests are the driver's), to compare with what the run
+counted.
 
 Example: ``TELESCOPE_FAULTS=train_step_raise@3,request_fail=0.1``. The checks below are called
 only by one seam per layer, installed when the run is assembled and only when the variable is
@@ -27,6 +36,7 @@ import asyncio
 import os
 import time
 import zlib
+from collections import Counter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -65,6 +75,12 @@ class FaultSpec(BaseModel):
     """Seconds every inference request waits before it is sent."""
     server_kill: int | None = Field(default=None, ge=1)
     """Training step (1-based) after which inference server 0 is SIGKILLed."""
+    server_error: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Probability that an inference request is answered 503 (reproducible per request id)."""
+    sandbox_create_fail: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Probability that a sandbox creation fails (the N-th creation of the process: reproducible)."""
+    sandbox_exec_kill: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Probability that the provider terminates a sandbox while it runs a command."""
 
 
 def parse(spec: str) -> FaultSpec:
@@ -92,6 +108,8 @@ def parse(spec: str) -> FaultSpec:
 _cache: tuple[str, FaultSpec] | None = None
 fired: dict[str, float] = {}
 """When each fault first fired in this process (unix time; ``bench/faults.py`` measures from it)."""
+injected: Counter[str] = Counter()
+"""How many times each probabilistic fault fired in this process."""
 
 
 def _fire(name: str, message: str) -> InjectedFault:
@@ -152,6 +170,16 @@ async def on_request(request_id: str) -> None:
         await asyncio.sleep(faults.server_slow)
     if faults.request_fail and zlib.crc32(request_id.encode()) / 2**32 < faults.request_fail:
         raise _fire("request_fail", f"request_fail={faults.request_fail} failed request {request_id}")
+
+
+def draw(name: str, probability: float, key: str) -> bool:
+    """Whether fault ``name`` fires for ``key`` (a hash of both below ``probability``: reproducible);
+    counted in ``injected`` when it does."""
+    if not probability or zlib.crc32(f"{name}:{key}".encode()) / 2**32 >= probability:
+        return False
+    fired.setdefault(name, time.time())
+    injected[name] += 1
+    return True
 
 
 async def on_reward(env_name: str) -> None:

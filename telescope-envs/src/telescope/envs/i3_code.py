@@ -125,13 +125,15 @@ class I3CodeEnvironment(SingleTurnEnvironment):
         )
 
     def _build_provider(self) -> Any:
+        from telescope.core.sandbox import build_provider
+
         registry = self._registry
         if registry is None:
             from telescope.core.plugins import load_plugins
 
             registry = load_plugins()[1]
         kw = self.code_kwargs
-        return registry.create("sandbox_provider", kw.provider, kw.provider_kwargs)
+        return build_provider(registry, kw.provider, kw.provider_kwargs)
 
     async def _get_pool(self) -> Any:
         from telescope.core.sandbox import SandboxPool

@@ -1,15 +1,16 @@
 """The inference layer's fault seam: a client that fails or slows down requests on purpose.
 
 Installed only when ``TELESCOPE_FAULTS`` is set (``runtime/supervision/faults.py`` for a run,
-``evals/standalone.py`` for ``telescope eval``): ``request_fail`` and ``server_slow`` act on
-each completion request before it is sent. Unset, clients are used as they are.
+``evals/standalone.py`` for ``telescope eval``): ``request_fail``, ``server_slow`` and
+``server_error`` (a 503, the infrastructure's) act on each completion request before it is sent. Unset, clients are used as they are.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from telescope.core import faults
+from telescope.core import faults, infra
+from telescope.core.inference.client import InferenceServerError
 
 if TYPE_CHECKING:
     from telescope.core.inference.client import Completion
@@ -26,7 +27,13 @@ class FaultyClient:
         self.client = client
 
     async def complete(self, prompt: list[int] | str, **params: Any) -> list[Completion]:
-        await faults.on_request(str(params.get("request_id", "")))
+        request_id = str(params.get("request_id", ""))
+        await faults.on_request(request_id)
+        spec = faults.current()
+        if spec is not None and faults.draw("server_error", spec.server_error, request_id):
+            error = InferenceServerError(503, f"TELESCOPE_FAULTS: server_error for request {request_id}")
+            infra.mark(error, cause="server_error", provider="inference")  # as the client marks a real 503
+            raise error
         return await self.client.complete(prompt, **params)
 
     async def abort(self, request_ids: list[str] | None = None) -> int:

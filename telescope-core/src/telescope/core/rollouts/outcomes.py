@@ -96,6 +96,12 @@ class InfraLedger:
         self._count("retried" if retry else "masked", failure)
         return retry
 
+    def group_hit(self) -> None:
+        """A group's first infrastructure failure: dropping whole groups would generate it all again
+        (``infra/groups_hit`` x ``group_size``, against ``infra/retried`` samples run again here)."""
+        self._step["groups_hit"] += 1
+        self.totals["groups_hit"] += 1
+
     def _count(self, what: str, failure: _Failure) -> None:
         for key in (what, f"env/{failure.env}/{what}", f"provider/{failure.provider}/{what}"):
             self._step[key] += 1
@@ -122,7 +128,7 @@ class InfraLedger:
             for key in (f"cause/{origin.cause}", f"provider/{origin.provider}/cause/{origin.cause}"):
                 self._step[key] += n
                 self.totals[key] += n
-        out = {f"infra/{what}": 0.0 for what in ("failed", "retried", "masked")}
+        out = {f"infra/{what}": 0.0 for what in ("failed", "retried", "masked", "groups_hit")}
         out.update({f"infra/{key}": float(n) for key, n in self._step.items()})
         out.update({f"totals/infra/{key}": float(n) for key, n in self.totals.items() if "/" not in key})
         out.update(

@@ -237,7 +237,8 @@ async def build_orchestrator(
     router = Router(
         len(clients), cfg.routing_policy, cfg.routing_saturation_margin, orchestrator.lanes.enabled
     )
-    orchestrator.runner.route_requests(router, clients)  # each request's server: rollouts/routing.py
+    # the orchestrator's clients: with TELESCOPE_FAULTS, the fault seam's wrappers (install_faults)
+    orchestrator.runner.route_requests(router, orchestrator.clients)  # each request's server: routing.py
     orchestrator.servers.healer = RayServerHealer(
         session.servers.actors,
         clients,

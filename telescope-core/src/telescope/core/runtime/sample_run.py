@@ -133,6 +133,8 @@ def _failed(
         group.fail(index, task, version, GroupFailure("rollout_error", message))
         log.warning("rollout of group %d sample %d failed: %s", group.group_id, index, message)
         return None
+    if not group.retries and not group.masked:
+        run.infra.group_hit()
     retries = group.retries.get(index, 0)
     what = f"{task.request_id}: infrastructure failure ({error.cause}, provider '{error.provider}'): {error}"
     if run.infra.failed(group.prepared.item.env_name, error, retries):

@@ -4,10 +4,10 @@ Usage from an environment (the provider comes from the registry by name; ``local
 default and runs on any Linux machine with bubblewrap)::
 
     from telescope.core.plugins import load_plugins
-    from telescope.core.sandbox import SandboxConfig, SandboxPool
+    from telescope.core.sandbox import SandboxConfig, SandboxPool, build_provider
 
     _, registry = load_plugins()
-    provider = registry.create("sandbox_provider", "local", {})   # kwargs validated by the plugin
+    provider = build_provider(registry, "local", {})             # kwargs validated by the plugin
     config = SandboxConfig(memory_mb=512, disk_size_gb=0.5, timeout_seconds=600)
 
     async with provider.sandbox(config) as sb:                   # one-off sandbox
@@ -30,6 +30,8 @@ register it with ``telescope_register_sandbox_providers``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from telescope.core.sandbox.errors import (
     SandboxAuthError,
     SandboxCommandTimeoutError,
@@ -49,6 +51,15 @@ from telescope.core.sandbox.provider import SandboxProvider, import_sdk, require
 from telescope.core.sandbox.tracking import cleanup_all, live_sandboxes
 from telescope.core.sandbox.types import ExecResult, SandboxConfig, SandboxHandle
 
+
+def build_provider(registry: Any, name: str, kwargs: dict[str, Any] | None = None) -> SandboxProvider:
+    """The registered sandbox provider ``name`` built with ``kwargs``: how environments get theirs
+    (the seam of ``TELESCOPE_FAULTS``' sandbox faults, ``sandbox/faults.py``)."""
+    from telescope.core.sandbox.faults import with_sandbox_faults
+
+    return with_sandbox_faults(registry.create("sandbox_provider", name, kwargs))
+
+
 __all__ = [
     "ExecResult",
     "SandboxAuthError",
@@ -67,6 +78,7 @@ __all__ = [
     "SandboxPoolTimeoutError",
     "SandboxProvider",
     "SandboxUnavailableError",
+    "build_provider",
     "cleanup_all",
     "import_sdk",
     "live_sandboxes",
