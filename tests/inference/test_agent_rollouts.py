@@ -1,5 +1,8 @@
 """Agent rollouts: ``AgentEnvironment.run_agent`` with a real ``openai.AsyncOpenAI`` against the gateway in
-front of a real transformers-engine server; the captured calls become the sample (rollouts/agent.py)."""
+front of a real transformers-engine server; the captured calls become the sample (rollouts/agent.py).
+Context compaction (``AgentEnvironment.maybe_compact``): the summary call is a segment of its own with
+its sampled ids, rejected attempts are trained nowhere, every other call trains once; a summary that
+never comes is an infrastructure failure, never a 0."""
 
 from __future__ import annotations
 
@@ -13,11 +16,15 @@ import pytest
 import torch
 
 from telescope.core.env import AgentEnvironment, AgentKwargs, RewardResult, Sample
+from telescope.core.env.compaction import Compactor
+from telescope.core.env.types import RolloutState
 from telescope.core.inference.client import InferenceClient
 from telescope.core.inference.gateway.app import Gateway, GatewaySettings
 from telescope.core.inference.gateway.serve import start_gateway
 from telescope.core.inference.settings import TransformersEngineKwargs
+from telescope.core.infra import infra_cause
 from telescope.core.rollouts.agent import AgentGateway
+from telescope.core.rollouts.compaction import CompactionSettings
 from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask
 from telescope.core.weights.group import free_port
 
@@ -47,8 +54,11 @@ class ScriptedAgent(AgentEnvironment):
         return await self.behaviour(client, model, sample)
 
 
-def rollout(server: Any, env: AgentEnvironment, temperature: float = 1.0) -> tuple[Any, Any]:
-    """One rollout of ``env``'s first sample; returns (sample, the gateway's capture registry)."""
+def rollout(
+    server: Any, env: AgentEnvironment, temperature: float = 1.0, compaction: Any = None
+) -> tuple[Any, Any]:
+    """One rollout of ``env``'s first sample; returns (sample, the gateway's capture registry).
+    ``compaction``: the run's ``rollouts.compaction.CompactionSettings`` (None: off)."""
 
     async def go() -> tuple[Any, Any]:
         tokenizer = server.state.tokenizer
@@ -56,7 +66,7 @@ def rollout(server: Any, env: AgentEnvironment, temperature: float = 1.0) -> tup
             gateway = Gateway(engine, tokenizer, GatewaySettings(served_model_name="tiny", max_model_len=512))
             runner_site, url = await start_gateway(gateway)
             try:
-                settings = GenerationSettings(temperature, None, 8, 512, [2], False)
+                settings = GenerationSettings(temperature, None, 8, 512, [2], False, 0, compaction)
                 runner = RolloutRunner(tokenizer, settings, None)
                 runner.agent_gateway = AgentGateway(url, "tiny", gateway.capture)
                 task = SampleTask("r0", env, env.get_sample(0), [1, 2], "reverse: abc", None, None)
@@ -235,3 +245,102 @@ def test_the_agent_in_docs_agents_md_runs(server: Any) -> None:
     assert 1 <= sample.num_turns <= 3 and sample.sample_metrics["agent/calls"] == sample.num_turns
     assert "agent_error" not in sample.sample_metrics, sample.info["info_turns"]
     assert sample.raw_reward in (0.0, 1.0) and len(sample.completion_ids) > 0
+
+
+# --- context compaction: AgentEnvironment.maybe_compact ------------------------------------------
+SETTINGS = CompactionSettings(at_tokens=40, max_per_rollout=2, train_summary=True, attempts=2)
+
+
+class Picky(Compactor):
+    """Accepts whatever the tiny model writes, except the attempts listed in ``refuse`` (0-based)."""
+
+    summary_request = "Sum up."
+
+    def __init__(self, refuse: set[int]) -> None:
+        self.refuse, self.seen = refuse, 0
+
+    def summary(self, text: str, truncated: bool, state: RolloutState) -> str | None:
+        self.seen += 1
+        return None if self.seen - 1 in self.refuse else text
+
+
+class Compacting(ScriptedAgent):
+    def __init__(self, behaviour: Any, compactor: Compactor) -> None:
+        super().__init__(behaviour)
+        self._compactor = compactor
+
+    def compactor(self) -> Compactor:
+        return self._compactor
+
+
+def chatty(env: list[Any]) -> Any:
+    """Four turns; after each, the conversation is compacted once it passed the threshold."""
+
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": str(sample.prompt)}]
+        for _ in range(4):
+            reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=6)
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content or ""},
+                {"role": "user", "content": "and again"},
+            ]
+            messages = await env[0].maybe_compact(client, model, messages, reply.usage.total_tokens, 8)
+        return RewardResult(1.0)
+
+    return agent
+
+
+def run(server: Any, refuse: set[int], settings: CompactionSettings = SETTINGS) -> tuple[Any, Compacting]:
+    holder: list[Any] = []
+    env = Compacting(chatty(holder), Picky(refuse))
+    holder.append(env)
+    sample, _ = rollout(server, env, compaction=settings)
+    return sample, env
+
+
+def test_the_summary_is_its_own_segment_and_a_rejected_attempt_is_trained_nowhere(server: Any) -> None:
+    sample, _ = run(server, refuse={0})  # the first summary attempt is refused, then retried
+    turns = sample.info["agent_turns"]
+    segments = [sample, *sample.extra_segments]
+    kinds = [getattr(s, "summary", False) for s in segments]
+    assert sample.sample_metrics["agent/compactions"] == 2.0 == sum(kinds)
+    assert kinds == [False, True, False, True, False]
+    assert sample.sample_metrics["agent/segments_per_rollout"] == 5.0
+    completions = [t["completion_ids"] for t in turns]
+    decode = server.state.tokenizer.decode
+    asked = [i for i, t in enumerate(turns) if "Sum up." in decode(t["prompt_ids"])]  # summary calls
+    assert len(asked) == 3 and len(turns) == 7  # 4 turns; 2 compactions, the first asked twice
+    refused = asked[0]
+    in_segments = [t.completion_ids for s in sample.extra_segments for t in s.turns]
+    for seg in sample.extra_segments:
+        if seg.summary:
+            assert len(seg.turns) == 1 and seg.completion_ids == seg.turns[0].completion_ids
+            assert seg.loss_mask == [True] * len(seg.completion_ids)
+    assert [seg.turns[0].completion_ids for seg in sample.extra_segments if seg.summary] == [
+        completions[i] for i in asked[1:]
+    ]
+    assert completions[refused] not in in_segments
+    trained = sum(sample.loss_mask or []) + sum(sum(s.loss_mask) for s in sample.extra_segments)
+    assert trained == sum(len(c) for c in completions) - len(completions[refused])  # all but the refused
+    records = sample.info["segments"]
+    assert [r["kind"] for r in records] == [
+        "conversation",
+        "summary",
+        "conversation",
+        "summary",
+        "conversation",
+    ]
+
+
+def test_an_untrained_summary_is_masked(server: Any) -> None:
+    settings = CompactionSettings(at_tokens=40, max_per_rollout=1, train_summary=False, attempts=1)
+    sample, _ = run(server, refuse=set(), settings=settings)
+    (summary,) = [s for s in sample.extra_segments if s.summary]
+    assert summary.completion_ids and not any(summary.loss_mask)
+
+
+def test_no_usable_summary_is_an_infrastructure_failure(server: Any) -> None:
+    with pytest.raises(Exception, match="no usable summary in 2 attempts") as failed:
+        run(server, refuse={0, 1})
+    cause = infra_cause(failed.value)
+    assert cause is not None and cause.cause == "compaction_failed"

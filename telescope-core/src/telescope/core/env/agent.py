@@ -31,7 +31,9 @@ from pydantic import Field
 
 from telescope.core.env import reward_log
 from telescope.core.env.base import ConversationEnvironment, EnvironmentKwargs, _failed_reward
-from telescope.core.env.types import RewardResult, Sample
+from telescope.core.env.compaction import AGENT_COMPACTION
+from telescope.core.env.types import ChatMessage, RewardResult, RolloutState, Sample
+from telescope.core.infra import infra_cause
 
 __all__ = ["AgentEnvironment", "AgentKwargs", "agent_failed"]
 
@@ -78,11 +80,55 @@ class AgentEnvironment(ConversationEnvironment):
             message = f"run_agent took longer than {timeout}s (agent_timeout_s)"
             reward_log.report("run_agent", None, message)
             return agent_failed("agent_timeout", message)
-        except Exception as exc:  # noqa: BLE001 - an agent never crashes the run, but is logged and counted
+        except Exception as exc:  # an agent never crashes the run, but is logged and counted
+            if infra_cause(exc) is not None:  # the infrastructure's (a compaction that failed ...): retried
+                raise
             reward_log.report("run_agent", exc)
             return agent_failed("agent_error", f"{type(exc).__name__}: {exc}")
         finally:
             reward_log.reset(token)
+
+    async def maybe_compact(
+        self,
+        client: Any,
+        model: str,
+        messages: list[ChatMessage],
+        context_tokens: int,
+        max_tokens: int | None = None,
+    ) -> list[ChatMessage]:
+        """The conversation to go on with: ``messages`` while ``context_tokens`` (the last reply's
+        ``usage.total_tokens``) is within ``context_compaction_at_tokens`` (or compaction is off, or
+        used up); past it, the policy's summary of ``messages`` (asked through ``client``, so it is
+        captured and trained in a segment of its own) after the messages before the first assistant
+        reply (system prompt + task), then what followed the last assistant reply. Call it between two
+        calls of the agent, not while another is running (the summary call is the latest captured).
+        ``max_tokens``: the summary's budget (None: the gateway's)."""
+        plan = AGENT_COMPACTION.get()
+        if plan is None or context_tokens <= plan.at_tokens or len(plan.summaries) >= plan.max_per_rollout:
+            return messages
+        compactor = self.compactor()
+        state = RolloutState(sample=Sample(prompt=list(messages)), env_name=self.name)
+        roles = [m.get("role") for m in messages]
+        first = roles.index("assistant") if "assistant" in roles else len(messages)
+        last = len(roles) - roles[::-1].index("assistant") if "assistant" in roles else len(messages)
+        request = [*messages, *compactor.request(state)]
+        for _ in range(plan.attempts):
+            reply = await client.chat.completions.create(model=model, messages=request, max_tokens=max_tokens)
+            choice = reply.choices[0]
+            index = plan.calls_so_far() - 1
+            text = choice.message.content or ""
+            summary = compactor.summary(text, choice.finish_reason == "length", state)
+            if summary is not None:
+                plan.summaries.append(index)
+                return compactor.restart(messages[:first], summary, messages[last:], state)
+            plan.rejected.append(index)
+        from telescope.core.rollouts.compaction import compaction_failed
+
+        raise compaction_failed(
+            f"agent {self.name}: no usable summary in {plan.attempts} attempts (the last: {len(text)} "
+            f"characters, finish reason {choice.finish_reason!r}); raise max_tokens or "
+            "context_compaction_attempts, or give the environment a compactor it can satisfy"
+        )
 
     async def compute_reward(self, *args: Any, **kwargs: Any) -> RewardResult:
         """Agents score themselves in ``run_agent``; there is no separate reward call."""

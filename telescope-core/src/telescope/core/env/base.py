@@ -161,7 +161,7 @@ class Environment(ABC):
             message = f"compute_reward took longer than {timeout}s"
             reward_log.report("compute_reward", None, message)
             return _failed_reward("reward_timeout", message)
-        except Exception as exc:  # noqa: BLE001 - rewards never crash a run, but are logged and counted
+        except Exception as exc:  # rewards never crash a run, but are logged and counted
             if infra_cause(exc) is not None:
                 raise
             reward_log.report("compute_reward", exc)
@@ -291,6 +291,11 @@ class ConversationEnvironment(Environment):
         """Render a turn's messages with a generation prompt."""
         return render_messages(tokenizer, messages, chat)
 
+    def compactor(self) -> Compactor:
+        """How this environment's conversations are compacted (``context_compaction_at_tokens``):
+        override to return a ``Compactor`` subclass with your own summary request or restart."""
+        return Compactor()
+
 
 class MultiTurnEnvironment(ConversationEnvironment):
     """A conversation: the environment answers each model turn until ``is_done``."""
@@ -316,11 +321,6 @@ class MultiTurnEnvironment(ConversationEnvironment):
     ) -> list[ChatMessage]:
         """The next turn's prompt: the conversation so far plus the environment's reply."""
         return [*state.last_messages(), *env_messages]
-
-    def compactor(self) -> Compactor:
-        """How this environment's conversations are compacted (``context_compaction_at_tokens``):
-        override to return a ``Compactor`` subclass with your own summary request or restart."""
-        return Compactor()
 
     @abstractmethod
     async def compute_reward(self, state: RolloutState, eos_token: str = "") -> RewardResult:  # type: ignore[override]

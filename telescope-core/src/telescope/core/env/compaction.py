@@ -5,13 +5,21 @@ policy for a summary (``request``), checks what it wrote (``summary``), and cont
 from the messages ``restart`` returns. An environment with its own summary prompt or its own way
 to restart overrides ``MultiTurnEnvironment.compactor`` to return a subclass of ``Compactor``.
 The token side (exact ids, segments, masks) is the runner's: ``rollouts/compaction.py``.
+
+An agent environment compacts its own conversation: ``AgentEnvironment.maybe_compact`` asks the
+policy through the agent's client, and records in the rollout's ``AgentCompaction`` (set by the
+runtime for each agent rollout) which captured calls were accepted or rejected summaries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
 from telescope.core.env.types import ChatMessage, RolloutState
 
-__all__ = ["DEFAULT_SUMMARY_REQUEST", "Compactor"]
+__all__ = ["AGENT_COMPACTION", "DEFAULT_SUMMARY_REQUEST", "AgentCompaction", "Compactor"]
 
 DEFAULT_SUMMARY_REQUEST = (
     "Your context is almost full. Summarize the conversation so far for yourself: the task, what you "
@@ -44,3 +52,22 @@ class Compactor:
         the summary, and ``latest`` (the environment's reply to the last turn, which the policy
         has not answered yet)."""
         return [*initial, {"role": "user", "content": f"{self.summary_heading}\n{summary}"}, *latest]
+
+
+@dataclass
+class AgentCompaction:
+    """One agent rollout's compaction settings and record (``context_compaction_*``)."""
+
+    at_tokens: int
+    max_per_rollout: int
+    attempts: int
+    calls_so_far: Callable[[], int]
+    """How many calls of the rollout the gateway has captured (the last one is the latest call)."""
+    summaries: list[int] = field(default_factory=list)
+    """Captured call index of each accepted summary (trained in a segment of its own)."""
+    rejected: list[int] = field(default_factory=list)
+    """Captured call index of each rejected summary attempt (trained nowhere)."""
+
+
+AGENT_COMPACTION: ContextVar[AgentCompaction | None] = ContextVar("telescope_agent_compaction", default=None)
+"""The running agent rollout's compaction (None: compaction is off, or no rollout runs here)."""

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from telescope.core.env.agent import AgentEnvironment
+from telescope.core.env.compaction import AGENT_COMPACTION, AgentCompaction
 from telescope.core.inference.gateway.capture import CaptureRegistry, RolloutLimits, assemble
+from telescope.core.rollouts.compaction import segment_records
 from telescope.core.rollouts.groups import RolloutSample
 
 if TYPE_CHECKING:
@@ -74,15 +76,31 @@ async def run_agent_rollout(
     limits = RolloutLimits(max_calls=env.max_turns, max_completion_tokens=env.max_rollout_tokens)
     session = gateway.capture.open(task.request_id, limits=limits, client=client, forced=forced)
     start_version, t0 = task.model_version(), time.time()
+    compaction = settings.compaction
+    plan = None
+    if compaction is not None:
+        plan = AgentCompaction(
+            compaction.at_tokens, compaction.max_per_rollout, compaction.attempts, lambda: len(session.calls)
+        )
+    token = AGENT_COMPACTION.set(plan)  # AgentEnvironment.maybe_compact finds it
     try:
         async with _openai_client(gateway, session.key) as agent_client:
             result = await env.run(agent_client, gateway.model, task.sample)
     finally:
+        AGENT_COMPACTION.reset(token)
         calls = gateway.capture.close(session)
     t1 = time.time()
     on_generated()
-    segments, breaks = assemble(calls)
+    if plan is None or compaction is None:
+        segments, breaks = assemble(calls)
+    else:
+        summaries, rejected = frozenset(plan.summaries), frozenset(plan.rejected)
+        segments, breaks = assemble(calls, summaries, rejected, compaction.train_summary)
     metrics = {"agent/calls": float(len(calls)), "agent/prefix_breaks": float(breaks)}
+    if plan is not None:
+        metrics["agent/compactions"] = float(len(plan.summaries))
+        metrics["agent/segments_per_rollout"] = float(len(segments))
+        metrics["agent/context_tokens_max"] = float(max((len(s.tokens) for s in segments), default=0))
     result.sample_metrics = {**result.sample_metrics, **metrics}
     trained: tuple[list[int], list[float], list[int], str]
     if not segments:  # the agent made no call: nothing to train
@@ -100,6 +118,10 @@ async def run_agent_rollout(
     sample.prompt_ids = list(main_prompt)
     sample.prompt_text = runner.decode(main_prompt) if segments else task.prompt_text
     sample.extra_segments = segments[1:]
+    if plan is not None and plan.summaries:
+        sample.info["segments"] = segment_records(
+            segments, [runner.decode(s.completion_ids) for s in segments]
+        )
     sample.info["agent_turns"] = [
         {
             "prompt_ids": c.prompt_ids,

@@ -219,18 +219,35 @@ class Segment:
         self.logprobs += logprobs
 
 
-def assemble(calls: list[CapturedCall]) -> tuple[list[Segment], int]:
+def assemble(
+    calls: list[CapturedCall],
+    summaries: frozenset[int] = frozenset(),
+    rejected: frozenset[int] = frozenset(),
+    train_summary: bool = True,
+) -> tuple[list[Segment], int]:
     """A rollout's calls as segments, and how many times a call broke the prefix (``agent/prefix_breaks``).
 
     Each call extends the latest segment it continues (an agent that forks a conversation and comes
-    back still joins); a call that continues none starts a new segment.
+    back still joins); a call that continues none starts a new segment. Context compaction
+    (``AgentEnvironment.maybe_compact``): the calls at ``summaries`` (indices into ``calls``) are
+    segments of their own, their completion trained when ``train_summary``; those at ``rejected``
+    (summary attempts refused) are in no segment.
     """
     segments: list[Segment] = []
     breaks = 0
-    for call in calls:
-        if segments and any(s.extend(call) for s in reversed(segments[-4:])):
+    for index, call in enumerate(calls):
+        if index in rejected:
             continue
-        if segments:
+        if index in summaries:
+            segment = Segment(prompt_ids=list(call.prompt_ids), summary=True)
+            segment._append(call.completion_ids, [train_summary] * len(call.completion_ids), call.logprobs)
+            segment.turns.append(call)
+            segments.append(segment)
+            continue
+        conversation = [s for s in segments if not s.summary]
+        if conversation and any(s.extend(call) for s in reversed(conversation[-4:])):
+            continue
+        if conversation:
             breaks += 1
         segment = Segment(prompt_ids=list(call.prompt_ids))
         segment._append(call.completion_ids, [True] * len(call.completion_ids), call.logprobs)
