@@ -94,6 +94,8 @@ METRIC_DOCS: tuple[tuple[str, str], ...] = (
     ("infra/provider/<provider>/<what>", "Infrastructure failures of provider {provider}: {what}."),
     ("totals/infra/<what>", "Infrastructure failures under samples since the run started: {what}."),
     ("faults/inference_restarts", "Inference servers restarted after they died, since the run started."),
+    ("health/findings", "Health findings raised so far in the run (docs/health.md)."),
+    ("health/<finding>", "1 while the health finding {finding} lasts, else 0 (docs/health.md)."),
     (
         "distill/reverse_kl",
         "Distillation: student minus teacher logprob, mean per trained token (reverse KL).",

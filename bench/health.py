@@ -1,0 +1,120 @@
+"""The health sentinel on runs made to fail, and on healthy ones: which finding, at which step.
+
+Run: ``.venv/bin/python bench/health.py [--only NAME ...] [--steps N]``. Every row is one real run
+of ``examples/quickstart.yaml`` (the built-in tiny model, 2 FSDP ranks, 1 transformers server,
+CPU) through ``telescope train``, with every finding's action ``warn`` unless the scenario says
+otherwise. Per run: how it ended, the findings it raised (``name@step``, from run.json
+``info.health``) and the steps it trained. Scenarios:
+
+- ``healthy_seed{0..4}``: the quickstart as shipped (false alarms: any finding);
+- ``lr_20x``, ``lr_100x``: learning rate 0.01 and 0.05 (the shipped 5e-4 x 20 and x 100);
+- ``length_game``: ``reverse_text_lengthy`` (tests/health/faulty_envs.py), whose reward pays for length;
+- ``constant_reward``: ``reverse_text_constant``, every completion scores 1.0;
+- ``nan_loss``: ``TELESCOPE_FAULTS=train_loss_nan@6``;
+- ``lr_100x_stop``: lr_100x with ``kl_spike`` and ``entropy_collapse`` set to ``stop``;
+- ``rollback``: lr 0.05 warmed up over 10 steps, a checkpoint every step, ``kl_spike`` set to
+  ``rollback`` with ``health_rollback_lr_factor`` 0.02: the reward before, at and after the rollback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVS = str(ROOT / "tests" / "health" / "faulty_envs.py")
+WARN = {"health_reward_saturated_groups": 64}
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    **{f"healthy_seed{s}": {"seed": s} for s in range(5)},
+    "lr_20x": {"learning_rate": 0.01},
+    "lr_100x": {"learning_rate": 0.05},
+    "length_game": {"environments": [{"name": "reverse_text_lengthy"}], "plugins": [ENVS]},
+    "constant_reward": {
+        "environments": [{"name": "reverse_text_constant"}],
+        "plugins": [ENVS],
+        "stall_timeout_s": 120.0,
+    },
+    "nan_loss": {"faults": "train_loss_nan@6"},
+    "lr_100x_stop": {
+        "learning_rate": 0.05,
+        "health_kl_spike_action": "stop",
+        "health_entropy_collapse_action": "stop",
+    },
+    "rollback": {
+        "learning_rate": 0.05,
+        "warmup_steps": 10,
+        "checkpoint_every": 1,
+        "health_kl_spike_action": "rollback",
+        "health_rollback_lr_factor": 0.02,
+        "health_max_rollbacks": 1,
+    },
+}
+
+
+def run(name: str, steps: int, out: Path) -> dict[str, Any]:
+    """Train one scenario; what it raised and how it ended."""
+    import yaml
+
+    fields = dict(SCENARIOS[name])
+    faults = fields.pop("faults", None)
+    config = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    config.update({"number_of_steps": steps, "run_dir": str(out / name), "overwrite": True, **WARN, **fields})
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, **({"TELESCOPE_FAULTS": faults} if faults else {})}
+    start = time.time()
+    with (out / f"{name}.log").open("w") as log:
+        code = subprocess.call(
+            [sys.executable, "-c", "from telescope.cli.app import main; main()", "train", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    meta = json.loads((out / name / "run.json").read_text())
+    health = (meta.get("info") or {}).get("health") or {}
+    steps_rows = [
+        json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line
+    ]
+    return {
+        "name": name,
+        "exit": code,
+        "seconds": round(time.time() - start),
+        "steps": len(steps_rows),
+        "findings": [f"{f['name']}@{f['step']}" for f in health.get("findings", [])],
+        "state": health.get("state", "?"),
+        "rewards": [round(r["metrics"].get("reward/mean", float("nan")), 3) for r in steps_rows],
+        "restarts": [r.get("from_step") for r in (meta.get("info") or {}).get("restarts", [])],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", default=None, help="folder for the runs (default: a temporary one)")
+    args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench_health_"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{'scenario':<16} {'exit':>4} {'steps':>5} {'s':>5}  state        findings")
+    for name in args.only:
+        row = run(name, args.steps, out)
+        findings = ", ".join(row["findings"]) or "-"
+        print(
+            f"{name:<16} {row['exit']:>4} {row['steps']:>5} {row['seconds']:>5}  {row['state']:<12} {findings}",
+            flush=True,
+        )
+        if row["restarts"]:
+            print(f"{'':<16} restarted from steps {row['restarts']}; rewards {row['rewards']}", flush=True)
+        (out / f"{name}.json").write_text(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
