@@ -31,7 +31,7 @@ from pydantic import Field
 
 from telescope.core.env import reward_log
 from telescope.core.env.base import ConversationEnvironment, EnvironmentKwargs, _failed_reward
-from telescope.core.env.compaction import AGENT_COMPACTION
+from telescope.core.env.compaction import AGENT_COMPACTION, compaction_failed
 from telescope.core.env.types import ChatMessage, RewardResult, RolloutState, Sample
 from telescope.core.infra import infra_cause
 
@@ -122,8 +122,6 @@ class AgentEnvironment(ConversationEnvironment):
                 plan.summaries.append(index)
                 return compactor.restart(messages[:first], summary, messages[last:], state)
             plan.rejected.append(index)
-        from telescope.core.rollouts.compaction import compaction_failed
-
         raise compaction_failed(
             f"agent {self.name}: no usable summary in {plan.attempts} attempts (the last: {len(text)} "
             f"characters, finish reason {choice.finish_reason!r}); raise max_tokens or "

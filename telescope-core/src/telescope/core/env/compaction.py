@@ -8,7 +8,8 @@ The token side (exact ids, segments, masks) is the runner's: ``rollouts/compacti
 
 An agent environment compacts its own conversation: ``AgentEnvironment.maybe_compact`` asks the
 policy through the agent's client, and records in the rollout's ``AgentCompaction`` (set by the
-runtime for each agent rollout) which captured calls were accepted or rejected summaries.
+runtime for each agent rollout) which captured calls were accepted or rejected summaries. Both
+raise ``CompactionFailed`` when no usable summary comes, so it lives here, below both.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from telescope.core.env.types import ChatMessage, RolloutState
+from telescope.core.infra import ORIGINS, InfraError
 
-__all__ = ["AGENT_COMPACTION", "DEFAULT_SUMMARY_REQUEST", "AgentCompaction", "Compactor"]
+__all__ = [
+    "AGENT_COMPACTION",
+    "DEFAULT_SUMMARY_REQUEST",
+    "AgentCompaction",
+    "CompactionFailed",
+    "Compactor",
+    "compaction_failed",
+]
 
 DEFAULT_SUMMARY_REQUEST = (
     "Your context is almost full. Summarize the conversation so far for yourself: the task, what you "
@@ -71,3 +80,18 @@ class AgentCompaction:
 
 AGENT_COMPACTION: ContextVar[AgentCompaction | None] = ContextVar("telescope_agent_compaction", default=None)
 """The running agent rollout's compaction (None: compaction is off, or no rollout runs here)."""
+
+
+class CompactionFailed(InfraError):
+    """The policy gave no usable summary in the attempts allowed, or there was no room to ask for one:
+    the rollout cannot go on and is not the model's outcome to score (cause ``compaction_failed``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, cause="compaction_failed", provider="policy")
+
+
+def compaction_failed(message: str) -> CompactionFailed:
+    """A ``CompactionFailed`` to raise, counted where it happened (``infra/cause/compaction_failed``)."""
+    error = CompactionFailed(message)
+    ORIGINS.add(error.cause, error.provider)
+    return error

@@ -15,8 +15,9 @@ prompt would pass ``context_compaction_at_tokens``, the policy is asked for a su
 
 So every trained token is one the policy sampled, in the sequence it was sampled in, and in exactly
 one segment. A summary that stays unusable after ``context_compaction_attempts`` tries ends the
-rollout with ``CompactionFailed``: an infrastructure outcome (cause ``compaction_failed``), so the
-sample is retried, then masked (``rollouts/outcomes.py``), never scored as a reward of 0.
+rollout with ``CompactionFailed`` (defined in ``env.compaction``, which agents raise it from too): an
+infrastructure outcome (cause ``compaction_failed``), so the sample is retried, then masked
+(``rollouts/outcomes.py``), never scored as a reward of 0.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from telescope.core.env.compaction import CompactionFailed, compaction_failed
 from telescope.core.inference.gateway.capture import Segment
-from telescope.core.infra import ORIGINS, InfraError
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -53,21 +54,6 @@ class CompactionSettings:
             cfg.context_compaction_train_summary,
             cfg.context_compaction_attempts,
         )
-
-
-class CompactionFailed(InfraError):
-    """The policy gave no usable summary in the attempts allowed, or there was no room to ask for one:
-    the rollout cannot go on and is not the model's outcome to score (cause ``compaction_failed``)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, cause="compaction_failed", provider="policy")
-
-
-def compaction_failed(message: str) -> CompactionFailed:
-    """A ``CompactionFailed`` to raise, counted where it happened (``infra/cause/compaction_failed``)."""
-    error = CompactionFailed(message)
-    ORIGINS.add(error.cause, error.provider)
-    return error
 
 
 @dataclass

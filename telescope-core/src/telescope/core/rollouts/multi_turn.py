@@ -22,14 +22,14 @@ from telescope.core.rollouts.compaction import (
     segment_records,
     summary_segment,
 )
-from telescope.core.rollouts.rollout import request_seed, strip_stop, turn_seed
+from telescope.core.rollouts.seeds import request_seed, turn_seed
+from telescope.core.rollouts.tokens import strip_stop
 
 if TYPE_CHECKING:
     from telescope.core.env.base import MultiTurnEnvironment
     from telescope.core.inference.server_client import ServerClient
     from telescope.core.rollouts.compaction import CompactionSettings
     from telescope.core.rollouts.groups import RolloutSample
-    from telescope.core.rollouts.rollout import RolloutRunner, SampleTask
 
 __all__ = ["run_multi_turn"]
 
@@ -44,14 +44,15 @@ class TurnIds:
 
 
 async def run_multi_turn(
-    runner: RolloutRunner,
+    runner: Any,
     client: ServerClient,
-    task: SampleTask,
+    task: Any,
     env: MultiTurnEnvironment,
     on_generated: Callable[[], None],
 ) -> RolloutSample:
-    """Play and score one rollout of ``task`` (raises ``CompactionFailed``, an infrastructure failure,
-    when a needed summary fails)."""
+    """Play and score one rollout of ``task`` (a ``rollout.SampleTask``) with ``runner`` (the
+    ``rollout.RolloutRunner``, which calls this: typed loosely so the two modules do not import each
+    other); raises ``CompactionFailed``, an infrastructure failure, when a needed summary fails."""
     state = env.create_initial_state(task.sample)
     initial = env.get_initial_prompt(task.sample)
     messages = initial
@@ -62,7 +63,7 @@ async def run_multi_turn(
     for turn in range(env.max_turns):
         prompt_ids = conversation.tokens
         params = runner.request_params(
-            len(prompt_ids), turn, f"{task.request_id}-t{turn}", turn_seed(task, turn)
+            len(prompt_ids), turn, f"{task.request_id}-t{turn}", turn_seed(task.seed, turn)
         )
         if params is None:
             state.stop_reason, finish = "context_exhausted", "length"
@@ -109,8 +110,8 @@ async def run_multi_turn(
 
 
 def _sample(
-    runner: RolloutRunner,
-    task: SampleTask,
+    runner: Any,
+    task: Any,
     state: RolloutState,
     conversation: Conversation,
     result: Any,
@@ -160,9 +161,9 @@ def compaction_due(
 
 
 async def compact(
-    runner: RolloutRunner,
+    runner: Any,
     client: ServerClient,
-    task: SampleTask,
+    task: Any,
     env: MultiTurnEnvironment,
     state: RolloutState,
     conversation: Conversation,
@@ -222,7 +223,7 @@ async def compact(
 
 
 def env_tokens(
-    runner: RolloutRunner,
+    runner: Any,
     ids: list[int],
     messages: list[ChatMessage],
     env_messages: list[ChatMessage],

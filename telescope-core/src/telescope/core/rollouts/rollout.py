@@ -19,6 +19,7 @@ from telescope.core.env.types import RewardResult, Sample
 from telescope.core.rollouts.compaction import CompactionSettings
 from telescope.core.rollouts.groups import RolloutSample, normalize_reward
 from telescope.core.rollouts.routing import RouteKey, Router
+from telescope.core.rollouts.seeds import request_seed, turn_seed
 from telescope.core.rollouts.tokens import Interleaver
 
 if TYPE_CHECKING:
@@ -27,13 +28,6 @@ if TYPE_CHECKING:
     from telescope.core.rollouts.agent import AgentGateway
 
 __all__ = ["GenerationSettings", "RolloutRunner", "SampleTask", "failed_sample", "request_seed"]
-
-
-def request_seed(run_seed: int, *parts: object) -> int:
-    """A stable 31-bit sampling seed for one request (``hash()`` differs between processes)."""
-    import zlib
-
-    return zlib.crc32(":".join(str(p) for p in (run_seed, *parts)).encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -198,7 +192,7 @@ class RolloutRunner:
         self, client: ServerClient, task: SampleTask, on_generated: Callable[[], None]
     ) -> RolloutSample:
         start_version, t0 = task.model_version(), time.time()
-        params = self.request_params(len(task.prompt_ids), 0, task.request_id, turn_seed(task, 0))
+        params = self.request_params(len(task.prompt_ids), 0, task.request_id, turn_seed(task.seed, 0))
         if params is None:  # nothing generated, nothing to score (the caller frees the lane)
             raise PromptTooLongError(len(task.prompt_ids), self.settings.max_model_len)
         choice = await self.complete(client, task, task.prompt_ids, params)
@@ -300,12 +294,3 @@ class PromptTooLongError(ValueError):
         super().__init__(
             f"prompt has {prompt_tokens} tokens, leaving no room to generate within max_model_len={max_model_len}"
         )
-
-
-def turn_seed(task: SampleTask, turn: int) -> int | None:
-    """Turn ``turn``'s sampling seed (``SampleTask.seed``)."""
-    return None if task.seed is None else task.seed + turn
-
-
-def strip_stop(text: str, eos: str) -> str:
-    return text[: -len(eos)] if eos and text.endswith(eos) else text

@@ -13,7 +13,7 @@ from typing import Any
 
 from telescope.core.env.chat import ChatOptions, render_messages
 
-__all__ = ["Interleaver", "stop_token_ids"]
+__all__ = ["Interleaver", "stop_token_ids", "strip_stop"]
 
 _BASE = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -82,3 +82,8 @@ class Interleaver:
             if completion_ids[-overlap:] == suffix[:overlap]:
                 return suffix[overlap:]
         return list(suffix)
+
+
+def strip_stop(text: str, eos: str) -> str:
+    """``text`` without the stop text ``eos`` it ends with (the decoded completion as messages keep it)."""
+    return text[: -len(eos)] if eos and text.endswith(eos) else text
