@@ -60,8 +60,12 @@ def _export(spans: list[dict]) -> bytes:
     for s in spans:
         body = _len_field(1, bytes.fromhex("ab" * 16)) + _len_field(2, bytes.fromhex("cd" * 8))
         body += _len_field(5, s["name"].encode())
+        start_ns, end_ns = s.get("ns", (1_000, 5_000))
         body += (
-            _varint(7 << 3 | 1) + struct.pack("<Q", 1_000) + _varint(8 << 3 | 1) + struct.pack("<Q", 5_000)
+            _varint(7 << 3 | 1)
+            + struct.pack("<Q", start_ns)
+            + _varint(8 << 3 | 1)
+            + struct.pack("<Q", end_ns)
         )
         body += b"".join(_attr(k, v) for k, v in s["attributes"].items())
         span_bytes += _len_field(2, body)
@@ -145,8 +149,27 @@ def test_capacity_and_ttl() -> None:
     rx.stop()
 
 
+def traced_sample(ids: list[str], server: int = -1, lane: int = -1) -> Any:
+    """A finished sample whose requests got the response ids ``ids`` (one per turn)."""
+    from telescope.core.rollouts.groups import RolloutSample
+
+    return RolloutSample(
+        prompt_ids=[1],
+        completion_ids=[2],
+        inference_logprobs=[0.0],
+        loss_mask=None,
+        finish_reason="stop",
+        reward=1.0,
+        raw_reward=1.0,
+        timings={"generation_s": 1.0},
+        server=server,
+        lane=lane,
+        response_ids=ids,
+    )
+
+
 def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
-    from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
+    from telescope.core.rollouts.groups import RolloutGroup
     from telescope.core.runtime.reporting import StepRollouts
 
     def span(request_id: str, queue: float, ttft: float, decode: float) -> dict:
@@ -160,19 +183,6 @@ def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
                 "gen_ai.request.max_tokens": 64,
             },
         }
-
-    def sample(ids: list[str]) -> RolloutSample:
-        return RolloutSample(
-            prompt_ids=[1],
-            completion_ids=[2],
-            inference_logprobs=[0.0],
-            loss_mask=None,
-            finish_reason="stop",
-            reward=1.0,
-            raw_reward=1.0,
-            timings={"generation_s": 1.0},
-            response_ids=ids,
-        )
 
     collected = StepRollouts()
     rx = OtlpReceiver(port=0)
@@ -194,7 +204,11 @@ def test_each_rollouts_vllm_timings_join_its_record_by_response_id() -> None:
             group_id=0,
             env_name="e",
             sample_idx=0,
-            samples=[sample(["cmpl-a"]), sample(["cmpl-b", "cmpl-c"]), sample(["cmpl-none"])],
+            samples=[
+                traced_sample(["cmpl-a"]),
+                traced_sample(["cmpl-b", "cmpl-c"]),
+                traced_sample(["cmpl-none"]),
+            ],
         )
         collected.add(group, step=1)
         rollouts = collected.close(1, {})
@@ -316,3 +330,49 @@ def test_the_vllm_client_announces_each_request_before_sending_it() -> None:
     with pytest.raises(OSError):
         asyncio.run(client.complete([1, 2], request_id="s0-t1"))
     assert seen == ["s0-t1", "sent s0-t1"]
+
+
+def test_each_request_of_a_step_is_put_on_the_timeline_with_its_samples_ids() -> None:
+    from telescope.core.observe.rundir.records import TimelineEvent
+    from telescope.core.rollouts.groups import RolloutGroup
+    from telescope.core.runtime.reporting import StepRollouts
+
+    rx = OtlpReceiver(port=0)
+    events: list[TimelineEvent] = []
+    collected = StepRollouts()
+    collected.trace(rx, events.append)
+    try:
+        for issued in ("a", "b", "c", "none"):
+            rx.expect(issued)
+        for rid, t0, t1 in (("cmpl-a-0", 10.0, 11.0), ("cmpl-b-0", 10.5, 12.0), ("cmpl-c-0", 12.5, 13.0)):
+            attrs = {"gen_ai.request.id": rid, "gen_ai.latency.e2e": t1 - t0}
+            rx.ingest(
+                _export([{"name": "llm_request", "attributes": attrs, "ns": (int(t0 * 1e9), int(t1 * 1e9))}])
+            )
+        group = RolloutGroup(
+            group_id=4,
+            env_name="e",
+            sample_idx=0,
+            samples=[
+                traced_sample(["cmpl-a"], 0, 3),
+                traced_sample(["cmpl-b", "cmpl-c"], 1, 0),
+                traced_sample(["cmpl-none"], 0, 1),
+            ],
+        )
+        collected.add(group, step=2)
+        rows = collected.close(2, {})
+    finally:
+        rx.stop()
+    drawn = [
+        (e.phase, e.time, e.step, e.group_id, e.sample_id, e.server, e.lane, e.attrs.get("turn"))
+        for e in events
+    ]
+    assert drawn == [
+        ("start", 10.0, 2, 4, 0, 0, 3, None),
+        ("end", 11.0, 2, 4, 0, 0, 3, 0),
+        ("start", 10.5, 2, 4, 1, 1, 0, None),  # a two-turn rollout: one span per turn
+        ("end", 12.0, 2, 4, 1, 1, 0, 0),
+        ("start", 12.5, 2, 4, 1, 1, 0, None),
+        ("end", 13.0, 2, 4, 1, 1, 0, 1),
+    ]  # the third sample's span never came: nothing drawn, no timings
+    assert [r.timings.get("vllm_e2e_latency") for r in rows] == [1.0, 2.0, None]

@@ -165,8 +165,9 @@ def telescope_events(events: list[TimelineEvent]) -> None:
 
     Spans are a ``start`` and an ``end`` event with the same fields. Core types are
     ``EVENT_TYPES``: per sample ``generation`` and ``reward`` spans, per step ``trainer`` and
-    ``weight_sync`` spans, ``checkpoint`` spans, ``eval`` instants (``attrs["scores"]``) and
-    ``run`` instants (``inference_restart``, ``inference_drop``).
+    ``weight_sync`` spans, ``checkpoint`` spans, ``eval`` instants (``attrs["scores"]``),
+    ``run`` instants (``inference_restart``, ``inference_drop``) and, with vLLM tracing, a
+    ``vllm_request`` span per request as vLLM traced it (handed over when its step is logged).
 
     The driver hands over the events of one turn of its event loop at once (a run makes four
     per sample: one call per event cost a 64-server driver a fifth of its time, ``bench/scale.py``);

@@ -76,6 +76,11 @@ class VllmEngineKwargs(BaseModel):
     outlives a weight sync: every request carries a ``cache_salt`` naming the weights it was sent
     under, and vLLM hashes the salt into every cached block, so requests sent after a sync never hit
     blocks computed before it (docs/weight-sync.md)."""
+    block_size: int | None = Field(default=None, ge=1)
+    """``--block-size``: tokens per KV-cache block, the unit of prefix caching (a request reuses only
+    whole cached blocks, and never its prompt's last token). None = vLLM's default (16 on GPUs), but 32
+    on vLLM's CPU build (``vllm_engine.args.CPU_BLOCK_SIZE``), whose own default of 128 shares nothing
+    between the samples of a group whose prompt is under 129 tokens."""
     pause_clear_cache: bool = False
     """What vLLM does with the KV of running requests at a weight sync. False (default): they keep it
     and decode on with the new weights (their earlier tokens' KV is from the old weights, as their

@@ -232,7 +232,7 @@ async def build_orchestrator(
     batches = BatchBuilder(cfg, get_algorithm(cfg.algorithm, registry), pad)
     batches.teacher_counts = runner.teacher.counts if isinstance(runner, DistillRunner) else None
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
-    orchestrator.rollouts.traces = session.traces
+    orchestrator.rollouts.trace(session.traces, orchestrator.emit)  # vLLM's request spans
     install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
     router = Router(
         len(clients), cfg.routing_policy, cfg.routing_saturation_margin, orchestrator.lanes.enabled

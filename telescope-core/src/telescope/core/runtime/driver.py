@@ -162,6 +162,8 @@ def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSe
     while True:
         session = sessions[-1]
         try:
+            if len(sessions) == 1 and engine == "vllm":  # a restarted session keeps the receiver
+                _start_trace_receiver(hub, session)
             session.start()
             if len(sessions) == 1:
                 _add_sources(hub, pset.pm.hook, sessions, engine)
@@ -277,9 +279,17 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
         info={"torch_threads": torch_thread_info(session.trainer_info, session.servers), **counts}
     )
     hub.add_torch_memory_source(drain)
-    if engine == "vllm":  # Prometheus /metrics and OTLP traces exist on vLLM servers only
+    if engine == "vllm":  # Prometheus /metrics exist on vLLM servers only
         hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
-        session.traces = hub.add_otlp_receiver()
+
+
+def _start_trace_receiver(hub: LoggerHub, session: RunSession) -> None:
+    """The OTLP receiver of vLLM's traces, listening before the servers start (they export from their
+    first second; a receiver started after them refused every span sent until then), and the port it
+    got (another when ``otlp_receiver_port`` is taken) in the config the servers are launched with."""
+    session.traces = hub.add_otlp_receiver()
+    if session.traces is not None and session.traces.port != session.cfg.otlp_receiver_port:
+        session.cfg = session.cfg.model_copy(update={"otlp_receiver_port": session.traces.port})
 
 
 def _end_run(

@@ -1,18 +1,19 @@
 """What the run reports through the run hooks (``hookspecs.py``) that needs bookkeeping first.
 
 ``StepRollouts`` turns the groups reported for a step into that step's rollout records and
-rollout/throughput metrics (``telescope_step_end`` gets both); ``report_evals`` turns an eval
-round into ``telescope_eval_end`` calls and ``eval`` timeline events.
+rollout/throughput metrics (``telescope_step_end`` gets both), and, with vLLM tracing, each of their
+requests' vLLM span into its timings and a ``vllm_request`` timeline span; ``report_evals`` turns an
+eval round into ``telescope_eval_end`` calls and ``eval`` timeline events.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from telescope.core.observe.rundir.records import RolloutRecord, eval_event
+from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent, eval_event
 
 if TYPE_CHECKING:
     import pluggy
@@ -33,6 +34,13 @@ class StepRollouts:
         self._last_step_end = time.time()
         self.traces: OtlpReceiver | None = None
         """The OTLP receiver (vLLM tracing on): its per-request timings join the records."""
+        self.emit: Callable[[TimelineEvent], None] | None = None
+        """Where each request's span goes as a timeline span (the orchestrator's event queue)."""
+
+    def trace(self, receiver: OtlpReceiver | None, emit: Callable[[TimelineEvent], None]) -> None:
+        """Join vLLM's request spans from ``receiver`` (None: tracing off) to the records, and hand
+        each to ``emit`` as a ``vllm_request`` timeline span."""
+        self.traces, self.emit = receiver, emit
 
     def add(self, group: RolloutGroup, step: int) -> None:
         """Records of ``group``, reported for the 1-based ``step``."""
@@ -59,22 +67,42 @@ class StepRollouts:
         return rows
 
     def _add_trace_timings(self, pairs: list[tuple[RolloutRecord, list[str]]]) -> None:
-        """vLLM's per-request timings as ``vllm_<name>`` in each record's ``timings``.
+        """vLLM's per-request timings as ``vllm_<name>`` in each record's ``timings``, and each
+        request's span on the timeline (``emit``).
 
         Looked up without waiting: by the end of the step the spans of its rollouts have long
         been exported (every 200 ms); a missing span leaves the record without them. The
         timings of a multi-turn rollout add up over its turns (``vllm_ttft`` is the first turn's).
         """
+        from telescope.core.observe.samplers.otlp import request_span_events, span_timings
+
         if self.traces is None:
             return
         for row, ids in pairs:
             merged: dict[str, float] = {}
             for turn, response_id in enumerate(ids):
-                for name, value in self.traces.timings(response_id, wait_s=0.0).items():
+                span = self.traces.lookup(response_id, wait_s=0.0)
+                if span is None:
+                    continue
+                for name, value in span_timings(span).items():
                     if name == "max_tokens" or (name == "ttft" and turn > 0):
                         continue
                     merged[f"vllm_{name}"] = merged.get(f"vllm_{name}", 0.0) + value
+                if self.emit is not None:
+                    for event in request_span_events(span, turn, **_timeline_ids(row)):
+                        self.emit(event)
             row.timings.update(merged)
+
+
+def _timeline_ids(row: RolloutRecord) -> dict[str, int | None]:
+    """A record's ids as its timeline events carry them (an unknown server or lane: None)."""
+    return {
+        "step": row.step,
+        "group_id": row.group_id,
+        "sample_id": row.sample_id,
+        "server": row.server if row.server >= 0 else None,
+        "lane": row.lane if row.lane >= 0 else None,
+    }
 
 
 def report_evals(hook: pluggy.HookRelay, step: int, results: Sequence[Any]) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
 __all__ = [
+    "CPU_BLOCK_SIZE",
     "GUARD_MIDDLEWARE",
     "LORA_ADAPTER_NAME",
     "LORA_DIR_ENV",
@@ -27,6 +28,7 @@ __all__ = [
     "build_vllm_env",
     "build_vllm_secret_env",
     "check_vllm_config",
+    "kv_block_size",
     "otlp_endpoint",
     "vllm_max_lora_rank",
 ]
@@ -45,6 +47,12 @@ LORA_DIR_ENV = "TELESCOPE_LORA_DIR"
 #: ``--max-lora-rank`` accepts only these values (vLLM 0.17.1's ``MaxLoRARanks``; the contract tests check it).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
+#: ``--block-size`` on vLLM's CPU build (``block_size`` unset): the smallest its attention kernels take
+#: (multiples of 32). Its own default, 128, caches no prefix of a prompt under 129 tokens, so a GRPO
+#: group's samples recomputed their whole shared prompt (0 hits in 20,480 prompt tokens of the
+#: quickstart's 5 steps); with 32 every prompt of 33+ tokens shares its whole blocks.
+CPU_BLOCK_SIZE = 32
+
 #: Flags Telescope sets itself; ``extra_args`` may not repeat them.
 MANAGED_FLAGS = (
     "--host",
@@ -61,6 +69,7 @@ MANAGED_FLAGS = (
     "--generation-config",
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
+    "--block-size",
     "--otlp-traces-endpoint",
     "--max-num-seqs",
     "--max-num-batched-tokens",
@@ -83,6 +92,7 @@ def check_vllm_config(cfg: TelescopeConfig, kwargs: VllmEngineKwargs) -> None:
         )
     if cfg.lora_rank > 0:
         vllm_max_lora_rank(cfg.lora_rank)  # raises for a rank vLLM cannot serve
+    kv_block_size(kwargs, _installed_cpu_build())  # raises for a block size the CPU build cannot use
     repeated = sorted({a.split("=", 1)[0] for a in kwargs.extra_args} & set(MANAGED_FLAGS))
     if repeated:
         raise ValueError(
@@ -113,8 +123,10 @@ def build_vllm_args(
     host: str,
     port: int,
     otlp_endpoint: str | None = None,
+    cpu_build: bool | None = None,
 ) -> list[str]:
-    """Arguments after ``vllm serve`` for server ``index``; ``otlp_endpoint`` None = no tracing."""
+    """Arguments after ``vllm serve`` for server ``index``; ``otlp_endpoint`` None = no tracing;
+    ``cpu_build``: whether vLLM's CPU build serves (None: the installed distribution says)."""
     args = [
         model_path,
         "--host",
@@ -165,11 +177,35 @@ def build_vllm_args(
         args.append("--disable-uvicorn-access-log")
     if otlp_endpoint is not None:
         args += ["--otlp-traces-endpoint", otlp_endpoint]
+    block_size = kv_block_size(kwargs, _installed_cpu_build() if cpu_build is None else cpu_build)
+    if block_size is not None:
+        args += ["--block-size", str(block_size)]
     if kwargs.max_num_seqs is not None:
         args += ["--max-num-seqs", str(kwargs.max_num_seqs)]
     if kwargs.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(kwargs.max_num_batched_tokens)]
     return args + list(kwargs.extra_args)
+
+
+def kv_block_size(kwargs: VllmEngineKwargs, cpu_build: bool) -> int | None:
+    """The ``--block-size`` to launch with: ``block_size``, else ``CPU_BLOCK_SIZE`` on vLLM's CPU
+    build, else None (vLLM's default). A CPU build's must be a multiple of ``CPU_BLOCK_SIZE`` (vLLM
+    itself says so only minutes later, from its worker: "No common block size")."""
+    if kwargs.block_size is None:
+        return CPU_BLOCK_SIZE if cpu_build else None
+    if cpu_build and kwargs.block_size % CPU_BLOCK_SIZE:
+        raise ValueError(
+            f"vllm block_size: {kwargs.block_size} on vLLM's CPU build: its attention takes only multiples of "
+            f"{CPU_BLOCK_SIZE}; set block_size to {CPU_BLOCK_SIZE} (the default there) or a multiple of it"
+        )
+    return kwargs.block_size
+
+
+def _installed_cpu_build() -> bool:
+    from telescope.core.inference.vllm_engine.distribution import installed_vllm
+
+    installed = installed_vllm()
+    return installed is not None and installed.cpu_build
 
 
 def otlp_endpoint(cfg: TelescopeConfig, driver_host: str) -> str | None:

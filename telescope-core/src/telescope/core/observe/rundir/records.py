@@ -36,7 +36,7 @@ CANCEL_REASONS = ("off_policy", "eval_drain")
 ZERO_ADVANTAGE_KINDS = ("all_zero", "all_positive", "all_equal")
 
 #: Timeline event types the orchestrator emits (plugins may add their own).
-EVENT_TYPES = ("generation", "reward", "trainer", "weight_sync", "eval", "checkpoint", "run")
+EVENT_TYPES = ("generation", "reward", "trainer", "weight_sync", "eval", "checkpoint", "run", "sandbox", "vllm_request")
 EVENT_PHASES = ("start", "end", "instant")
 
 

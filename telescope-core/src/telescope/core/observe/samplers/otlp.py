@@ -1,7 +1,11 @@
 """OTLP/HTTP receiver for vLLM request traces (``enable_vllm_tracing``, ``otlp_receiver_port``).
 
-vLLM exports one span per request with ``gen_ai.request.id`` and latency attributes; the
-orchestrator looks a finished request up by id to fill the rollout's ``timings``.
+vLLM exports one span per request with ``gen_ai.request.id`` and latency attributes; when a step
+is logged, each of its rollouts' requests is looked up by id: its timings join the rollout's
+``timings`` and the span itself becomes a ``vllm_request`` span on the run's timeline
+(``request_span_events``). The driver starts the receiver before the servers (vLLM exports its
+own loading spans from its first second; a receiver started later refused them) and, when
+``otlp_receiver_port`` is taken, on a free port the servers are then launched with.
 
 Bodies are capped before any work: at most ``MAX_BODY_BYTES`` on the wire (413 unread above it)
 and ``MAX_DECODED_BYTES`` once gunzipped (a small gzip bomb used to cost seconds of the driver's
@@ -13,6 +17,7 @@ spans would evict the run's and give its rollouts made-up timings.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -23,13 +28,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from telescope.core.cluster.http_guard import refusal
+from telescope.core.observe.rundir.records import TimelineEvent
 from telescope.core.observe.samplers.otlp_wire import OtlpDecodeError, spans_from_json, spans_from_protobuf
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
 
 
-__all__ = ["MAX_BODY_BYTES", "MAX_DECODED_BYTES", "VLLM_TIMING_ATTRIBUTES", "OtlpReceiver"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_DECODED_BYTES",
+    "VLLM_REQUEST_EVENT",
+    "VLLM_TIMING_ATTRIBUTES",
+    "OtlpReceiver",
+    "request_span_events",
+    "span_timings",
+]
 
 #: Largest export body read from the wire (vLLM batches spans; a batch is a few hundred KB).
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -55,6 +69,13 @@ VLLM_TIMING_ATTRIBUTES = {
     "gen_ai.latency.e2e": "e2e_latency",
     "gen_ai.request.max_tokens": "max_tokens",
 }
+#: span attribute -> token count in a ``vllm_request`` timeline span's attrs.
+VLLM_TOKEN_ATTRIBUTES = {
+    "gen_ai.usage.prompt_tokens": "prompt_tokens",
+    "gen_ai.usage.completion_tokens": "completion_tokens",
+}
+#: The timeline event type of a vLLM request (``request_span_events``).
+VLLM_REQUEST_EVENT = "vllm_request"
 
 
 class OtlpReceiver:
@@ -86,6 +107,8 @@ class OtlpReceiver:
         """Exports refused: undecodable, too large, without the secret or with a foreign Host."""
         self.foreign_spans = 0
         """Spans dropped because their request id was never issued by the run."""
+        self.request_spans = 0
+        """Spans kept: those of requests the run issued."""
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
@@ -93,9 +116,27 @@ class OtlpReceiver:
 
     @classmethod
     def from_config(cls, cfg: TelescopeConfig) -> OtlpReceiver:
-        """Loopback, or every interface when the inference servers do (servers on other nodes send here)."""
+        """Loopback, or every interface when the inference servers do (servers on other nodes send here).
+
+        On ``otlp_receiver_port``, or on a free port when another program (another run's receiver)
+        holds it: read ``.port`` and launch the servers with it.
+        """
         wildcard = str(cfg.inference_host) in ("0.0.0.0", "::", "")
-        return cls(port=int(cfg.otlp_receiver_port), host="0.0.0.0" if wildcard else "127.0.0.1")
+        host = "0.0.0.0" if wildcard else "127.0.0.1"
+        try:
+            return cls(port=int(cfg.otlp_receiver_port), host=host)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+        receiver = cls(port=0, host=host)
+        _log.warning(
+            "otlp_receiver_port %d on %s is in use: the run's OTLP receiver listens on %d instead "
+            "(its vLLM servers export there)",
+            cfg.otlp_receiver_port,
+            host,
+            receiver.port,
+        )
+        return receiver
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
@@ -113,7 +154,7 @@ class OtlpReceiver:
                     content_types=("application/x-protobuf", "application/json"),
                 )
                 if refused is not None:
-                    receiver.bad_requests += 1
+                    receiver.refused(f"{refused.status} {refused.message}")
                     body = refused.message.encode()
                     self.send_response(refused.status)
                     for name, value in refused.headers.items():
@@ -130,7 +171,7 @@ class OtlpReceiver:
                 except ValueError:
                     length = -1
                 if not 0 <= length <= MAX_BODY_BYTES:
-                    receiver.bad_requests += 1
+                    receiver.refused(f"Content-Length {self.headers.get('Content-Length')!r}")
                     self.send_response(413 if length > MAX_BODY_BYTES else 400)
                     self.send_header("Content-Length", "0")
                     self.send_header("Connection", "close")
@@ -162,8 +203,7 @@ class OtlpReceiver:
             else:
                 spans = spans_from_protobuf(body)
         except (OtlpDecodeError, ValueError, OSError) as exc:
-            self.bad_requests += 1
-            _log.debug("bad OTLP export: %s", exc)
+            self.refused(f"undecodable: {exc}")
             return False
         now = time.monotonic()
         with self._cond:
@@ -176,9 +216,19 @@ class OtlpReceiver:
                     continue
                 self._spans[str(rid)] = (now, span)
                 self._spans.move_to_end(str(rid))
+                self.request_spans += 1
             self._evict(now)
             self._cond.notify_all()
         return True
+
+    def refused(self, why: str) -> None:
+        """Count a refused export; the first is logged (a server exporting without the run's secret,
+        or to a foreign Host, loses every span: said once, not silently)."""
+        self.bad_requests += 1
+        if self.bad_requests == 1:
+            _log.warning(
+                "the run's OTLP receiver refused a trace export (%s); later refusals are only counted", why
+            )
 
     def expect(self, request_id: str) -> None:
         """``request_id`` was sent by the run: keep its spans (the client calls this before sending)."""
@@ -218,10 +268,7 @@ class OtlpReceiver:
     def timings(self, request_id: str, wait_s: float = 0.3) -> dict[str, float]:
         """``VLLM_TIMING_ATTRIBUTES`` of the request's span, renamed; ``{}`` when not seen."""
         span = self.lookup(request_id, wait_s)
-        if span is None:
-            return {}
-        attrs = span["attributes"]
-        return {name: float(attrs[key]) for key, name in VLLM_TIMING_ATTRIBUTES.items() if key in attrs}
+        return {} if span is None else span_timings(span)
 
     def start(self) -> None:
         self._thread.start()
@@ -230,6 +277,31 @@ class OtlpReceiver:
         if self._thread.is_alive():  # shutdown() waits for serve_forever: only when it runs
             self._server.shutdown()
         self._server.server_close()
+
+
+def span_timings(span: dict[str, Any]) -> dict[str, float]:
+    """``VLLM_TIMING_ATTRIBUTES`` of a decoded span, renamed (those it has)."""
+    attrs = span["attributes"]
+    return {name: float(attrs[key]) for key, name in VLLM_TIMING_ATTRIBUTES.items() if key in attrs}
+
+
+def request_span_events(span: dict[str, Any], turn: int, **ids: Any) -> list[TimelineEvent]:
+    """A vLLM request span as a timeline span: ``vllm_request`` from the request's arrival at vLLM
+    to its end there, with the ids of its sample (``step``, ``group_id``, ``sample_id``, ``server``,
+    ``lane``). The end's attrs: ``request_id``, ``turn`` (of a multi-turn rollout), the timings of
+    ``span_timings`` but ``max_tokens`` (seconds) and the token counts. ``[]`` for a span without
+    times."""
+    start_ns, end_ns = int(span.get("start_ns") or 0), int(span.get("end_ns") or 0)
+    if start_ns <= 0 or end_ns < start_ns:
+        return []
+    attrs = span["attributes"]
+    details: dict[str, Any] = {"request_id": str(attrs.get("gen_ai.request.id", "")), "turn": turn}
+    details.update((k, v) for k, v in span_timings(span).items() if k != "max_tokens")
+    details.update((name, int(attrs[key])) for key, name in VLLM_TOKEN_ATTRIBUTES.items() if key in attrs)
+    return [
+        TimelineEvent(VLLM_REQUEST_EVENT, "start", time=start_ns / 1e9, **ids),
+        TimelineEvent(VLLM_REQUEST_EVENT, "end", time=end_ns / 1e9, attrs=details, **ids),
+    ]
 
 
 def _gunzip_capped(body: bytes) -> bytes:

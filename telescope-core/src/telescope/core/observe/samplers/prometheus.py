@@ -4,6 +4,11 @@ Reduction (as the reference dashboard does): the ``vllm:`` prefix is stripped; e
 series is summed across its label sets (gauges, counters); a histogram or summary
 becomes ``<name>_mean = _sum / _count`` (buckets and ``_created`` are dropped).
 
+vLLM's ``cache_config_info`` (an info metric: always 1, its labels say what it means) adds the
+KV-cache block size and block count the server runs with, ``kv_cache_block_size`` and
+``kv_cache_num_blocks``: a request reuses only whole cached blocks, so the block size says which
+prompts can hit at all.
+
 Each server's prefix-cache hit rate since its previous scrape, ``prefix_cache_hit_rate``, is
 derived from vLLM's own counters (prompt tokens looked up, and found, in its prefix cache: what
 sticky routing, ``rollouts/routing.py``, is for). The transformers engine keeps no prefix cache: a
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 import time
 import urllib.request
@@ -23,10 +29,20 @@ from typing import Any
 
 from telescope.core.observe.periodic import PeriodicThread
 
-__all__ = ["PrometheusScraper", "parse_prometheus", "prefix_cache_hit_rate", "reduce_vllm_metrics"]
+__all__ = [
+    "PrometheusScraper",
+    "cache_config_metrics",
+    "info_labels",
+    "parse_prometheus",
+    "prefix_cache_hit_rate",
+    "reduce_vllm_metrics",
+]
 
 PREFIX_CACHE_QUERIES = "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = "prefix_cache_hits_total"
+#: ``vllm:cache_config_info`` label -> the metric it is kept as.
+CACHE_CONFIG_LABELS = {"block_size": "kv_cache_block_size", "num_gpu_blocks": "kv_cache_num_blocks"}
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 _log = logging.getLogger("telescope.observe")
 
@@ -58,6 +74,26 @@ def parse_prometheus(text: str) -> dict[str, float]:
         if math.isfinite(value):
             out[name.strip()] += value
     return dict(out)
+
+
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample of ``name`` in Prometheus text (an info metric's value is always 1:
+    its labels are what it says); ``{}`` when there is none."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return dict(_LABEL.findall(line[len(name) + 1 : line.rfind("}")]))
+    return {}
+
+
+def cache_config_metrics(text: str) -> dict[str, float]:
+    """``CACHE_CONFIG_LABELS`` of vLLM's ``cache_config_info`` as numbers (those it has: ``None`` before
+    the KV cache is sized is left out)."""
+    labels = info_labels(text, "vllm:cache_config_info")
+    return {
+        metric: float(labels[label])
+        for label, metric in CACHE_CONFIG_LABELS.items()
+        if labels.get(label, "").isdigit()
+    }
 
 
 def reduce_vllm_metrics(raw: dict[str, float], prefix: str = "vllm:") -> dict[str, float]:
@@ -129,7 +165,7 @@ class PrometheusScraper:
         request = urllib.request.Request(f"{self.urls[server]}/metrics", headers=auth_headers())
         with urllib.request.urlopen(request, timeout=self._timeout) as resp:
             text = resp.read().decode("utf-8", errors="replace")
-        metrics = reduce_vllm_metrics(parse_prometheus(text))
+        metrics = reduce_vllm_metrics(parse_prometheus(text)) | cache_config_metrics(text)
         rate = prefix_cache_hit_rate(self._previous.get(server), metrics)
         self._previous[server] = dict(metrics)
         if rate is not None:

@@ -1,0 +1,65 @@
+"""The KV-cache block size and block count a vLLM server runs with reach the run's vLLM metrics (from its
+``cache_config_info`` info metric, whose value is always 1: its labels are what it says)."""
+
+from __future__ import annotations
+
+import io
+import urllib.request
+from typing import Any
+
+import pytest
+
+from telescope.core.cluster.run_secret import ENV_VAR
+from telescope.core.observe.samplers.prometheus import PrometheusScraper, cache_config_metrics, info_labels
+
+# vLLM 0.32's exposition (CacheConfig.metrics_info: every field as a string label), abridged
+METRICS = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",\
+kv_offloading_backend="native",mamba_block_size="None",num_gpu_blocks="2048",note="a \\"quoted\\", b"} 1.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 640.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 224.0
+"""
+
+
+def test_the_block_size_and_count_are_read_from_the_labels() -> None:
+    labels = info_labels(METRICS, "vllm:cache_config_info")
+    assert labels["enable_prefix_caching"] == "True" and labels["note"] == 'a \\"quoted\\", b'
+    assert cache_config_metrics(METRICS) == {"kv_cache_block_size": 32.0, "kv_cache_num_blocks": 2048.0}
+    # before the KV cache is sized vLLM says num_gpu_blocks="None": left out, not made up
+    assert cache_config_metrics(METRICS.replace('"2048"', '"None"')) == {"kv_cache_block_size": 32.0}
+    assert cache_config_metrics("vllm:num_requests_running 0.0\n") == {}
+
+
+def test_a_scrape_carries_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_VAR, "s" * 40)
+
+    def urlopen(request: Any, timeout: float) -> io.BytesIO:  # a fake server's answer
+        return io.BytesIO(METRICS.encode())
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    sample = PrometheusScraper({0: "http://127.0.0.1:1"}, lambda s: None).scrape(0)
+    metrics = sample["metrics"]
+    assert metrics["kv_cache_block_size"] == 32.0 and metrics["kv_cache_num_blocks"] == 2048.0
+    assert metrics["prefix_cache_hit_rate"] == 224.0 / 640.0
+
+
+@pytest.mark.vllm_cpu
+def test_the_labels_vllm_itself_writes_are_read() -> None:
+    """vLLM's own code makes the gauge (``PrometheusStatLogger.log_metrics_info``: every CacheConfig
+    field a label), prometheus_client writes the text; no server needed."""
+    import prometheus_client
+    from vllm.config import CacheConfig
+
+    config = CacheConfig(block_size=64)
+    config.num_gpu_blocks = 1234
+    labels = {**config.metrics_info(), "engine": "0"}
+    registry = prometheus_client.CollectorRegistry()
+    gauge = prometheus_client.Gauge(
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(labels), registry=registry
+    )
+    gauge.labels(**labels).set(1)
+    text = prometheus_client.generate_latest(registry).decode()
+    assert cache_config_metrics(text) == {"kv_cache_block_size": 64.0, "kv_cache_num_blocks": 1234.0}
