@@ -78,7 +78,9 @@ def tun_condition() -> str:
     info = os.stat("/dev/net/tun")
     if os.geteuid() != 0:
         return "opens" if os.access("/dev/net/tun", os.R_OK | os.W_OK) else "refused"
-    if info.st_mode & 0o006 == 0o006 or (info.st_uid == 65534 and info.st_mode & 0o600 == 0o600):
+    owner, group = info.st_uid == 65534, info.st_gid == 65534  # the sandbox's uid and gid
+    bits = 0o600 if owner else 0o060 if group else 0o006
+    if info.st_mode & bits == bits:
         return "opens"
     status = Path("/proc/self/status").read_text()
     effective = int(next(x.split()[1] for x in status.splitlines() if x.startswith("CapEff:")), 16)
