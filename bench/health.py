@@ -12,7 +12,7 @@ otherwise. Per run: how it ended, the findings it raised (``name@step``, from ru
 - ``constant_reward``: ``reverse_text_constant``, every completion scores 1.0;
 - ``nan_loss``: ``TELESCOPE_FAULTS=train_loss_nan@6``;
 - ``lr_100x_stop``: lr_100x with ``kl_spike`` and ``entropy_collapse`` set to ``stop``;
-- ``rollback``: lr 0.05 warmed up over 10 steps, a checkpoint every step, ``kl_spike`` set to
+- ``rollback``: lr 0.05 warmed up over 50 steps (step 1 at 0.001), a checkpoint every step, ``kl_spike`` set to
   ``rollback`` with ``health_rollback_lr_factor`` 0.02: the reward before, at and after the rollback.
 """
 
@@ -50,7 +50,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "rollback": {
         "learning_rate": 0.05,
-        "warmup_steps": 10,
+        "warmup_steps": 50,
         "checkpoint_every": 1,
         "health_kl_spike_action": "rollback",
         "health_rollback_lr_factor": 0.02,

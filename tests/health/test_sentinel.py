@@ -152,6 +152,7 @@ def test_rollback_picks_the_newest_checkpoint_older_than_the_window(tmp_path: Pa
     assert finding is not None and finding.onset == 11
     # step 11's entropy measured the weights of step 10: the checkpoint must be older, <= 9
     assert sentinel.rollback_target(finding) == (9, "")
+    assert recorder.warnings[0].endswith("(health_entropy_collapse_action: rollback; rolling back to step 9)")
     error = sentinel.rollback(finding, 9)
     assert isinstance(error, HealthRollback) and (error.step, error.learning_rate) == (9, 0.005)
     assert "learning_rate 0.01 -> 0.005 (rollback 1 of health_max_rollbacks 2)" in str(error)
@@ -168,10 +169,13 @@ def test_rollback_without_an_old_enough_checkpoint_or_budget_stops(tmp_path: Pat
         tmp_path, health_entropy_collapse_action="rollback", checkpoint_every=5, health_max_rollbacks=1
     )
     save_checkpoints(cfg, [10])
-    sentinel, _, pm, _ = plugged(cfg)
+    sentinel, recorder, pm, _ = plugged(cfg)
     feed(pm, collapse_run()[:12])
     finding = sentinel.take_pending()
     assert finding is not None
+    assert recorder.warnings[0].endswith(
+        "rollback; stopping the run, not rolled back: no checkpoint at step 9 or before (checkpoint_every: 5))"
+    )
     assert sentinel.rollback_target(finding) == (
         None,
         "no checkpoint at step 9 or before (checkpoint_every: 5)",

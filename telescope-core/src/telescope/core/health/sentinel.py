@@ -112,7 +112,9 @@ class HealthSentinel:
         self.active.add(finding.name)
         if finding.action in ("stop", "rollback") and self.pending is None:
             self.pending = finding
-        what = {"warn": "", "stop": "; stopping the run", "rollback": "; rolling back"}[finding.action]
+        what = {"warn": "", "stop": "; stopping the run", "rollback": self._rollback_plan(finding)}[
+            finding.action
+        ]
         self.hook.telescope_warning(
             message=f"{finding.line()} (health_{finding.name}_action: {finding.action}{what})"
         )
@@ -125,6 +127,15 @@ class HealthSentinel:
         event = TimelineEvent("run", name=f"health/{finding.name}", step=finding.step, attrs=attrs)
         self.hook.telescope_events(events=[event])
         self.report()
+
+    def _rollback_plan(self, finding: Finding) -> str:
+        """What a ``rollback`` finding's warning line says will happen."""
+        target, why_not = self.rollback_target(finding)
+        return (
+            f"; rolling back to step {target}"
+            if target is not None
+            else f"; stopping the run, not rolled back: {why_not}"
+        )
 
     def report(self) -> None:
         """``info.health`` in run.json: the state, the findings, the rollbacks and the learning rate."""
