@@ -140,6 +140,42 @@ def test_prompt_logprobs_match_teacher_forcing_with_ranks_and_alternatives(teach
         assert set(best) <= set(row) and row[best[0]]["rank"] == 1
 
 
+def test_telescope_serve_gateway_is_a_teacher_with_its_api_key(
+    teacher: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway passes ``prompt_logprobs`` through: scoring through it gives the server's values."""
+    from transformers import AutoTokenizer
+
+    from telescope.core.cluster.run_secret import auth_headers
+    from telescope.core.inference.client import InferenceClient
+    from telescope.core.inference.gateway.app import Gateway, GatewaySettings
+    from telescope.core.inference.gateway.serve import GatewayThread
+    from telescope.core.inference.teacher import API_KEY_ENV
+
+    tokenizer = AutoTokenizer.from_pretrained(teacher.path)
+    settings = GatewaySettings(served_model_name="teacher", max_model_len=512, max_tokens=4)
+    gateway = GatewayThread(lambda: Gateway(InferenceClient(teacher.url), tokenizer, settings, secret="k3y"))
+    sequences = [TeacherSequence(p, c) for p, c, _, _ in BATCH]
+
+    async def score(client: TeacherClient) -> list[list[float]]:
+        try:
+            return await client.score(sequences)
+        finally:
+            await client.close()
+
+    try:
+        monkeypatch.setenv(API_KEY_ENV, "k3y")
+        through_gateway = asyncio.run(score(TeacherClient.remote(gateway.url, "teacher", max_retries=0)))
+        monkeypatch.setenv(API_KEY_ENV, "wrong")
+        with pytest.raises(TeacherError, match="HTTP 401"):
+            asyncio.run(score(TeacherClient.remote(gateway.url, "teacher", max_retries=0)))
+    finally:
+        gateway.stop()
+    direct = asyncio.run(score(TeacherClient([teacher.url], "teacher", headers=auth_headers())))
+    for gateway_values, direct_values in zip(through_gateway, direct, strict=True):
+        assert gateway_values == pytest.approx(direct_values, abs=1e-6)
+
+
 def test_a_failing_teacher_is_retried_counted_and_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     from telescope.core.inference import teacher as teacher_module
 

@@ -23,7 +23,14 @@ import aiohttp
 
 from telescope.core.inference.client import prompt_logprob_ids
 
-__all__ = ["API_KEY_ENV", "TeacherClient", "TeacherCounts", "TeacherError", "TeacherSequence"]
+__all__ = [
+    "API_KEY_ENV",
+    "TeacherClient",
+    "TeacherCounts",
+    "TeacherError",
+    "TeacherSequence",
+    "completions_url",
+]
 
 log = logging.getLogger("telescope.distill")
 
@@ -105,7 +112,7 @@ class TeacherClient:
         futures = [loop.create_future() for _ in sequences]
         self._pending += list(zip(sequences, futures, strict=True))
         self._send_pending()
-        return [await f for f in futures]
+        return list(await asyncio.gather(*futures))  # gather: every future's exception is retrieved
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -166,7 +173,7 @@ class TeacherClient:
             self._session = aiohttp.ClientSession()
         self.counts.requests += 1
         self.counts.sequences += len(sequences)
-        url = self.base_urls[self._turn % len(self.base_urls)].rstrip("/") + "/v1/completions"
+        url = completions_url(self.base_urls[self._turn % len(self.base_urls)])
         self._turn += 1
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
@@ -179,6 +186,12 @@ class TeacherClient:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise _Attempt(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
         return _completion_logprobs(payload, sequences)
+
+
+def completions_url(base_url: str) -> str:
+    """``/v1/completions`` under ``base_url``, given with or without OpenAI's ``/v1`` suffix."""
+    base = base_url.rstrip("/")
+    return base + ("/completions" if base.endswith("/v1") else "/v1/completions")
 
 
 def _completion_logprobs(payload: Any, sequences: list[TeacherSequence]) -> list[list[float]]:
