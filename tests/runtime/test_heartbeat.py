@@ -185,3 +185,17 @@ def test_an_overdue_step_with_idle_ranks_is_one_warning_per_step(caplog: pytest.
         (line,) = asyncio.run(scenario())
     assert line.startswith("step 7 is overdue: running for 1m01s") and "every trainer rank is idle" in line
     assert line.endswith("(the stall watchdog ends the run at stall_timeout_s: 1800s)")
+
+
+def test_a_rank_that_just_began_its_phase_in_an_overdue_step_is_not_hung() -> None:
+    # the step waited 3m38s for a restarted vLLM server, then the rank began the re-sync: not stuck
+    syncing = [RankView(0, beat(0, "send_weights (version 2)", 0.1, NOW), 0.0)]
+    warning = diagnose(snap(218.0, NOW), syncing, RECENT, 10, 60, NOW)
+    assert isinstance(warning, str) and warning.endswith(
+        "trainer rank 0 (pid 100) in send_weights (version 2) for 0.1s: in its phase for less than "
+        "that, not a trainer hang"
+    )
+    # in that phase for the limit (60 s, counted to now from its answer 2 s ago): stuck
+    stuck = [RankView(0, beat(0, "send_weights (version 2)", 58.0, NOW - 2), 0.0)]
+    found = diagnose(snap(218.0, NOW), stuck, RECENT, 10, 60, NOW)
+    assert isinstance(found, TrainerHungError) and found.ranks == [0]

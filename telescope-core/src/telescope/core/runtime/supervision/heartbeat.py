@@ -13,12 +13,13 @@ swapping to death) answers nothing; a rank stuck in a collective answers that it
   ``max(trainer_overdue_factor x the median of the recent step durations, trainer_overdue_floor_s)``,
   the durations being the ones ``run.json`` records (``progress.recent_step_seconds``, what the
   dashboard and ``telescope runs show`` compare with). An overdue step while a rank does not
-  answer (for ``SILENT_AFTER_S``) or is busy in a phase is a hung trainer: the run fails with
-  ``TrainerHungError`` naming each such rank and its phase, which the driver treats like a dead
-  rank (restart from the latest checkpoint, else one line); ``RunSession.stop`` SIGKILLs the ranks
-  that did not answer (a stopped process cannot exit when Ray asks it to). An overdue step while
-  every rank idles is not the trainer's: one warning per step, and the stall watchdog
-  (``stall_timeout_s``) stays in charge.
+  answer (for ``SILENT_AFTER_S``) or has been in one phase for the limit itself is a hung trainer:
+  the run fails with ``TrainerHungError`` naming each such rank and its phase, which the driver
+  treats like a dead rank (restart from the latest checkpoint, else one line); ``RunSession.stop``
+  SIGKILLs the ranks that did not answer (a stopped process cannot exit when Ray asks it to). An
+  overdue step while every rank idles, or is in a phase begun less than the limit ago (the step
+  waited elsewhere, e.g. for a restarted inference server), is not the trainer's: one warning per
+  step, and the stall watchdog (``stall_timeout_s``) stays in charge.
 
 No step timed yet (the first steps of a fresh run: the first one holds the set-up), the rule
 waits: the stall watchdog covers those.
@@ -202,9 +203,15 @@ def diagnose(
     )
     silent = [r for r in ranks if r.silent]
     busy = [r for r in ranks if not r.silent and r.beat is not None and r.beat.phase]
+    # Stuck: in its phase for the limit itself. A rank that has just begun its part is not, though the
+    # step is overdue: the step waited elsewhere (a restarted vLLM server takes minutes to start).
+    stuck = [r for r in busy if r.beat is not None and r.beat.for_s + max(0.0, now - r.beat.at) >= limit]
     if not silent and not busy:
         return f"{head}; every trainer rank is idle: not a trainer hang"
-    blamed = silent or busy
+    if not silent and not stuck:
+        doing = "; ".join(r.describe(now) for r in busy)
+        return f"{head}; {doing}: in its phase for less than that, not a trainer hang"
+    blamed = silent or stuck
     named = "; ".join(r.describe(now) for r in [*silent, *busy])
     fix = (
         "If steps this slow are expected, raise trainer_overdue_factor or trainer_overdue_floor_s "
