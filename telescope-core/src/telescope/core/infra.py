@@ -28,6 +28,7 @@ __all__ = [
     "InfraError",
     "Origin",
     "attributed_to",
+    "env_name",
     "failure",
     "infra_cause",
     "mark",
@@ -97,6 +98,11 @@ _ENV: ContextVar[str] = ContextVar("telescope_infra_env", default="")
 def attributed_to(env: str) -> None:
     """Count this context's infrastructure failures (and its tasks') under environment ``env``."""
     _ENV.set(env)
+
+
+def env_name() -> str:
+    """The environment this context's calls are attributed to ("" when none: ``attributed_to``)."""
+    return _ENV.get()
 
 
 def failure(message: str, *, cause: InfraCause, provider: str) -> InfraError:

@@ -37,6 +37,7 @@ from telescope.core.rollouts.lanes import Lanes, QueuedSample
 from telescope.core.rollouts.outcomes import InfraLedger, InfraPolicy
 from telescope.core.rollouts.prompts import PromptSource
 from telescope.core.rollouts.rollout import RolloutRunner
+from telescope.core.runtime import sandbox_report
 from telescope.core.runtime.events import EventQueue
 from telescope.core.runtime.reporting import StepRollouts
 from telescope.core.runtime.sample_run import run_sample
@@ -378,6 +379,7 @@ class Orchestrator:
         self._discards.reset()
         self._enter("the telescope_step_end hook")
         report = step_metrics(self.counts, batch, metrics, sync, timing) | self.infra.step_metrics()
+        report |= sandbox_report.drain(self.emit, step + 1, int(batch.metrics.get("batch/num_samples", 0)))
         rows = self.rollouts.close(step + 1, report)
         self.flush_events()  # the step's events reach the hooks before its metrics
         self.hook.telescope_step_end(step=step + 1, metrics=report, rollouts=rows)

@@ -13,14 +13,15 @@ import importlib
 import math
 import os
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from telescope.core.infra import infra_cause, mark
+from telescope.core.infra import env_name, infra_cause, mark
 from telescope.core.sandbox import tracking
 from telescope.core.sandbox.errors import (
     SandboxAuthError,
@@ -29,6 +30,7 @@ from telescope.core.sandbox.errors import (
     SandboxNotRunningError,
     infra_cause_of,
 )
+from telescope.core.sandbox.telemetry import SPANS, SandboxSpan, config_attrs, exec_attrs
 from telescope.core.sandbox.types import ExecResult, SandboxConfig, SandboxHandle
 
 __all__ = ["SandboxProvider", "import_sdk", "require_credential"]
@@ -115,7 +117,7 @@ class SandboxProvider(ABC):
         """Create a sandbox; raises `SandboxConfigError` for settings the provider cannot honour."""
         config = config if config is not None else SandboxConfig()
         self.check_config(config)
-        handle = await self._infra_guard("create", self._create(config), None)
+        handle = await self._observed("create", self._create(config), None, config_attrs(config))
         tracking.track(self, handle)
         return handle
 
@@ -136,16 +138,16 @@ class SandboxProvider(ABC):
             raise ValueError(f"execute: command must be a non-empty string, got {command!r}")
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"execute: timeout must be a positive number of seconds, got {timeout!r}")
-        return await self._infra_guard(
-            "execute", self._execute(handle, command, float(timeout), working_dir), handle
-        )
+        call = self._execute(handle, command, float(timeout), working_dir)
+        return await self._observed("execute", call, handle, exec_attrs(command, None))
 
     async def upload_bytes(self, handle: SandboxHandle, remote_path: str, content: bytes) -> None:
         """Write ``content`` to ``remote_path`` (relative paths are relative to the workdir)."""
         self._check_live(handle)
         if not remote_path:
             raise ValueError("upload_bytes: remote_path must be a non-empty path")
-        await self._infra_guard("upload", self._upload_bytes(handle, remote_path, bytes(content)), handle)
+        call = self._upload_bytes(handle, remote_path, bytes(content))
+        await self._observed("upload", call, handle, {"path": remote_path, "bytes": len(content)})
 
     async def upload_file(self, handle: SandboxHandle, remote_path: str, local_path: str | Path) -> None:
         """Copy the local file ``local_path`` to ``remote_path`` in the sandbox."""
@@ -160,7 +162,7 @@ class SandboxProvider(ABC):
         handle.destroyed = True  # before awaiting: a concurrent destroy() is a no-op
         tracking.untrack(handle)
         try:
-            await self._destroy(handle)
+            await self._observed("destroy", self._destroy(handle), handle, {})
         except BaseException:
             self._retrack(handle)
             raise
@@ -194,16 +196,33 @@ class SandboxProvider(ABC):
             await self.destroy(handle)
 
     # ----------------------------------------------------------------- helpers
-    async def _infra_guard(self, action: str, call: Awaitable[T], handle: SandboxHandle | None) -> T:
-        """``call``; an infrastructure failure (``errors.infra_cause_of``) is counted here and marked
-        (``infra.mark``) before it propagates, as it is: callers keep branching on its class."""
+    async def _observed(
+        self, action: str, call: Awaitable[T], handle: SandboxHandle | None, attrs: dict[str, Any]
+    ) -> T:
+        """``call``, recorded as a span (``telemetry.SPANS``); an infrastructure failure
+        (``errors.infra_cause_of``) is counted here and marked (``infra.mark``) before it propagates,
+        as it is: callers keep branching on its class."""
+        start, failed = time.time(), None
+        result: Any = None
         try:
-            return await call
+            result = await call
+            return result  # type: ignore[no-any-return]
         except Exception as exc:
+            failed = type(exc).__name__
             cause = infra_cause_of(exc, action)
             if cause is not None and infra_cause(exc) is None:
                 mark(exc, cause=cause, provider=self.name)
+            attrs = {**attrs, "error": f"{failed}: {exc}"[:500], "infra_cause": cause}
             raise
+        finally:
+            config = handle.config if handle is not None else getattr(result, "config", None)
+            if isinstance(result, ExecResult):
+                attrs = {**attrs, **exec_attrs(attrs["command"], result)}
+            sandbox_id = handle.id if handle is not None else getattr(result, "id", "")
+            where = {**config_attrs(config), **attrs} if config is not None else attrs
+            SPANS.add(
+                SandboxSpan(action, sandbox_id, self.name, start, time.time(), env_name(), failed, where)
+            )
 
     def _check_owner(self, handle: SandboxHandle) -> None:
         if handle.provider != self.name:

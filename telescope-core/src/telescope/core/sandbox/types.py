@@ -94,6 +94,10 @@ class ExecResult:
     limit_exceeded: str | None = None
     """Which limit ended the command early (e.g. ``"disk"``), if any."""
     duration_s: float = 0.0
+    cpu_s: float | None = None
+    """CPU seconds the command used (user + system), where the provider measures it."""
+    memory_peak_bytes: int | None = None
+    """The sandbox's memory peak while the command ran, where the provider measures it."""
 
     @property
     def ok(self) -> bool:

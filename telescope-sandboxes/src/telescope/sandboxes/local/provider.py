@@ -56,6 +56,7 @@ from telescope.sandboxes.local._launch import (
 )
 from telescope.sandboxes.local._process import RunSpec, kill_group, run_command
 from telescope.sandboxes.local._seccomp import deny_list_program, program_fd
+from telescope.sandboxes.local._usage import CommandUsage, measured
 from telescope.sandboxes.local._usernet import (
     SLIRP_INSTALL,
     SlirpIdentity,
@@ -330,8 +331,9 @@ class LocalSandboxProvider(SandboxProvider):
             usernet,
             owned_fds,
         )
+        usage = CommandUsage.begin(cgroup, reaped_here=self.bwrap is None)  # what it used: _usage.py
         try:
-            result = await run_command(spec)
+            result = measured(usage, await run_command(spec))
         finally:
             if self.bwrap is None:
                 await asyncio.to_thread(_kill_strays, handle.id)
