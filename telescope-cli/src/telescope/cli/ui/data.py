@@ -322,6 +322,19 @@ class RunData:
         with self._lock:
             return self.rollouts.group(step, group_id)
 
+    def sandboxes(self, step: int | None) -> dict[str, Any]:
+        """The Sandboxes page: every ``sandbox/*`` metric by step, and the worst commands of ``step``
+        (default: the last one)."""
+        from telescope.cli.ui.sandboxes import worst_commands
+
+        self.refresh()
+        steps = self.metrics.steps() or self.events.steps()
+        step = step if step is not None else (steps[-1] if steps else 0)
+        with self._lock:
+            events = self.events.events(step, step)
+            series = self.metrics.series(sorted(k for k in self.metrics.keys if k.startswith("sandbox/")))
+        return {"step": step, "steps": steps, "series": series, "commands": worst_commands(events)}
+
     def timeline(self, lo: int, hi: int) -> dict[str, Any]:
         """Spans and instants of steps lo..hi (at most ``MAX_TIMELINE_STEPS``)."""
         self.refresh()

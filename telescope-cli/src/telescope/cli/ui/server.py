@@ -240,6 +240,10 @@ async def timeline(request: web.Request) -> web.Response:
     return await _call(request, query)
 
 
+async def sandboxes(request: web.Request) -> web.Response:
+    return await _call(request, lambda: _run(request).sandboxes(_int(request, "step")))
+
+
 async def system(request: web.Request) -> web.Response:
     return await _call(request, lambda: _run(request).system_series())
 
@@ -468,6 +472,7 @@ def build_app(workspace: Workspace, *, warm: bool = True) -> web.Application:
         ("group", group),
         ("timeline", timeline),
         ("system", system),
+        ("sandboxes", sandboxes),
         ("evals", evals),
         ("eval_samples", eval_samples),
         ("logs", logs),

@@ -6,10 +6,11 @@ import * as metrics from './pages/metrics.js';
 import * as rollouts from './pages/rollouts.js';
 import * as timeline from './pages/timeline.js';
 import * as infra from './pages/infra.js';
+import * as sandboxes from './pages/sandboxes.js';
 import * as evals from './pages/evals.js';
 import * as logs from './pages/logs.js';
 
-const PAGES = { runs, metrics, rollouts, timeline, infra, evals, logs };
+const PAGES = { runs, metrics, rollouts, timeline, infra, sandboxes, evals, logs };
 const POLL_MS = 1000;
 const state = { runs: [], page: null, revisions: {}, rendering: false, paused: false };
 
