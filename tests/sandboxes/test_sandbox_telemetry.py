@@ -75,6 +75,8 @@ def test_a_steps_metrics_from_its_spans_against_hand_counted_values() -> None:
     assert (m["sandbox/timeouts"], m["sandbox/oom_kills"], m["sandbox/nonzero_exits"]) == (1.0, 1.0, 1.0)
     assert m["sandbox/infra_errors"] == 1.0 and m["sandbox/cpu_s_per_sample"] == 2.0  # 4 CPU s / 2 samples
     assert percentile([], 0.5) == 0.0 and percentile([5.0], 0.95) == 5.0
+    unmeasured = sandbox_metrics([span("execute", 0, 1, duration_s=1.0, exit_code=0)], samples=1)
+    assert "sandbox/cpu_s_per_sample" not in unmeasured  # not measured is not 0 CPU seconds
 
 
 def test_drained_spans_become_start_and_end_events_at_their_times() -> None:

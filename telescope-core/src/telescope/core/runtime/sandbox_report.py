@@ -4,7 +4,8 @@ Once per step the run drains what every sandbox did since the last step: each ca
 ``sandbox`` span on the timeline (name: ``create``, ``upload``, ``execute``, ``destroy``; the
 sandbox, provider, image, resources, command, exit code, duration, timed out, OOM in its attrs),
 and the step's metrics get the create-to-ready and command-time p50/p95, the live sandboxes, the
-timeouts, OOM kills, non-zero exits and infrastructure errors, and the CPU seconds per sample.
+timeouts, OOM kills, non-zero exits and infrastructure errors, and the CPU seconds per sample
+(only where the provider measured them: a missing figure is not a 0).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def sandbox_metrics(spans: list[SandboxSpan], samples: int) -> dict[str, float]:
     execs = [s for s in spans if s.action == "execute"]
     finished = [s for s in execs if not s.failed]
     times = [float(s.attrs.get("duration_s") or s.end - s.start) for s in finished]
-    cpu = sum(float(s.attrs.get("cpu_s") or 0.0) for s in finished)
-    return {
+    measured = [float(s.attrs["cpu_s"]) for s in finished if s.attrs.get("cpu_s") is not None]
+    cpu = {"sandbox/cpu_s_per_sample": sum(measured) / samples} if measured and samples else {}
+    return cpu | {
         "sandbox/creates": float(len(creates)),
         "sandbox/create_to_ready_p50_s": percentile(creates, 0.5),
         "sandbox/create_to_ready_p95_s": percentile(creates, 0.95),
@@ -63,7 +65,6 @@ def sandbox_metrics(spans: list[SandboxSpan], samples: int) -> dict[str, float]:
         ),
         "sandbox/nonzero_exits": float(sum(s.attrs.get("exit_code") not in (0, None) for s in finished)),
         "sandbox/infra_errors": float(sum(bool(s.attrs.get("infra_cause")) for s in spans)),
-        "sandbox/cpu_s_per_sample": cpu / samples if samples else 0.0,
     }
 
 
