@@ -44,22 +44,3 @@ def test_a_scrape_carries_them(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = sample["metrics"]
     assert metrics["kv_cache_block_size"] == 32.0 and metrics["kv_cache_num_blocks"] == 2048.0
     assert metrics["prefix_cache_hit_rate"] == 224.0 / 640.0
-
-
-@pytest.mark.vllm_cpu
-def test_the_labels_vllm_itself_writes_are_read() -> None:
-    """vLLM's own code makes the gauge (``PrometheusStatLogger.log_metrics_info``: every CacheConfig
-    field a label), prometheus_client writes the text; no server needed."""
-    import prometheus_client
-    from vllm.config import CacheConfig
-
-    config = CacheConfig(block_size=64)
-    config.num_gpu_blocks = 1234
-    labels = {**config.metrics_info(), "engine": "0"}
-    registry = prometheus_client.CollectorRegistry()
-    gauge = prometheus_client.Gauge(
-        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(labels), registry=registry
-    )
-    gauge.labels(**labels).set(1)
-    text = prometheus_client.generate_latest(registry).decode()
-    assert cache_config_metrics(text) == {"kv_cache_block_size": 64.0, "kv_cache_num_blocks": 1234.0}
