@@ -57,6 +57,19 @@ def test_runs_show_prints_the_findings(tmp_path: Path) -> None:
     assert [marks[s] for s in (10, 11, 12, 13)] == [0.0, 0.0, 1.0, 0.0]
 
 
+def test_a_healthy_run_says_ok(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    hub = start_hub(run_dir)
+    pm = pluggy.PluginManager("telescope")
+    pm.add_hookspecs(hookspecs)
+    pm.register(hub, name="core.logger_hub")
+    pm.register(HealthSentinel(config(tmp_path), pm.hook, fail=lambda err: None), name=HEALTH_PLUGIN)
+    pm.hook.telescope_run_start(config=config(tmp_path), run_dir=str(run_dir))
+    hub.finish("finished")
+    result = CliRunner().invoke(app, ["runs", "show", str(run_dir), "--metrics", "0", "--rollouts", "0"])
+    assert "Health ok: 0 finding(s)" in result.stdout.splitlines()
+
+
 def test_a_run_without_a_sentinel_shows_no_health_line(tmp_path: Path) -> None:
     hub = start_hub(tmp_path / "old")
     hub.finish("finished")

@@ -153,6 +153,21 @@ def test_length_blowup_truncation_is_not_news_when_the_run_always_truncated() ->
     assert raised_at(rule("length_blowup"), steps) == []
 
 
+def test_length_blowup_a_creeping_length_exploit() -> None:
+    """Recorded: reverse_text_lengthy (tests/health/faulty_envs.py) pays for length from step 1, so no
+    step jumps against the one before; the share truncated at max_tokens leaves where it started."""
+    truncated = [0.23, 0.33, 0.45, 0.41, 0.61, 0.55, 0.83, 0.88, 0.93, 0.94, 0.94, 0.98]
+    lengths = [14.0, 15.4, 18.3, 17.6, 19.9, 19.0, 22.5, 22.6, 23.2, 23.6, 23.4, 23.9]
+    steps = [
+        StepSignals(s + 1, completion_tokens=n, truncated_share=t)
+        for s, (n, t) in enumerate(zip(lengths, truncated, strict=True))
+    ]
+    seen = run(rule("length_blowup"), steps)
+    # steps 1-6 start the run at a median of 0.43; step 7's 0.83 is past halfway to 1 (0.715)
+    assert [s.step for s, o in zip(steps, seen, strict=True) if o.raised] == [8]
+    assert "median 43% over the run's first healthy steps 1-6" in seen[7].evidence
+
+
 def test_length_collapse() -> None:
     steps = then(QUICKSTART[:20], completion_tokens=[3.0, 1.0])
     assert raised_at(rule("length_collapse"), steps) == [22]

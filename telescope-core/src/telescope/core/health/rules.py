@@ -153,6 +153,20 @@ class LengthBlowup(StepRule):
     def __init__(self, ratio: float, truncated: float, **kw: int) -> None:
         super().__init__(**kw)
         self.ratio, self.truncated = ratio, truncated
+        self.start = History(kw["window"], first_only=True)
+        """The run's first healthy truncation shares: a share that creeps up step by step (a length
+        exploit being learned) never jumps against its recent median, but it does leave where it started:
+        a finding once it is at least halfway from there to every completion truncated."""
+
+    def observe(self, signals: StepSignals) -> Observation:
+        seen = super().observe(signals)
+        if not seen.anomalous and signals.truncated_share is not None:
+            self.start.add(signals.step, signals.truncated_share)
+        return seen
+
+    def rewind(self, step: int) -> None:
+        super().rewind(step)
+        self.start.drop_after(step)
 
     def verdict(self, values: dict[str, float], bases: dict[str, Baseline]) -> str | None:
         length, base = values["completion_tokens"], bases["completion_tokens"]
@@ -161,11 +175,11 @@ class LengthBlowup(StepRule):
                 f"mean completion length {length:.1f} tokens is above {self.ratio:g} x its median "
                 f"{base.median:.1f} over {base.steps()}"
             )
-        share, cut = values["truncated_share"], bases["truncated_share"]
-        if share >= self.truncated and share >= 2 * cut.median:
+        share, start = values["truncated_share"], self.start.baseline()
+        if start is not None and share >= self.truncated and share >= (1 + start.median) / 2:
             return (
-                f"{share:.0%} of completions hit the token limit (median {cut.median:.0%} over "
-                f"{cut.steps()}); mean length {length:.1f} tokens"
+                f"{share:.0%} of completions hit the token limit (median {start.median:.0%} over the "
+                f"run's first healthy {start.steps()}); mean length {length:.1f} tokens"
             )
         return None
 

@@ -73,6 +73,11 @@ class HealthSentinel:
         """How the sentinel ended the run: ``stopped``, ``rolled_back`` (then the run goes on), or ''."""
 
     # --- reading -----------------------------------------------------------------------
+    @hookimpl
+    def telescope_run_start(self, config: TelescopeConfig, run_dir: str) -> None:
+        """``info.health`` from the start: a run with no finding says ``ok``."""
+        self.report()
+
     @hookimpl(tryfirst=True)
     def telescope_step_end(self, step: int, metrics: dict[str, float], rollouts: list[RolloutRecord]) -> None:
         """Judge the step; its ``health/*`` metrics join ``metrics`` before the loggers record them."""

@@ -34,14 +34,17 @@ class Baseline:
 class History:
     """The last ``size`` healthy values of one signal, with the step each came from."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, first_only: bool = False) -> None:
+        """``first_only``: keep the first ``size`` values instead of the last (the run's starting level)."""
         self._values: deque[tuple[int, float]] = deque(maxlen=size)
+        self.first_only = first_only
 
     def __len__(self) -> int:
         return len(self._values)
 
     def add(self, step: int, value: float) -> None:
-        self._values.append((step, value))
+        if not (self.first_only and len(self._values) == self._values.maxlen):
+            self._values.append((step, value))
 
     def drop_after(self, step: int) -> None:
         """Forget the values of steps after ``step`` (a rollback re-runs them)."""
