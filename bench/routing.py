@@ -10,13 +10,15 @@ generated token; between turns the environment takes ``env_s``. Time is simulate
 queue), so figures do not depend on this machine.
 
 Printed per workload and policy: prefix-cache hit rate (prompt tokens found / prompt tokens),
-throughput (generated tokens per simulated second) and each server's share of the requests.
+throughput (generated tokens per simulated second) and each server's share of the requests; then
+sticky + least loaded minus the best single policy, seed by seed, with its standard error.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import statistics
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -247,33 +249,61 @@ NAMES = {
 
 
 def table(
-    cluster: Cluster | None = None, seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    cluster: Cluster | None = None, seeds: tuple[int, ...] = tuple(range(20))
 ) -> list[tuple[str, str, Result]]:
-    """Every workload under every policy (figures averaged over ``seeds``), printed as a table."""
+    """Every workload under every policy (figures averaged over ``seeds``), printed as a table, then
+    sticky + least loaded against the best single policy, seed by seed (the same workload draws)."""
     cluster = cluster or Cluster()
     print(
         f"routing: {cluster.servers} simulated servers x {cluster.slots} lanes, {cluster.workers} running at once, "
         f"prefix cache {cluster.cache_tokens:,} tokens, prefill {cluster.prefill_s * 1e3:g} ms/token, "
-        f"decode {cluster.decode_s * 1e3:g} ms/token; mean of seeds {', '.join(map(str, seeds))}"
+        f"decode {cluster.decode_s * 1e3:g} ms/token; mean of seeds {seeds[0]}-{seeds[-1]}"
     )
     rows = []
     for workload in WORKLOADS:
         print(f"\n{workload.name} ({workload.groups} groups x {workload.group_size})")
         print(f"  {'policy':<24}{'hit rate':>9}{'tokens/s':>10}{'moves':>7}  requests per server (%)")
-        for policy in ROUTING_POLICIES:
-            runs = [simulate(workload, policy, cluster, seed) for seed in seeds]
-            result = Result(
-                sum(r.hit_rate for r in runs) / len(runs),
-                sum(r.tokens_per_s for r in runs) / len(runs),
-                [sum(r.shares[i] for r in runs) / len(runs) for i in range(cluster.servers)],
-                sum(r.moves for r in runs) // len(runs),
-            )
+        runs = {
+            policy: [simulate(workload, policy, cluster, seed) for seed in seeds]
+            for policy in ROUTING_POLICIES
+        }
+        for policy, results in runs.items():
+            result = mean_result(results)
             shares = " ".join(f"{100 * s:4.1f}" for s in result.shares)
             print(
                 f"  {NAMES[policy]:<24}{result.hit_rate:>9.1%}{result.tokens_per_s:>10.0f}{result.moves:>7}  {shares}"
             )
             rows.append((workload.name, policy, result))
+        print(f"  {against_best_single(runs)}")
     return rows
+
+
+def mean_result(runs: list[Result]) -> Result:
+    """``runs`` averaged (moves: the mean rounded down)."""
+    return Result(
+        sum(r.hit_rate for r in runs) / len(runs),
+        sum(r.tokens_per_s for r in runs) / len(runs),
+        [sum(r.shares[i] for r in runs) / len(runs) for i in range(len(runs[0].shares))],
+        sum(r.moves for r in runs) // len(runs),
+    )
+
+
+def against_best_single(runs: dict[str, list[Result]]) -> str:
+    """Sticky + least loaded minus the single policy with the best mean, per metric: the mean of the
+    per-seed differences and its standard error (a difference within ~2 s.e. is seed noise)."""
+    ours, parts = runs["sticky_least_loaded"], []
+    for metric, label, unit, scale in (
+        ("hit_rate", "hit rate", "points", 100.0),
+        ("tokens_per_s", "throughput", "tokens/s", 1.0),
+    ):
+        singles = [p for p in runs if p != "sticky_least_loaded"]
+        best = max(singles, key=lambda p: statistics.fmean(getattr(r, metric) for r in runs[p]))
+        diffs = [
+            scale * (getattr(a, metric) - getattr(b, metric)) for a, b in zip(ours, runs[best], strict=True)
+        ]
+        error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        parts.append(f"{label} {statistics.fmean(diffs):+.2f} {unit} (s.e. {error:.2f}) vs {NAMES[best]}")
+    return "sticky + least loaded minus the best single policy: " + "; ".join(parts)
 
 
 if __name__ == "__main__":

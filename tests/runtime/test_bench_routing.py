@@ -40,3 +40,23 @@ def test_sticky_routing_hits_the_cache_where_least_loaded_scatters_conversations
     # when it returns to the same server, so only the first turns (group prompt) can miss
     assert results["pinned"].hit_rate > 0.75 and results["pinned"].moves == 0
     assert results["sticky_least_loaded"].hit_rate > results["least_loaded"].hit_rate + 0.1
+
+
+def test_the_comparison_pairs_seeds_against_the_best_single_policy(bench_script: Any) -> None:
+    bench = bench_script("routing")
+
+    def runs(*figures: tuple[float, float]) -> list[Any]:
+        return [bench.Result(hit, tps, [1.0], 0) for hit, tps in figures]
+
+    line = bench.against_best_single(
+        {
+            "pinned": runs((0.50, 100.0), (0.60, 300.0)),  # best hit rate (mean 0.55)
+            "sticky": runs((0.40, 400.0), (0.50, 400.0)),  # best throughput (mean 400)
+            "least_loaded": runs((0.10, 50.0), (0.10, 50.0)),
+            "sticky_least_loaded": runs((0.52, 410.0), (0.61, 380.0)),
+        }
+    )
+    # hit: differences +2 and +1 points: mean +1.5, s.e. = stdev(2, 1) / sqrt(2) = 0.5
+    # throughput: +10 and -20 vs sticky: mean -5, s.e. = stdev(10, -20) / sqrt(2) = 15
+    assert "hit rate +1.50 points (s.e. 0.50) vs today (pinned)" in line
+    assert "throughput -5.00 tokens/s (s.e. 15.00) vs sticky only" in line

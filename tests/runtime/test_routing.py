@@ -55,10 +55,21 @@ def test_a_groups_next_sample_goes_to_the_least_loaded_server_already_holding_it
     assert router.route(key("g0-s0", home=0)) == 0
     with ExitStack() as stack:
         load(router, 0, 3, stack)
-        assert router.route(key("g0-s1", home=0)) == 1  # moved: server 1 holds the prompt now
+        assert router.route(key("g0-s0", home=0)) == 1  # a later turn moved: server 1 holds the prompt now
         # server 2 is as idle as 1 and holds fewer conversations, but only 1 has the prompt cached
-        assert router.route(key("g0-s2", home=0)) == 1
+        assert router.route(key("g0-s1", home=0)) == 1
     assert router.moves == 1
+
+
+def test_a_rollouts_first_request_stays_with_its_groups_prompt_however_loaded() -> None:
+    """The lanes balance group starts; moving a first request would scatter the group's cold prompt
+    (bench/routing.py: long prompts lost hit rate and throughput that way)."""
+    router = Router(3, "sticky_least_loaded", saturation_margin=2)
+    with ExitStack() as stack:
+        load(router, 0, 5, stack)
+        assert [router.route(key(f"g0-s{i}", home=0)) for i in range(3)] == [0, 0, 0]
+        assert router.moves == 0
+        assert router.route(key("g0-s0", home=0)) == 1  # its next turn is balanced
 
 
 def test_a_finished_rollout_releases_its_affinity_and_its_group_once_all_finished() -> None:

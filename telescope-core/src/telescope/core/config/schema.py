@@ -92,7 +92,7 @@ class TelescopeConfig(BaseModel):
     max_off_policy_steps: int = Field(default=8, ge=-1)
     """Cancel in-flight rollouts after this many weight updates (-1 disables cancellation)."""
     routing_policy: Literal["pinned", "sticky", "least_loaded", "sticky_least_loaded"] = "sticky_least_loaded"
-    """Which server answers each request of a rollout (every turn, every sample of a group): sticky_least_loaded = the server holding its prefix (prefix cache) unless it runs more than routing_saturation_margin requests beyond the least loaded, then the least loaded; sticky = a hash of the group, whatever the load; least_loaded = the fewest requests in flight; pinned = the server the group was placed on."""
+    """Which server answers each request of a rollout (every turn, every sample of a group): sticky_least_loaded = the server holding its prefix (prefix cache), except that a later turn whose server runs more than routing_saturation_margin requests beyond the least loaded goes to the least loaded (a rollout's first request stays with its group's prompt: the lanes balance group starts); sticky = a hash of the group, whatever the load; least_loaded = the fewest requests in flight; pinned = the server the group was placed on."""
     routing_saturation_margin: int = Field(default=8, ge=0)
     """Requests in flight a server may run beyond the least loaded one before sticky_least_loaded sends a request holding its prefix elsewhere."""
     context_compaction_at_tokens: int | None = Field(default=None, ge=1)
