@@ -3,7 +3,9 @@ with the vllm engine's own launch arguments, one completion with logprobs, one v
 (the trainer side in this process, over gloo: one GPU cannot hold two NCCL ranks), a completion after
 it. Prints one Markdown table; exit code 1 when a step fails.
 
-NOT RUN YET: written without a GPU or vLLM (issue #32); scripts/gpu-check.sh runs it when vLLM imports.
+Not run on a GPU yet (scripts/gpu-check.sh runs it when vLLM imports). Its first three checks (serve,
+a completion with logprobs, a verified sync and a completion after it) run in CI on vLLM's CPU build,
+on the newest and the oldest release that installs there: tests/inference/test_vllm_cpu_sync.py.
 """
 
 from __future__ import annotations

@@ -244,7 +244,8 @@ class FakeVllm:
         return web.json_response({"results": [{"rank": 1}, {"rank": 2}]})
 
 
-def test_vllm_client_against_a_fake_vllm_server() -> None:
+@pytest.mark.parametrize("pause_clear_cache", [False, True])
+def test_vllm_client_against_a_fake_vllm_server(pause_clear_cache: bool) -> None:
     fake = FakeVllm()
 
     async def go():  # type: ignore[no-untyped-def]
@@ -252,7 +253,7 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        engine = VllmEngine(make_cfg(), VllmEngineKwargs())
+        engine = VllmEngine(make_cfg(), VllmEngineKwargs(pause_clear_cache=pause_clear_cache))
         try:
             async with engine.client(f"http://127.0.0.1:{port}") as client:
                 out = await client.complete([1, 2], n=2, max_tokens=2)
@@ -277,15 +278,12 @@ def test_vllm_client_against_a_fake_vllm_server() -> None:
     assert update.version == 4 and update.fingerprints == {"w": "float32:2:ab"}
     assert fake.calls[0] == "completions n=2 logprobs=0 ids=True"
     assert fake.calls[1].startswith("rpc telescope_init_weight_sync")
-    # every update is wrapped in pause(keep) / resume, also when the worker raises
-    assert fake.calls[2:] == [
-        "/pause?mode=keep&clear_cache=false",
-        "rpc telescope_update_weights ['4']",
-        "/resume",
-        "/pause?mode=keep&clear_cache=false",
-        "rpc telescope_update_weights ['5']",
-        "/resume",
-    ]
+    updates = ["rpc telescope_update_weights ['4']", "rpc telescope_update_weights ['5']"]
+    if pause_clear_cache:  # then every update is wrapped in pause / resume, also when the worker raises
+        pause = "/pause?mode=keep&clear_cache=true"
+        assert fake.calls[2:] == [pause, updates[0], "/resume", pause, updates[1], "/resume"]
+    else:  # vLLM runs the worker call between two steps: a pause that keeps the KV would change nothing
+        assert fake.calls[2:] == updates
 
 
 def _serve_fake(fake: FakeVllm):  # type: ignore[no-untyped-def]
@@ -323,12 +321,8 @@ def test_vllm_client_checks_every_tp_worker_received_the_same_weights() -> None:
     agreed, tensors = asyncio.run(go())
     assert agreed.version == 6 and agreed.fingerprints == {"w": "float32:2:ab"}
     assert tensors == ["w"]
-    # the server is resumed after every update, also the rejected ones
-    assert fake.calls[-3:] == [
-        "/pause?mode=keep&clear_cache=false",
-        "rpc telescope_update_weights ['8']",
-        "/resume",
-    ]
+    # no pause (pause_clear_cache false), so nothing to resume after the rejected ones
+    assert fake.calls[-3:] == [f"rpc telescope_update_weights ['{v}']" for v in (6, 7, 8)]
 
 
 def test_telescope_weight_api_against_a_vllm_server_says_which_client_to_use() -> None:

@@ -146,13 +146,26 @@ class VllmClient(InferenceClient):
         await self._rpc("telescope_init_weight_sync", request.model_dump_json())
 
     async def update_weights(self, version: int, apply: bool = True) -> WeightUpdateResponse:
-        """Receive and load the next sync on every TP worker; vLLM is paused (``keep``: in-flight
-        requests freeze, then continue with the new weights) around the worker-extension call."""
+        """Receive and load the next sync on every TP worker.
+
+        vLLM's engine core runs a worker-extension call between two scheduler steps, never during a
+        forward pass, so a full-weight load is already atomic for the running requests: they decode on
+        with the new weights, keeping their KV. ``POST /pause?mode=keep`` (and ``/resume``) is sent only
+        where it does something: with ``pause_clear_cache`` (vLLM then prefills the running requests
+        again) and with LoRA, whose sync is two calls (write, then reload the adapter) that no step may
+        fall between. Skipping it saves two HTTP round trips and vLLM's 20 ms settling sleep per sync
+        (bench/vllm_sync.py).
+        """
         start = asyncio.get_running_loop().time()
         if apply:
             self._newest_version = max(version, self._newest_version or 0)
-        if not apply:  # nothing changes for in-flight requests: no pause
+        if not apply:  # nothing changes for in-flight requests
             results = await self._rpc("telescope_update_weights", str(version), apply="false")
+        elif not self._sync_needs_pause:
+            try:
+                results = await self._rpc("telescope_update_weights", str(version), apply="true")
+            finally:
+                self._weights_epoch += 1  # also after a failed load: the weights may have changed part way
         else:
             await self.pause("keep")
             try:
@@ -175,6 +188,11 @@ class VllmClient(InferenceClient):
                 fingerprints=first.get("fingerprints"),
             )
         )
+
+    @property
+    def _sync_needs_pause(self) -> bool:
+        """Whether a sync pauses vLLM around its calls (``update_weights`` says when it must)."""
+        return self.pause_clear_cache or self.lora_name is not None
 
     async def _load_adapter(self, version: int, results: list[Any]) -> None:
         """Reload the run's adapter from the folder worker 0 wrote for ``version`` (through the guard)."""
