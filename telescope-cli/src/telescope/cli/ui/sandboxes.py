@@ -36,7 +36,7 @@ def worst_commands(events: list[dict[str, Any]], limit: int = MAX_COMMANDS) -> l
     rows = []
     for event in ends:
         attrs = event.get("attrs") or {}
-        row = {k: attrs.get(k) for k in _FIELDS}
+        row: dict[str, Any] = {k: attrs.get(k) for k in _FIELDS}
         row["failing"] = _failing(attrs)
         row["error"] = str(attrs.get("error") or "")[:TAIL_CHARS]
         row["stdout_tail"] = str(attrs.get("stdout_tail") or "")[-TAIL_CHARS:]
@@ -44,5 +44,5 @@ def worst_commands(events: list[dict[str, Any]], limit: int = MAX_COMMANDS) -> l
         row["duration_s"] = float(row["duration_s"] or 0.0)
         row["time"] = event.get("time")
         rows.append(row)
-    rows.sort(key=lambda r: (not r["failing"], -r["duration_s"]))
+    rows.sort(key=lambda r: (not r["failing"], -float(r["duration_s"])))
     return rows[:limit]
