@@ -13,7 +13,7 @@ otherwise. Per run: how it ended, the findings it raised (``name@step``, from ru
 - ``nan_loss``: ``TELESCOPE_FAULTS=train_loss_nan@6``;
 - ``lr_100x_stop``: lr_100x with ``kl_spike`` and ``entropy_collapse`` set to ``stop``;
 - ``rollback``: lr 0.05 warmed up over 50 steps (step 1 at 0.001), a checkpoint every step, ``kl_spike`` set to
-  ``rollback`` with ``health_rollback_lr_factor`` 0.02: the reward before, at and after the rollback.
+  ``rollback`` with ``health_kl_spike_max`` 0.5 and ``health_rollback_lr_factor`` 0.02: the reward before, at and after the rollback.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "warmup_steps": 50,
         "checkpoint_every": 1,
         "health_kl_spike_action": "rollback",
+        "health_kl_spike_max": 0.5,
         "health_rollback_lr_factor": 0.02,
         "health_max_rollbacks": 1,
     },

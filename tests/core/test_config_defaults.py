@@ -59,6 +59,7 @@ ADDED_FIELDS = {
     "health_kl_spike_action": 'warn',
     "health_kl_spike_mads": 10.0,
     "health_kl_spike_min": 0.5,
+    "health_kl_spike_max": 1.0,
     "health_grad_norm_spike_action": 'warn',
     "health_grad_norm_spike_mads": 10.0,
     "health_length_blowup_action": 'warn',

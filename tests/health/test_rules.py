@@ -123,12 +123,28 @@ def test_kl_spike_needs_both_the_spread_and_the_floor() -> None:
 
 
 def test_kl_spike_limit_by_hand() -> None:
-    r = rule("kl_spike", health_kl_spike_min=0.0, health_window_steps=5, health_min_history_steps=5)
+    r = rule(
+        "kl_spike",
+        health_kl_spike_min=0.0,
+        health_kl_spike_max=100.0,
+        health_window_steps=5,
+        health_min_history_steps=5,
+    )
     steps = [StepSignals(s, kl=v) for s, v in enumerate([1.0, 2.0, 3.0, 4.0, 5.0], start=1)]
     run(r, steps)
     # median 3, MAD 1 -> sigma 1.4826 (> 10% of 3); limit = 3 + 10 x 1.4826 = 17.826
     assert r.observe(StepSignals(6, kl=17.9)).anomalous  # an anomaly stays out of the history
     assert not r.observe(StepSignals(7, kl=17.8)).anomalous
+
+
+def test_kl_spike_a_kl_that_creeps_past_the_ceiling() -> None:
+    """Recorded: the quickstart's learning rate warmed up to 100x over 50 steps; each step's KL is
+    within the spread of the ones before, but from step 8 it is above 1 nat per token."""
+    kl = [4e-09, 0.162, 0.522, 0.428, 0.393, 0.523, 0.607, 1.143, 0.916, 1.033, 0.713, 0.815, 2.709, 1.421]
+    steps = [StepSignals(s + 1, kl=v) for s, v in enumerate(kl)]
+    assert raised_at(rule("kl_spike", health_kl_spike_max=100.0), steps) == []
+    assert raised_at(rule("kl_spike"), steps) == [14]  # 2.71 and 1.42 in a row (onset 13)
+    assert raised_at(rule("kl_spike", health_kl_spike_max=0.5), steps) == [7]
 
 
 def test_grad_norm_spike_one_spike_is_noise_two_are_a_finding() -> None:

@@ -278,6 +278,8 @@ class TelescopeConfig(BaseModel):
     """kl_spike: kl_divergence_inference rises above its recent median plus this many robust standard deviations (1.4826 x MAD, at least 10% of the median)."""
     health_kl_spike_min: float = Field(default=0.5, ge=0)
     """kl_spike: ... and above this many nats per token (a KL this small is never a spike)."""
+    health_kl_spike_max: float = Field(default=1.0, gt=0)
+    """kl_spike: ... or above this many nats per token whatever the history (a KL that creeps up this far is one too)."""
     health_grad_norm_spike_action: HealthAction = "warn"
     """What grad_norm_spike does: off, warn (a console line, the health/grad_norm_spike metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
     health_grad_norm_spike_mads: float = Field(default=10.0, gt=0)

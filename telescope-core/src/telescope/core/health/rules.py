@@ -140,7 +140,19 @@ class Spike(StepRule):
 
 
 class KlSpike(Spike):
+    """Also any KL above ``ceiling``: a sampler that drifts far from the trainer step by step never spikes."""
+
     name, signals, label = "kl_spike", ("kl",), "kl_divergence_inference"
+
+    def __init__(self, mads: float, floor: float, ceiling: float, **kw: int) -> None:
+        super().__init__(mads, floor, **kw)
+        self.ceiling = ceiling
+
+    def verdict(self, values: dict[str, float], bases: dict[str, Baseline]) -> str | None:
+        spike = super().verdict(values, bases)
+        if spike is not None or values["kl"] <= self.ceiling:
+            return spike
+        return f"kl_divergence_inference {values['kl']:.3g} is above health_kl_spike_max {self.ceiling:g}"
 
 
 class GradNormSpike(Spike):
@@ -264,7 +276,7 @@ def step_rules(cfg: TelescopeConfig) -> list[StepRule]:
     }
     rules: list[StepRule] = [
         EntropyCollapse(cfg.health_entropy_collapse_ratio, **kw),
-        KlSpike(cfg.health_kl_spike_mads, cfg.health_kl_spike_min, **kw),
+        KlSpike(cfg.health_kl_spike_mads, cfg.health_kl_spike_min, cfg.health_kl_spike_max, **kw),
         GradNormSpike(cfg.health_grad_norm_spike_mads, **kw),
         LengthBlowup(cfg.health_length_blowup_ratio, cfg.health_length_blowup_truncated_share, **kw),
         LengthCollapse(cfg.health_length_collapse_ratio, **kw),
