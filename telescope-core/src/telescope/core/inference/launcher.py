@@ -78,19 +78,37 @@ def check_port_free(url: str) -> None:
     Otherwise the new server would fail to bind while ``/health`` is answered by whatever holds
     the port (e.g. a server left over from another run), and the run would silently talk to it.
     """
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        in_use = sock.connect_ex((host, port)) == 0
-    if in_use:
+    if _port_in_use(url):
+        port = _host_port(url)[1]
         raise RuntimeError(
             f"port {port} ({url}) is already in use: another inference server (maybe left over from an "
             f"earlier run) or another program listens there. Stop it, or set inference_base_port to a free port"
         )
+
+
+def wait_port_free(url: str, timeout_s: float, interval_s: float = 0.2) -> None:
+    """Wait until nothing listens on ``url``'s port, then return; ``check_port_free``'s error after
+    ``timeout_s``. A server just SIGKILLed closes its port only once its processes have exited: a
+    large vLLM server (GiBs mapped) takes seconds to, a stopped one more."""
+    deadline = time.monotonic() + timeout_s
+    while _port_in_use(url) and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    check_port_free(url)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", int(parts.port or 80)
+
+
+def _port_in_use(url: str) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(_host_port(url)) == 0
 
 
 class ServerProcess:

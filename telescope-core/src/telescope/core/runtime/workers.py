@@ -20,6 +20,9 @@ __all__ = ["InferenceServerWorker", "TrainerWorker", "torch_thread_info"]
 
 logger = logging.getLogger(__name__)
 
+#: How long a restart waits for the port of the server it replaces to close (its killed processes exiting).
+RESTART_PORT_WAIT_S = 60.0
+
 
 def _load(cfg_data: dict[str, Any], plugins: list[str]) -> tuple[TelescopeConfig, Registry]:
     from telescope.core.config import TelescopeConfig
@@ -220,8 +223,13 @@ class InferenceServerWorker:
     def restart(self) -> dict[str, str]:
         """Start the server again after it died (same port); returns ``start()``'s answer."""
         if self.server is not None:
+            from telescope.core.inference.launcher import wait_port_free
+
+            url = self.server.url
             self.server.stop(grace_s=2.0)  # reaps what is left of the dead process group
             self.server = None
+            # its killed processes may still be exiting (a frozen vLLM server's did): the port frees then
+            wait_port_free(url, timeout_s=RESTART_PORT_WAIT_S)
         return self.start()
 
     def where(self) -> str:
