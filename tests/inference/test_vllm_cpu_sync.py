@@ -31,10 +31,14 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    from telescope.core.inference.settings import VllmEngineKwargs
+    from telescope.core.inference.vllm_engine.engine import VllmEngine
     from telescope.core.models.tiny import resolve_model_path
     from telescope.core.testing import small_vllm_engine
 
-    engine = small_vllm_engine(model_dtype="float32", mixed_precision_dtype=None)
+    # vLLM as a run starts it (torch.compile included: no --enforce-eager), the tiny model in float32
+    cfg = small_vllm_engine(model_dtype="float32", mixed_precision_dtype=None).cfg
+    engine = VllmEngine(cfg, VllmEngineKwargs())
     logs = tmp_path_factory.mktemp("vllm-logs")
     server = engine.launch(0, host="127.0.0.1", port=free_port(), log_dir=str(logs))
     try:
