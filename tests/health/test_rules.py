@@ -63,6 +63,22 @@ def test_history_median_and_mad_by_hand() -> None:
     assert history.baseline() == replace(base, median=2.0, sigma=1.4826, last_step=4, count=3)
 
 
+def test_a_first_only_history_keeps_the_runs_start() -> None:
+    start = History(3, first_only=True)
+    for step, value in enumerate([0.1, 0.2, 0.3, 0.9, 0.9, 0.9], start=1):
+        start.add(step, value)
+    base = start.baseline()
+    assert base is not None and (base.median, base.first_step, base.last_step) == (0.2, 1, 3)
+
+
+def test_length_blowup_a_slow_creep_is_measured_from_the_start() -> None:
+    """10 steps at 10% truncated, then +4 points a step: the run's start (10%) puts the line at 55%,
+    first passed at step 22 (58%); against the last 10 steps' median it would keep moving away."""
+    shares = [0.1] * 10 + [0.1 + 0.04 * k for k in range(1, 21)]
+    steps = [StepSignals(s + 1, completion_tokens=20.0, truncated_share=t) for s, t in enumerate(shares)]
+    assert raised_at(rule("length_blowup"), steps) == [23]
+
+
 @pytest.mark.parametrize(
     "name", ["entropy_collapse", "kl_spike", "grad_norm_spike", "length_blowup", "length_collapse"]
 )
