@@ -51,3 +51,39 @@ def test_a_learning_rate_100x_too_high_is_stopped_with_one_line(tmp_path: Path) 
     steps = read_jsonl(run_dir / "metrics.jsonl")
     assert steps[-1]["step"] == first["step"]  # nothing trained after the step that raised it
     assert steps[-1]["metrics"][f"health/{first['name']}"] == 1.0
+
+
+def test_a_run_that_goes_wrong_is_rolled_back_and_recovers(tmp_path: Path) -> None:
+    """The learning rate warms up to 100x the quickstart's: healthy first steps (a checkpoint each),
+    then KL to the sampler passes 0.5; the run restarts from a checkpoint before it at 0.02x the
+    learning rate and finishes, KL back near 0 and its reward above the finding step's."""
+    code, run_dir, output = quickstart(
+        tmp_path,
+        learning_rate=0.05,
+        warmup_steps=50,
+        number_of_steps=16,
+        checkpoint_every=1,
+        health_kl_spike_action="rollback",
+        health_kl_spike_max=0.5,
+        health_rollback_lr_factor=0.02,
+        health_max_rollbacks=1,
+    )
+    assert code == 0, output[-3000:]
+    info = run_meta(run_dir)["info"]
+    (restart,) = info["restarts"]
+    (finding, *_) = info["health"]["findings"]
+    assert restart["health_rollback"] and restart["from_step"] <= finding["onset"] - 2
+    assert info["health"]["rollbacks"] == 1 and info["health"]["learning_rate"] == pytest.approx(0.001)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    cut = next(i for i in range(1, len(rows)) if rows[i]["step"] <= rows[i - 1]["step"])  # the re-run starts
+    before, after = rows[:cut], rows[cut:]
+    assert after[0]["step"] == restart["from_step"] + 1 and after[-1]["step"] == 16
+    # the re-run trains at the lowered rate: 0.02 x the warmup's value for the same step
+    step = after[0]["step"]
+    assert after[0]["metrics"]["learning_rate"] == pytest.approx(0.001 * step / 50, rel=1e-6)
+    # measured (bench/health.py rollback): KL 0.52 and 0.61 at steps 6-7 (raised at 7), rolled back to
+    # step 4; after it KL 0.000-0.004 and reward 0.40-0.57 (mean 0.47) against 0.34 at step 7
+    assert max(r["metrics"]["kl_divergence_inference"] for r in after) < 0.05
+    at_finding = next(r for r in before if r["step"] == finding["step"])["metrics"]["reward/mean"]
+    rewards = [r["metrics"]["reward/mean"] for r in after]
+    assert sum(rewards) / len(rewards) > at_finding, (at_finding, rewards)
