@@ -92,7 +92,10 @@ def test_after_a_verified_sync_vllm_serves_the_senders_weights(served: Served) -
     with torch.no_grad():  # "training": every weight moves, enough to change what is sampled
         for param in trained.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    named = [(name, tensor.detach()) for name, tensor in trained.state_dict().items()]
+    # what a trainer sends: its parameters, a tied embedding once (no lm_head.weight: vLLM must still
+    # refresh its output layer from the embedding, or the served model keeps its first lm_head)
+    named = [(name, tensor.detach()) for name, tensor in trained.named_parameters()]
+    assert trained.config.tie_word_embeddings and "lm_head.weight" not in dict(named)
 
     async def go() -> tuple[Any, Any]:
         async with served.engine.client(served.url) as client:

@@ -141,14 +141,39 @@ class TelescopeWeightSyncExtension:
         )
 
         model = self.model_runner.model
+        tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))
         with set_current_vllm_config(self.vllm_config), torch.device(self.device):
             initialize_layerwise_reload(model)
-            model.load_weights(weights)
+            model.load_weights(_with_tied_output_embedding(weights) if tied else weights)
             finalize_layerwise_reload(model, self.model_config)
 
     def telescope_weight_version(self) -> int:
         """The version this worker serves."""
         return int(getattr(self, "_telescope_version", 0))
+
+
+#: A tied model's output embedding, under the name vLLM's ``load_weights`` takes it (Llama, Qwen, ...).
+TIED_OUTPUT_NAME = "lm_head.weight"
+
+
+def _with_tied_output_embedding(weights: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """``weights``, plus the input embedding again as ``lm_head.weight`` when the sender left it out.
+
+    A trainer sends a tied model's embedding once (``named_parameters`` lists a shared tensor once).
+    vLLM's layer-wise reload processes only the layers that received weights; its output layer, given
+    nothing, keeps the kernel tensors processed at start-up (on CPU a prepacked GEMM weight), so the
+    served model would keep the first output embedding forever while every other weight moves.
+    Sending the tensor under both names makes vLLM process both layers, as a checkpoint load does.
+    """
+    embedding = None
+    sent_output = False
+    for name, tensor in weights:
+        if name.endswith("embed_tokens.weight"):
+            embedding = tensor.clone()  # the receiver may reuse its buffer for later tensors
+        sent_output |= name == TIED_OUTPUT_NAME
+        yield name, tensor
+    if embedding is not None and not sent_output:
+        yield TIED_OUTPUT_NAME, embedding
 
 
 def _parse_flag(name: str, value: str) -> bool:
