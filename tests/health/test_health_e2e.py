@@ -40,7 +40,8 @@ def test_a_learning_rate_100x_too_high_is_stopped_with_one_line(tmp_path: Path) 
     )
     assert code == 1, output[-3000:]
     health = run_meta(run_dir)["info"]["health"]
-    first = health["findings"][0]
+    # reward_saturated (warn) may come first: its groups finish while step 3 trains
+    first = next(f for f in health["findings"] if f["action"] == "stop")
     # measured: KL to the sampler 4.9 at step 2 and 5.5 at step 3 (0.05 at the shipped rate)
     assert first["name"] in ("kl_spike", "entropy_collapse") and first["step"] <= 6, health
     assert health["state"] == "stopped"
@@ -56,7 +57,7 @@ def test_a_learning_rate_100x_too_high_is_stopped_with_one_line(tmp_path: Path) 
 def test_a_run_that_goes_wrong_is_rolled_back_and_recovers(tmp_path: Path) -> None:
     """The learning rate warms up to 100x the quickstart's: healthy first steps (a checkpoint each),
     then KL to the sampler passes 0.5; the run restarts from a checkpoint before it at 0.02x the
-    learning rate and finishes, KL back near 0 and its reward above the finding step's."""
+    learning rate and finishes, KL back near 0."""
     code, run_dir, output = quickstart(
         tmp_path,
         learning_rate=0.05,
@@ -71,7 +72,7 @@ def test_a_run_that_goes_wrong_is_rolled_back_and_recovers(tmp_path: Path) -> No
     assert code == 0, output[-3000:]
     info = run_meta(run_dir)["info"]
     (restart,) = info["restarts"]
-    (finding, *_) = info["health"]["findings"]
+    finding = next(f for f in info["health"]["findings"] if f["action"] == "rollback")
     assert restart["health_rollback"] and restart["from_step"] <= finding["onset"] - 2
     assert info["health"]["rollbacks"] == 1 and info["health"]["learning_rate"] == pytest.approx(0.001)
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -81,9 +82,9 @@ def test_a_run_that_goes_wrong_is_rolled_back_and_recovers(tmp_path: Path) -> No
     # the re-run trains at the lowered rate: 0.02 x the warmup's value for the same step
     step = after[0]["step"]
     assert after[0]["metrics"]["learning_rate"] == pytest.approx(0.001 * step / 50, rel=1e-6)
-    # measured (bench/health.py rollback): KL 0.52 and 0.61 at steps 6-7 (raised at 7), rolled back to
-    # step 4; after it KL 0.000-0.004 and reward 0.40-0.57 (mean 0.47) against 0.34 at step 7
-    assert max(r["metrics"]["kl_divergence_inference"] for r in after) < 0.05
-    at_finding = next(r for r in before if r["step"] == finding["step"])["metrics"]["reward/mean"]
-    rewards = [r["metrics"]["reward/mean"] for r in after]
-    assert sum(rewards) / len(rewards) > at_finding, (at_finding, rewards)
+    # the sampler agrees with the trainer again: measured KL 0.000-0.015 after the rollback (0.5-2.6
+    # before it). The reward recovered in one measured run (0.34 at the finding, mean 0.47 after) and
+    # not in another (raised at step 11, rolled back to step 8 when the reward had already fallen to
+    # 0.31: mean 0.26 after), so it is not asserted here (docs/health.md)
+    assert max(r["metrics"]["kl_divergence_inference"] for r in after) < 0.1
+    assert max(r["metrics"]["kl_divergence_inference"] for r in before if r["step"] >= finding["onset"]) > 0.5
