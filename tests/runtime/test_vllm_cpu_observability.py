@@ -1,4 +1,9 @@
-"""What a run on the real vLLM (its CPU build) observes of its servers, from one short quickstart run:
+"""What a run on the real vLLM (its CPU build) observes of its servers, and what it serves after each
+sync, from one short on-policy quickstart run:
+
+- after every sync vLLM serves the trainer's weights: every batch is sampled with the weights synced
+  just before it (``max_async_rollout: 0``), so the trainer's logprobs of it equal vLLM's (KL <= 1e-6 in
+  float32) at every step, only if vLLM serves exactly the trainer's weights;
 
 - request traces: every rollout's request arrives at the run's OTLP receiver and is a ``vllm_request``
   span on the timeline, inside its sample's ``generation`` span; the server's exporter is never refused
@@ -36,6 +41,9 @@ GROUP_SIZE = 8  # the quickstart's
 #: The driver stamps a sample's generation start before sending and its end after the answer; vLLM
 #: stamps the request's arrival and end in between (same machine, same clock; rounding only).
 CLOCK_SLACK_S = 0.05
+STEPS = 4
+#: float32 trainer and server: the same weights sample with the same logprobs.
+SAME_WEIGHTS_KL = 1e-6
 
 
 def shared_tokens(prompt_tokens: int, block: int = CPU_BLOCK_SIZE) -> int:
@@ -48,11 +56,24 @@ def shared_tokens(prompt_tokens: int, block: int = CPU_BLOCK_SIZE) -> int:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("vllm-observed")
     run_dir, log = tmp / "run", tmp / "cli.log"
-    args = ["--inference_engine", "vllm", "--run_dir", str(run_dir), "--number_of_steps", "3"]
+    args = ["--inference_engine", "vllm", "--run_dir", str(run_dir), "--number_of_steps", str(STEPS)]
     args += ["--inference_base_port", str(free_port_block(1))]
+    # on-policy, and a learning rate that moves the policy at every step
+    args += ["--max_async_rollout", "0", "--learning_rate", "2e-3"]
     assert finish(launch(QUICKSTART, log, *args), log, 1200) == 0, log.read_text()[-4000:]
     assert run_meta(run_dir)["status"] == "finished"
     return run_dir
+
+
+def test_after_every_sync_vllm_serves_the_trainers_weights(run: Path) -> None:
+    reader = RunDirReader(run)
+    kl = dict(reader.metric_series("kl_divergence_inference"))
+    assert sorted(kl) == list(range(1, STEPS + 1))
+    assert max(abs(v) for v in kl.values()) <= SAME_WEIGHTS_KL, kl
+    # the weights did change at every sync, each verified by fingerprints (a digest per sync)
+    syncs = [e for e in reader.events() if e["type"] == "weight_sync" and e["phase"] == "end"]
+    digests = [e["attrs"]["digest"] for e in syncs]
+    assert len(digests) >= STEPS - 1 and all(digests) and len(set(digests)) == len(digests)
 
 
 def test_every_request_is_traced_onto_the_timeline(run: Path) -> None:
