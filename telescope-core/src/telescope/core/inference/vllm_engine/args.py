@@ -44,7 +44,7 @@ GUARD_MIDDLEWARE = "telescope.core.inference.vllm_engine.guard.TelescopeGuard"
 LORA_ADAPTER_NAME = "telescope-lora"
 #: Where a LoRA server's worker writes each received adapter (a PEFT folder per version) for vLLM to load.
 LORA_DIR_ENV = "TELESCOPE_LORA_DIR"
-#: ``--max-lora-rank`` accepts only these values (vLLM 0.17.1's ``MaxLoRARanks``; the contract tests check it).
+#: ``--max-lora-rank`` accepts only these values (vLLM's ``MaxLoRARanks``, the same in 0.16 and 0.33; the contract tests check it).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 #: ``--block-size`` on vLLM's CPU build (``block_size`` unset): the smallest its attention kernels take

@@ -2,7 +2,7 @@
 the worker extension writes at each sync. No vLLM import (tested on CPU; the contract tests check the
 naming against vLLM's ``parse_fine_tuned_lora_name``).
 
-vLLM 0.17.1 loads adapters only from a folder (``adapter_config.json`` + ``adapter_model.safetensors``,
+vLLM (0.16-0.33) loads adapters only from a folder (``adapter_config.json`` + ``adapter_model.safetensors``,
 PEFT's format) named by a ``LoRARequest``; ``load_inplace=True`` replaces the weights of an adapter
 already loaded under the same name and id. So at each sync the worker writes the received tensors as
 such a folder (``write_adapter``) and the guard asks vLLM to reload the run's adapter from it

@@ -10,7 +10,7 @@ exactly as vLLM's own ``reload_weights`` and weight-transfer ``update_weights`` 
 post-processed layers (fp8, Marlin repacking, ...) get their ``process_weights_after_loading`` again.
 
 LoRA runs (``lora_rank > 0``, vLLM launched with ``--enable-lora``): a sync brings only the adapter
-tensors (PEFT's names). vLLM 0.17.1 loads adapters from a PEFT folder only, so TP worker 0 writes
+tensors (PEFT's names). vLLM (0.16-0.33) loads adapters from a PEFT folder only, so TP worker 0 writes
 them as ``$TELESCOPE_LORA_DIR/v<version>`` (``vllm_engine.lora.write_adapter``) and returns its path;
 the client then asks the guard to reload the run's adapter from it in place
 (``POST /telescope/lora/load``: vLLM's ``load_lora_adapter`` with ``load_inplace``). The base
