@@ -17,11 +17,11 @@ from telescope.core.checkpoint import CheckpointManager
 from telescope.core.config import ConfigError, load_config
 from telescope.core.health import FINDINGS, HEALTH_PLUGIN
 from telescope.core.health.findings import HealthRollback, HealthStop
-from telescope.core.health.restore import health_rollback
 from telescope.core.health.sentinel import HealthSentinel
 from telescope.core.health.signals import mode_share, step_signals
 from telescope.core.observe.rundir.records import RolloutRecord, TimelineEvent
 from telescope.core.rollouts.groups import RolloutGroup, RolloutSample
+from telescope.core.runtime.supervision.rollback import health_rollback
 
 
 def config(tmp_path: Path, **fields: Any) -> Any:

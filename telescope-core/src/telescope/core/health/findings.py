@@ -46,7 +46,7 @@ class HealthStop(RunStageError):
 
 class HealthRollback(RunStageError):
     """A finding whose action is ``rollback``: the driver restarts the run from ``step``'s checkpoint
-    with ``learning_rate`` (``health.restore``)."""
+    with ``learning_rate`` (``runtime.supervision.rollback``)."""
 
     complete_reason = True
 

@@ -8,10 +8,10 @@ what a raised finding does is its ``health_<finding>_action``:
   (``name`` ``health/<finding>``), ``info.health`` in run.json, and ``health/<finding>`` = 1 in
   the step's metrics while it lasts;
 - ``stop``: the same, then after the step's hooks a checkpoint of the step and the run ends
-  with the finding's line (``HealthStop``);
+  with the finding's line (``HealthStop``; the step hook is ``runtime.health_actions``);
 - ``rollback``: the same, then the run restarts from the newest checkpoint older than the
   finding's window with its learning rate times ``health_rollback_lr_factor``
-  (``HealthRollback``, carried out by the driver: ``health.restore``); at most
+  (``HealthRollback``, carried out by the driver: ``runtime.supervision.rollback``); at most
   ``health_max_rollbacks`` times, then ``stop``.
 
 ``reward_saturated`` is decided on groups, so it also fires while no step completes (every
@@ -36,10 +36,8 @@ if TYPE_CHECKING:
 
     from telescope.core.config import TelescopeConfig
     from telescope.core.rollouts.groups import RolloutGroup
-    from telescope.core.runtime.orchestrator import Orchestrator
-    from telescope.core.runtime.session import RunSession
 
-__all__ = ["HealthActions", "HealthSentinel"]
+__all__ = ["HealthSentinel"]
 
 log = logging.getLogger("telescope.health")
 
@@ -166,7 +164,7 @@ class HealthSentinel:
     def rollback_target(self, finding: Finding) -> tuple[int | None, str]:
         """For a ``rollback`` finding, the newest checkpoint older than the weights its first anomalous
         step measured (step ``onset - 1``); else None and why there is none ('' for other actions)."""
-        from telescope.core.runtime.checkpointing import checkpoint_steps
+        from telescope.core.checkpoint.run_checkpoints import checkpoint_steps
 
         if finding.action != "rollback":
             return None, ""
@@ -215,41 +213,3 @@ class HealthSentinel:
             self.fail(self.rollback(finding, target))
         else:
             self.fail(self.stop(finding, "no checkpoint of this step: it has not completed", why_not))
-
-    def step_hook(self, session: RunSession) -> HealthActions:
-        """The orchestrator step hook that carries out this sentinel's ``stop``/``rollback``."""
-        return HealthActions(self, session)
-
-
-class HealthActions:
-    """After a step whose finding says ``stop`` or ``rollback``: checkpoint (stop), then end the session."""
-
-    def __init__(self, sentinel: HealthSentinel, session: RunSession) -> None:
-        self.sentinel, self.session = sentinel, session
-
-    async def after_step(self, orchestrator: Orchestrator, step: int) -> None:
-        finding = self.sentinel.take_pending()
-        if finding is None:
-            return
-        target, why_not = self.sentinel.rollback_target(finding)
-        if target is not None:
-            raise self.sentinel.rollback(finding, target)
-        saved = await self._checkpoint(orchestrator, step)
-        raise self.sentinel.stop(finding, f"checkpoint: {saved}", why_not)
-
-    async def _checkpoint(self, orchestrator: Orchestrator, step: int) -> str:
-        """The step's checkpoint (already saved when ``checkpoint_every`` was due), or why none."""
-        from telescope.core.runtime.checkpointing import RunCheckpointer
-        from telescope.core.runtime.ray_group import RayTrainerGroup
-
-        checkpointer = next((h for h in orchestrator.hooks if isinstance(h, RunCheckpointer)), None)
-        if checkpointer is None:  # checkpoint_every off: this one save still goes where it would
-            trainer, warn = orchestrator.trainer, self.sentinel.hook.telescope_warning
-            assert isinstance(trainer, RayTrainerGroup)
-            checkpointer = RunCheckpointer(
-                self.session.cfg, trainer, self.session.logger_ids, lambda m: warn(message=m)
-            )
-        if step in checkpointer.mgr.steps():
-            return str(checkpointer.mgr.path(step))
-        path = await checkpointer.checkpoint(orchestrator, step)
-        return str(path) if path is not None else "the checkpoint could not be written"

@@ -18,6 +18,7 @@ from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner
 from telescope.core.rollouts.routing import Router
 from telescope.core.rollouts.scheduler import PromptScheduler, SourceEnv
 from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
+from telescope.core.runtime.health_actions import HealthActions
 from telescope.core.runtime.orchestrator import Orchestrator
 from telescope.core.runtime.ray_group import RayTrainerGroup, node_free_port
 from telescope.core.runtime.reporting import report_evals
@@ -294,7 +295,7 @@ async def train_session(session: RunSession, pset: PluginSet) -> None:
         evals = await add_checkpoints_and_evals(orchestrator, session, session.logger_ids)
         health = pset.pm.get_plugin(HEALTH_PLUGIN)  # the run's sentinel acts after every other step hook
         if health is not None:
-            orchestrator.hooks.append(health.step_hook(session))
+            orchestrator.hooks.append(HealthActions(health, session))
         if evals is not None:
             await evals.before_training(resumed=session.resume is not None)
         await orchestrator.run()

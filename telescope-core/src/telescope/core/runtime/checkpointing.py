@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from telescope.core.checkpoint.run_checkpoints import checkpoint_root, checkpoint_steps
+from telescope.core.checkpoint.run_checkpoints import run_checkpoint_manager as _manager
 from telescope.core.errors import describe_failure, exception_chain
 from telescope.core.observe.rundir.records import TimelineEvent
 
@@ -40,24 +42,6 @@ log = logging.getLogger("telescope.checkpoint")
 ORCHESTRATOR_STATE = "orchestrator_state.json"
 RUN_CONFIG = "config.yaml"
 LOGGER_IDS = "loggers.json"
-
-
-def checkpoint_root(cfg: TelescopeConfig) -> Path:
-    """``checkpoint_dir``, or ``<run_dir>/checkpoints``."""
-    if cfg.checkpoint_dir:
-        return Path(cfg.checkpoint_dir).expanduser().resolve()
-    return Path(cfg.resolved_run_dir).resolve() / "checkpoints"
-
-
-def _manager(cfg: TelescopeConfig) -> CheckpointManager:
-    from telescope.core.checkpoint import CheckpointManager
-
-    return CheckpointManager(checkpoint_root(cfg), cfg.checkpoint_keep_last, cfg.checkpoint_keep_every)
-
-
-def checkpoint_steps(cfg: TelescopeConfig) -> list[int]:
-    """The steps of the run's complete checkpoints, oldest first."""
-    return _manager(cfg).steps()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from telescope.core.cluster.signals import sigterm_as_interrupt, teardown_signal
 from telescope.core.config import TelescopeConfig
 from telescope.core.errors import describe_failure
 from telescope.core.health import HEALTH_PLUGIN
-from telescope.core.health.restore import health_rollback
 from telescope.core.health.sentinel import HealthSentinel
 from telescope.core.observe import LoggerHub, build_logger_hub
 from telescope.core.observe.stdio import tail_lines
@@ -25,6 +24,7 @@ from telescope.core.runtime.session import RunSession
 from telescope.core.runtime.supervision.hookcalls import HookFailure, call_each
 from telescope.core.runtime.supervision.preflight import check_supported
 from telescope.core.runtime.supervision.recovery import RestartPlan
+from telescope.core.runtime.supervision.rollback import health_rollback
 
 if TYPE_CHECKING:
     import pluggy

@@ -29,14 +29,31 @@ SCHEMA_VERSION = 3
 
 #: Why a finished rollout was not used for training (any other reason a plugin or a newer
 #: runtime writes is counted as a discard too: ``discarded/<reason>/count``).
-DISCARD_REASONS = ("max_async", "zero_advantage", "rollout_error", "prompt_too_long", "reward_error", "infra_error")
+DISCARD_REASONS = (
+    "max_async",
+    "zero_advantage",
+    "rollout_error",
+    "prompt_too_long",
+    "reward_error",
+    "infra_error",
+)
 #: Why an in-flight rollout was stopped before it finished (counted as cancelled).
 CANCEL_REASONS = ("off_policy", "eval_drain")
 #: Why a ``zero_advantage`` group carries no learning signal (``RolloutRecord.zero_advantage_kind``).
 ZERO_ADVANTAGE_KINDS = ("all_zero", "all_positive", "all_equal")
 
 #: Timeline event types the orchestrator emits (plugins may add their own).
-EVENT_TYPES = ("generation", "reward", "trainer", "weight_sync", "eval", "checkpoint", "run", "sandbox", "vllm_request")
+EVENT_TYPES = (
+    "generation",
+    "reward",
+    "trainer",
+    "weight_sync",
+    "eval",
+    "checkpoint",
+    "run",
+    "sandbox",
+    "vllm_request",
+)
 EVENT_PHASES = ("start", "end", "instant")
 
 

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 from telescope.core.errors import exception_chain
 from telescope.core.health.findings import HealthRollback
+from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
+from telescope.core.runtime.supervision.recovery import RestartPlan
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
-    from telescope.core.runtime.supervision.recovery import RestartPlan
 
 __all__ = ["Rollback", "health_rollback"]
 
@@ -29,9 +30,6 @@ def health_rollback(exc: BaseException, cfg: TelescopeConfig) -> Rollback | None
     rollback = next((e for e in exception_chain(exc) if isinstance(e, HealthRollback)), None)
     if rollback is None:
         return None
-    from telescope.core.runtime.checkpointing import find_resume_point, supersede_later_checkpoints
-    from telescope.core.runtime.supervision.recovery import RestartPlan
-
     lowered = cfg.model_copy(update={"learning_rate": rollback.learning_rate})
     point = find_resume_point(lowered.model_copy(update={"resume_from_checkpoint": rollback.step}))
     assert point is not None  # resume_from_checkpoint is a step number
