@@ -131,14 +131,31 @@ def test_vllm_update_without_applying_keeps_the_served_version(monkeypatch: pyte
     for worker in fake.workers:  # v2 was never loaded; v3 (the newest) was
         loaded = worker.model_runner.model.loaded
         assert [float(d["w"][0]) for d in loaded] == [1.0, 3.0]
-    # only applied updates pause the server (nothing changes for in-flight requests otherwise)
+    # no pause around a full-weight sync that keeps the KV (vLLM runs the worker call between two
+    # steps: VllmClient.update_weights); the held update applies nothing
     assert fake.calls == [
-        "/pause",
         "rpc telescope_update_weights ['1'] {'apply': 'true'}",
-        "/resume",
         "rpc telescope_update_weights ['2'] {'apply': 'false'}",
         "rpc telescope_weight_version [] {}",
-        "/pause",
         "rpc telescope_update_weights ['3'] {'apply': 'true'}",
-        "/resume",
     ]
+
+
+def test_a_tied_embedding_sent_once_also_reaches_vllms_output_layer() -> None:
+    """A trainer sends a tied model's embedding once; vLLM's layer-wise reload refreshes only layers
+    that receive weights, so the worker hands the embedding to ``lm_head.weight`` too (once)."""
+    import torch
+
+    from telescope.core.inference.vllm_engine.worker import _with_tied_output_embedding
+
+    embedding, layer = torch.arange(6.0).reshape(3, 2), torch.ones(2)
+    sent = [("model.embed_tokens.weight", embedding), ("model.norm.weight", layer)]
+    names = [name for name, _ in _with_tied_output_embedding(iter(sent))]
+    assert names == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    loaded = dict(_with_tied_output_embedding(iter(sent)))
+    embedding.zero_()  # the receiver reuses its buffers: the output layer gets what arrived
+    assert torch.equal(loaded["lm_head.weight"], torch.arange(6.0).reshape(3, 2))
+    # a sender that sends the output layer itself is left alone
+    with_output = [*sent, ("lm_head.weight", torch.full((3, 2), 7.0))]
+    passed = list(_with_tied_output_embedding(iter(with_output)))
+    assert [name for name, _ in passed] == [name for name, _ in with_output]

@@ -141,7 +141,8 @@ class TelescopeWeightSyncExtension:
         )
 
         model = self.model_runner.model
-        tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))
+        hf_config = getattr(self.model_config, "hf_config", None)
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         with set_current_vllm_config(self.vllm_config), torch.device(self.device):
             initialize_layerwise_reload(model)
             model.load_weights(_with_tied_output_embedding(weights) if tied else weights)
