@@ -202,3 +202,21 @@ def test_root_keeps_every_user_inside_so_a_sandbox_uid_exists(tmp_path: Path) ->
         assert status == 0 and target.stat().st_uid == 65534
     else:
         assert status != 0 and target.stat().st_uid == os.getuid()  # not root: no chown to others
+
+
+@pytest.mark.parametrize(
+    ("host", "inside", "ready"),
+    [
+        ({"ipv4", "ipv6"}, {"ipv6"}, False),  # pasta routed IPv6 first: IPv4 not yet (seen under load)
+        ({"ipv4", "ipv6"}, {"ipv4", "ipv6"}, True),
+        ({"ipv4"}, {"ipv4"}, True),
+        (set(), {"ipv4"}, True),  # a host without a default route: any route inside will do
+        (set(), set(), False),
+    ],
+)
+def test_the_namespace_is_ready_once_every_family_the_host_routes_is_routed(
+    monkeypatch: pytest.MonkeyPatch, host: set[str], inside: set[str], ready: bool
+) -> None:
+    routes = {"self": frozenset(host), 4242: frozenset(inside)}
+    monkeypatch.setattr(netns, "_default_routes", lambda pid: routes[pid])
+    assert netns._has_default_route(4242) is ready

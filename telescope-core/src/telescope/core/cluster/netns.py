@@ -215,16 +215,26 @@ def _map_every_id(pid: int) -> None:
         ) from None
 
 
-def _has_default_route(pid: int) -> bool:
+def _default_routes(pid: int | str) -> frozenset[str]:
+    """The address families (``ipv4``, ``ipv6``) with a default route in ``pid``'s network namespace."""
     try:
         routes = Path(f"/proc/{pid}/net/route").read_text().splitlines()[1:]
         routes6 = Path(f"/proc/{pid}/net/ipv6_route").read_text().splitlines()
     except OSError:
-        return False
+        return frozenset()
     default6 = "0" * 32 + " 00"
-    return any(line.split()[1] == "00000000" for line in routes) or any(
-        r.startswith(default6) for r in routes6
-    )
+    families = {"ipv4"} if any(line.split()[1] == "00000000" for line in routes) else set()
+    if any(r.startswith(default6) for r in routes6):
+        families.add("ipv6")
+    return frozenset(families)
+
+
+def _has_default_route(pid: int) -> bool:
+    """Whether pasta has finished routing ``pid``'s namespace: a default route for every family the
+    host has one for (pasta configures them one by one; a loaded machine showed IPv6 routed while IPv4
+    was not yet), or any default route when the host has none."""
+    inside = _default_routes(pid)
+    return bool(inside) and _default_routes("self") <= inside
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
