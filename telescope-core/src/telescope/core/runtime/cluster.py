@@ -16,7 +16,7 @@ from typing import Any
 from telescope.core import faults
 from telescope.core.config import ConfigError, TelescopeConfig
 
-__all__ = ["Pools", "connect", "reserve_pools", "shutdown", "starts_private_cluster"]
+__all__ = ["Pools", "connect", "reserve_pools", "shutdown", "starts_private_cluster", "wait_placed"]
 
 log = logging.getLogger("telescope.runtime")
 
@@ -265,15 +265,24 @@ def reserve_pools(
         name=f"{cfg.ray_namespace}-trainer{suffix}",
     )
     for name, pg in (("inference", inf), ("trainer", tr)):
-        try:
-            ray.get(pg.ready(), timeout=cfg.ray_placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"the {name} placement group could not be placed within ray_placement_timeout_s="
-                f"{cfg.ray_placement_timeout_s}s; cluster resources: {ray.cluster_resources()}. Lower "
-                f"ray_{name}_cpus_per_worker / the worker counts, or add nodes"
-            ) from None
+        wait_placed(
+            pg, cfg, f"the {name} placement group", f"Lower ray_{name}_cpus_per_worker / the worker counts"
+        )
     return Pools(inf, tr, inf_gpus, tr_gpus)
+
+
+def wait_placed(pg: Any, cfg: TelescopeConfig, what: str, fix: str) -> None:
+    """Wait for placement group ``pg``; past ``ray_placement_timeout_s`` raise naming ``what``, the
+    cluster's resources and ``fix`` (the run ends with that one line instead of waiting forever)."""
+    import ray
+
+    try:
+        ray.get(pg.ready(), timeout=cfg.ray_placement_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"{what} could not be placed within ray_placement_timeout_s={cfg.ray_placement_timeout_s}s; "
+            f"cluster resources: {ray.cluster_resources()}. {fix}, or add nodes"
+        ) from None
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:

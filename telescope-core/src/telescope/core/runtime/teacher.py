@@ -149,12 +149,11 @@ async def open_teacher(session: RunSession, policy_tokenizer: Any) -> Teacher:
 
 
 def _start_pool(session: RunSession, options: dict[str, Any]) -> Teacher:
-    import ray
     from ray.util.placement_group import placement_group
 
     from telescope.core.cluster.claims import port_block
     from telescope.core.cluster.run_secret import auth_headers
-    from telescope.core.runtime.cluster import Pools
+    from telescope.core.runtime.cluster import Pools, wait_placed
     from telescope.core.runtime.ray_group import start_servers
 
     cfg, count = session.cfg, session.cfg.distill_teacher_num_workers
@@ -175,15 +174,12 @@ def _start_pool(session: RunSession, options: dict[str, Any]) -> Teacher:
         TeacherClient([], str(cfg.distill_teacher_model), **options), placement_group=pg, claims=claims
     )
     try:
-        try:
-            ray.get(pg.ready(), timeout=cfg.ray_placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"the teacher's placement group ({count} x {bundle}) could not be placed within "
-                f"ray_placement_timeout_s={cfg.ray_placement_timeout_s}s; cluster resources: "
-                f"{ray.cluster_resources()}. Lower distill_teacher_num_workers or ray_inference_cpus_per_worker, "
-                "add nodes, or use distill_teacher_base_url"
-            ) from None
+        wait_placed(
+            pg,
+            cfg,
+            f"the teacher's placement group ({count} x {bundle})",
+            "Lower distill_teacher_num_workers or ray_inference_cpus_per_worker, use distill_teacher_base_url",
+        )
         servers = start_servers(
             teacher_server_config(cfg, first, teacher_positions(str(cfg.distill_teacher_model))),
             session.plugins,
