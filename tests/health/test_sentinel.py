@@ -5,6 +5,7 @@ and the driver's side of a rollback (restart point, later checkpoints set aside,
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,40 @@ def test_signals_from_real_records() -> None:
     assert (signals.mode_share, signals.entropy, signals.kl) == (0.5, 1.0, None)
     assert signals.nonfinite == ("loss", "train/skipped_nonfinite_steps")
     assert mode_share(rows[:3])[0] is None  # fewer than 4 distinct prompts: no verdict
+
+
+def truncated_step(step: int, truncated: int, prompts: int = 16, samples: int = 8) -> list[RolloutRecord]:
+    """One step's records: ``prompts`` x ``samples`` completions, the first ``truncated`` of them cut at
+    max_tokens (24 tokens, stop ``length``), the others 12-token answers that stopped on their own."""
+    rows = []
+    for i in range(prompts * samples):
+        cut = i < truncated
+        text = f"{i:03d}" * (8 if cut else 4)
+        rows.append(
+            replace(record(f"prompt {i // samples}", text, stop="length" if cut else "stop"), step=step)
+        )
+    return rows
+
+
+def length_findings(tmp_path: Path, truncated: list[int]) -> tuple[list[str], list[float]]:
+    """The warnings and the ``health/length_blowup`` metric of a run whose steps truncate this many."""
+    _, recorder, pm, _ = plugged(config(tmp_path))
+    for step, n in enumerate(truncated, start=1):
+        rows = truncated_step(step, n)
+        pm.hook.telescope_step_end(step=step, metrics=metrics(step), rollouts=rows)
+    return recorder.warnings, [m["health/length_blowup"] for m in recorder.logged]
+
+
+def test_a_run_truncated_from_its_first_step_is_no_length_blowup(tmp_path: Path) -> None:
+    """Every completion hit max_tokens from step 1 (a limit too small for the task): the lengths start
+    at the cap, so truncation cannot show them growing (this 3-step run raised length_blowup at step 3)."""
+    warnings, marked = length_findings(tmp_path / "a", [128, 128, 128])
+    assert warnings == [] and marked == [0.0, 0.0, 0.0]
+    warnings, marked = length_findings(tmp_path / "b", [112, 120, 128])  # 88% at the start
+    assert warnings == [] and marked == [0.0, 0.0, 0.0]
+    # the same cap reached from a quarter truncated at step 1 is growth: raised at step 3
+    warnings, marked = length_findings(tmp_path / "c", [32, 128, 128])
+    assert marked == [0.0, 0.0, 1.0]  # the metric marks a raised finding
+    (line,) = warnings
+    assert line.startswith("health: length_blowup at step 3 (anomalous since step 2): 100% of completions")
+    assert "median 25% over the run's first healthy step 1" in line

@@ -168,7 +168,9 @@ class LengthBlowup(StepRule):
         self.start = History(kw["window"], first_only=True)
         """The run's first healthy truncation shares: a share that creeps up step by step (a length
         exploit being learned) never jumps against its recent median, but it does leave where it started:
-        a finding once it is at least halfway from there to every completion truncated."""
+        a finding once it is at least halfway from there to every completion truncated. A run that
+        started with ``truncated`` or more at the limit has no such room: its truncation is no evidence
+        of growth (a ``max_tokens`` too small for the task from step 1 is not a blow-up)."""
 
     def observe(self, signals: StepSignals) -> Observation:
         seen = super().observe(signals)
@@ -188,7 +190,9 @@ class LengthBlowup(StepRule):
                 f"{base.median:.1f} over {base.steps()}"
             )
         share, start = values["truncated_share"], self.start.baseline()
-        if start is not None and share >= self.truncated and share >= (1 + start.median) / 2:
+        if start is None or start.median >= self.truncated:  # no room to grow into a majority
+            return None
+        if share >= self.truncated and share >= (1 + start.median) / 2:
             return (
                 f"{share:.0%} of completions hit the token limit (median {start.median:.0%} over the "
                 f"run's first healthy {start.steps()}); mean length {length:.1f} tokens"
