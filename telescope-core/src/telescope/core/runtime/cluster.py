@@ -16,7 +16,15 @@ from typing import Any
 from telescope.core import faults
 from telescope.core.config import ConfigError, TelescopeConfig
 
-__all__ = ["Pools", "connect", "reserve_pools", "shutdown", "starts_private_cluster", "wait_placed"]
+__all__ = [
+    "Pools",
+    "connect",
+    "private_temp_dir",
+    "reserve_pools",
+    "shutdown",
+    "starts_private_cluster",
+    "wait_placed",
+]
 
 log = logging.getLogger("telescope.runtime")
 
@@ -36,15 +44,27 @@ _EXCLUDES = [
 ]
 
 
-def runtime_env(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
+def runtime_env(cfg: TelescopeConfig, run_dir: str, secret_ref: str = "") -> dict[str, Any]:
     """The Ray runtime environment: the user's, plus interpreter, venv and run-dir propagation, and the
-    run's secret (``cluster.run_secret``): a private cluster's workers inherit the driver's environment,
-    but the workers of a cluster started with ``ray start`` get it only from here."""
-    from telescope.core.cluster.run_secret import ENV_VAR, ensure_run_secret
+    way to the run's secret (``cluster.run_secret``): only the name it has in the cluster's key-value
+    store and the worker setup hook that reads it. Never the secret itself: Ray writes the
+    ``runtime_env`` in clear to its logs."""
+    from telescope.core.cluster import run_secret
 
     env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
     env_vars = dict(env.get("env_vars", {}))
-    env_vars[ENV_VAR] = ensure_run_secret()
+    env_vars.pop(run_secret.ENV_VAR, None)  # the hook sets the run's own
+    if secret_ref:
+        env_vars[run_secret.RAY_REF_ENV_VAR] = secret_ref
+        user_hook = env.pop("worker_process_setup_hook", None)
+        if user_hook is not None:
+            if not isinstance(user_hook, str):
+                raise ConfigError(
+                    f"ray_runtime_env.worker_process_setup_hook: {user_hook!r} is not a 'module.function' "
+                    "path; give the hook as a dotted path (Telescope runs it after its own)"
+                )
+            env_vars[run_secret.RAY_USER_HOOK_ENV_VAR] = user_hook
+        env["worker_process_setup_hook"] = run_secret.RAY_SETUP_HOOK
     if cfg.ray_propagate_active_venv and os.environ.get("VIRTUAL_ENV"):
         env_vars.setdefault("VIRTUAL_ENV", os.environ["VIRTUAL_ENV"])
     if cfg.ray_propagate_run_dir:
@@ -64,13 +84,16 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
     """Join ``ray_address`` or, when none answers and ``ray_auto_start_local``, start a local cluster."""
     import ray
 
+    from telescope.core.cluster import run_secret
+
     if cfg.ray_disable_runtime_env_hook:
         os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+    secret_ref = run_secret.new_ray_ref()
     options: dict[str, Any] = {
         "namespace": cfg.ray_namespace,
         "log_to_driver": cfg.ray_log_to_driver,
         "include_dashboard": False,
-        "runtime_env": runtime_env(cfg, run_dir),
+        "runtime_env": runtime_env(cfg, run_dir, secret_ref),
         "ignore_reinit_error": True,
     }
     address = _resolve_auto(cfg.ray_address)
@@ -98,6 +121,7 @@ def connect(cfg: TelescopeConfig, run_dir: str) -> dict[str, Any]:
             ray.shutdown()
             _start_private(options)
             started_here = True
+    run_secret.publish_to_ray(secret_ref, run_secret.ensure_run_secret())  # the workers wait for it
     claim = _claim_private(run_dir) if started_here else None
     return {
         "resources": ray.cluster_resources(),
@@ -128,6 +152,7 @@ def _start_private(options: dict[str, Any]) -> None:
 
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    options = {**options, "_temp_dir": private_temp_dir()}
     setup_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     level = setup_log.level
     setup_log.setLevel(logging.ERROR)  # its "token authentication is enabled" notice is ours to give
@@ -135,9 +160,27 @@ def _start_private(options: dict[str, Any]) -> None:
         ray.init(address="local", **options)
     finally:
         setup_log.setLevel(level)
+    node: Any = ray._private.worker._global_node
     log.info(
-        "private Ray cluster with token authentication (RAY_AUTH_MODE=%s)", os.environ.get("RAY_AUTH_MODE")
+        "private Ray cluster with token authentication (RAY_AUTH_MODE=%s); its files and logs: %s",
+        os.environ.get("RAY_AUTH_MODE"),
+        node.get_session_dir_path(),
     )
+
+
+def private_temp_dir() -> str:
+    """Where the clusters this user's runs start keep their files: ``$TMPDIR/telescope-<uid>/ray``.
+
+    Ray's default, ``/tmp/ray``, is open to every local user (folders 0777, logs 0644), and its logs
+    hold the job's ``runtime_env`` in clear (``runtime_env_agent.log``: every ``ray_runtime_env.env_vars``
+    entry, API keys included) and the workers' output. Ray makes its own folder 0777, so what keeps
+    other users out is the parent, the user's private claims folder (mode 0700, checked to be this
+    user's: ``cluster.claims``). Short on purpose: Ray's sockets live below it and a socket path may
+    not pass 107 bytes, so it cannot be under the run directory.
+    """
+    from telescope.core.cluster.claims import claims_dir
+
+    return str(claims_dir("ray"))
 
 
 def _resolve_auto(address: str, announce: bool = True) -> str:
@@ -335,6 +378,10 @@ def shutdown(cfg: TelescopeConfig, pools: Pools | None, *, started_here: bool = 
         return
     if pools is not None and not started_here:  # a cluster this run started goes away with its groups
         _remove_groups(pools)
+    if not started_here:
+        from telescope.core.cluster.run_secret import withdraw_from_ray
+
+        withdraw_from_ray()
     ray.shutdown()
     if cfg.ray_shutdown_on_exit and not started_here:
         import subprocess
