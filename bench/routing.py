@@ -6,7 +6,9 @@ each policy exactly as a run uses it). What is simulated (named as such): each s
 ``CachedServer`` running ``workers`` requests at once (more wait in its queue), with an LRU prefix
 cache of ``cache_tokens`` tokens (a rollout's conversation after each turn, a group's prompt), and
 a request costs ``prefill_s`` per prompt token not found in the cache plus ``decode_s`` per
-generated token; between turns the environment takes ``env_s``. Time is simulated (an event
+generated token; between turns the environment takes ``env_s``. The router is told each request's
+prompt length and the simulated cache size (``sticky_least_loaded`` moves a turn off a saturated
+server only once the conversations it holds overflow that cache). Time is simulated (an event
 queue), so figures do not depend on this machine.
 
 Printed per workload and policy: prefix-cache hit rate (prompt tokens found / prompt tokens),
@@ -152,7 +154,7 @@ def simulate(workload: Workload, policy: str, cluster: Cluster, seed: int = 0, m
     """Run every rollout of ``workload`` to the end under ``policy``; figures over the whole run."""
     rng = random.Random(seed)
     lanes = Lanes(cluster.servers, cluster.slots)
-    router = Router(cluster.servers, policy, margin)
+    router = Router(cluster.servers, policy, margin, cache_tokens=cluster.cache_tokens)
     servers = [CachedServer(cluster.workers, cluster.cache_tokens) for _ in range(cluster.servers)]
     flight: list[list[int]] = [[] for _ in servers]  # tokens of the running requests, per server
     events: list[tuple[float, int, str, object]] = []
@@ -176,7 +178,7 @@ def simulate(workload: Workload, policy: str, cluster: Cluster, seed: int = 0, m
         push(now + cost, "done", request)
 
     def send(rollout: Rollout) -> None:
-        server = router.route(rollout.key)
+        server = router.route(rollout.key, rollout.context)
         router.running[server] += 1  # the router's in-flight count, as ``Router.request`` keeps it
         request = Request(
             rollout.key,

@@ -72,6 +72,37 @@ def test_a_rollouts_first_request_stays_with_its_groups_prompt_however_loaded() 
         assert router.route(key("g0-s0", home=0)) == 1  # its next turn is balanced
 
 
+def test_a_saturated_server_keeps_a_turn_while_the_conversations_it_holds_fit_its_cache() -> None:
+    """Moving re-prefills the whole conversation: only once the server's conversations overflow its
+    prefix cache (so LRU is evicting them anyway) is a saturated server's turn moved."""
+    old = Router(3, "sticky_least_loaded", saturation_margin=2)  # cache size unknown: load alone
+    new = Router(3, "sticky_least_loaded", saturation_margin=2, cache_tokens=10_000)
+    for router in (old, new):
+        assert router.route(key("g0-s0", home=0), prompt_tokens=4_000) == 0
+    with ExitStack() as stack:
+        for router in (old, new):
+            load(router, 0, 3, stack)  # 3 beyond the least loaded (0) > margin 2: saturated
+        # the old rule moves the 4,000-token conversation to idle server 1 (a cold prefill there)
+        assert old.route(key("g0-s0", home=0), prompt_tokens=4_300) == 1 and old.moves == 1
+        # server 0 holds 4,000 tokens of conversations <= its 10,000-token cache: the turn stays
+        assert new.route(key("g0-s0", home=0), prompt_tokens=4_300) == 0 and new.moves == 0
+        assert new.held_tokens(0) == 4_300  # the conversation's last prompt
+        # another group's 7,000-token rollout joins server 0: 4,300 + 7,000 = 11,300 > 10,000
+        assert new.route(key("g1-s0", group="g1", home=0), prompt_tokens=7_000) == 0
+        assert new.held_tokens(0) == 11_300
+        # now the cache overflows: the turn goes to the least loaded (1: idle like 2, lower index)
+        assert new.route(key("g0-s0", home=0), prompt_tokens=4_600) == 1 and new.moves == 1
+        assert (new.held_tokens(0), new.held_tokens(1)) == (7_000, 4_600)
+    new.release(key("g0-s0"))
+    new.release(key("g1-s0", group="g1"))
+    assert new.held_tokens(0) == new.held_tokens(1) == 0
+
+
+def test_a_cache_size_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match="cache_tokens .* must be positive, got 0; pass None"):
+        Router(2, cache_tokens=0)
+
+
 def test_a_finished_rollout_releases_its_affinity_and_its_group_once_all_finished() -> None:
     router = Router(2, "sticky_least_loaded", saturation_margin=4)
     router.route(key("g0-s0", home=1))

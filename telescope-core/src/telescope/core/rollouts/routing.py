@@ -13,15 +13,22 @@ Policies (``routing_policy``):
 - ``least_loaded``: every request to the server with the fewest requests in flight;
 - ``sticky_least_loaded``: a request goes to the server holding its prefix (its rollout's
   conversation; a rollout's first request: the least loaded of the servers holding its group's
-  prompt, at first the home). A later turn whose server runs more than ``routing_saturation_margin``
-  requests beyond the least loaded one goes to the least loaded, which holds the conversation from
-  then on. A rollout's first request is not moved for load (only off a server that is unavailable):
-  the lanes already start each group on the server with the most free slots, and moving a group's
-  first requests scatters its shared prompt to servers where nothing of it is cached yet (the
-  routing bench measured it: long prompts lost 2.5 points of hit rate and throughput that way).
+  prompt, at first the home). A later turn leaves that server, for the least loaded, only when the
+  server is saturated (it runs more than ``routing_saturation_margin`` requests beyond the least
+  loaded one) and, where the servers' prefix cache size is known (``cache_tokens``), the
+  conversations it holds no longer fit in that cache: a move re-prefills the whole conversation,
+  which is worth it only once the cache is overfull (the conversation is likely evicted already,
+  and moving it frees room for the others), not for a queue a few requests long. The routing bench
+  traced it: on long prompts each load-only move forfeited ~3,500 cached tokens (85% of its
+  conversation) and bought no hit back; on agentic rollouts the moves that paid were those off
+  servers whose conversations overflowed the cache. A rollout's first request is not moved for
+  load (only off a server that is unavailable): the lanes already start each group on the server
+  with the most free slots, and moving a group's first requests scatters its shared prompt to
+  servers where nothing of it is cached yet (long prompts lost 2.5 points of hit rate that way).
 
-Load is the requests in flight per server (``request`` counts them); a finished rollout releases
-its affinity (``release``), and a group's once its last rollout has.
+Load is the requests in flight per server (``request`` counts them); the conversation tokens a
+server holds are each held rollout's last prompt (``route``'s ``prompt_tokens``); a finished
+rollout releases its affinity (``release``), and a group's once its last rollout has.
 """
 
 from __future__ import annotations
@@ -67,21 +74,32 @@ class Router:
         policy: str = "sticky_least_loaded",
         saturation_margin: int = 8,
         available: Callable[[int], bool] | None = None,
+        cache_tokens: int | None = None,
     ) -> None:
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"routing policy {policy!r} is not one of {', '.join(ROUTING_POLICIES)}")
         if num_servers < 1:
             raise ValueError(f"a router needs at least one server, got {num_servers}")
+        if cache_tokens is not None and cache_tokens < 1:
+            raise ValueError(
+                f"cache_tokens (each server's prefix cache, in tokens) must be positive, got {cache_tokens}; "
+                "pass None when it is not known"
+            )
         self.policy = policy
         self.saturation_margin = saturation_margin
         self.running = [0] * num_servers
         """Requests in flight per server."""
+        self.cache_tokens = cache_tokens
+        """Each server's prefix cache in tokens (None: not known, a saturated server alone moves a turn)."""
         self.moves = 0
         """Requests sent away from the server holding their prefix (saturated, or unavailable)."""
         self._available = available or (lambda _server: True)
         self._held = [0] * num_servers
         """Conversations each server holds (rollouts routed there that have not finished)."""
+        self._held_tokens = [0] * num_servers
+        """Tokens of the conversations each server holds (each held rollout's last prompt)."""
         self._rollouts: dict[str, int] = {}
+        self._tokens: dict[str, int] = {}
         self._groups: dict[str, _GroupAffinity] = {}
 
     @property
@@ -92,8 +110,13 @@ class Router:
         """Rollouts whose conversation ``server`` holds."""
         return self._held[server]
 
-    def route(self, key: RouteKey) -> int:
-        """The server for the next request of ``key``'s rollout (it holds the prefix from now on)."""
+    def held_tokens(self, server: int) -> int:
+        """Tokens of the conversations ``server`` holds (each held rollout's last prompt)."""
+        return self._held_tokens[server]
+
+    def route(self, key: RouteKey, prompt_tokens: int = 0) -> int:
+        """The server for the next request of ``key``'s rollout, whose prompt is ``prompt_tokens`` long
+        (that server holds the conversation from now on)."""
         if self.policy == "pinned":
             return key.home
         if self.policy == "least_loaded":
@@ -109,12 +132,12 @@ class Router:
             held = min(group.servers, key=lambda i: (self.running[i], i))
         server = held
         balance = self.policy == "sticky_least_loaded" and later_turn
-        if not self._available(held) or (balance and self._saturated(held)):
+        if not self._available(held) or (balance and self._saturated(held) and self._overfull(held)):
             server = self._least_loaded()
             self.moves += server != held
         if group is not None:
             group.servers.add(server)
-        self._hold(key.rollout, server)
+        self._hold(key.rollout, server, prompt_tokens)
         return server
 
     def release(self, key: RouteKey) -> None:
@@ -123,6 +146,7 @@ class Router:
         if server is None:
             return
         self._held[server] -= 1
+        self._held_tokens[server] -= self._tokens.pop(key.rollout, 0)
         group = self._groups.get(key.group)
         if group is not None:
             group.rollouts -= 1
@@ -138,12 +162,19 @@ class Router:
         finally:
             self.running[server] -= 1
 
-    def _hold(self, rollout: str, server: int) -> None:
+    def _hold(self, rollout: str, server: int, tokens: int) -> None:
         previous = self._rollouts.get(rollout)
         if previous is not None:
             self._held[previous] -= 1
+            self._held_tokens[previous] -= self._tokens[rollout]
         self._rollouts[rollout] = server
+        self._tokens[rollout] = tokens
         self._held[server] += 1
+        self._held_tokens[server] += tokens
+
+    def _overfull(self, server: int) -> bool:
+        """The conversations ``server`` holds no longer fit its prefix cache (True when its size is unknown)."""
+        return self.cache_tokens is None or self._held_tokens[server] > self.cache_tokens
 
     def _saturated(self, server: int) -> bool:
         least = min((self.running[i] for i in self._candidates()), default=self.running[server])
