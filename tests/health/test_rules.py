@@ -163,6 +163,23 @@ def test_kl_spike_a_kl_that_creeps_past_the_ceiling() -> None:
     assert raised_at(rule("kl_spike", health_kl_spike_max=0.5), steps) == [7]
 
 
+def test_the_window_starts_at_the_first_anomaly_of_the_episode_not_the_last_streak() -> None:
+    """As in a measured rollback run (health_kl_spike_max 0.5): KL crossed 0.5 at step 6, dipped to 0.375
+    at step 7, crossed again at steps 8-9. One healthy step does not end the episode (patience 2
+    would be needed): raised at step 9 with onset 6."""
+    kl = [4e-09, 0.16, 0.42, 0.43, 0.39, 0.52, 0.375, 0.6, 0.7]
+    steps = [StepSignals(s + 1, kl=v) for s, v in enumerate(kl)]
+    seen = run(rule("kl_spike", health_kl_spike_max=0.5), steps)
+    assert [o.anomalous for o in seen] == [False] * 5 + [True, False, True, True]
+    assert [(o.onset, o.raised) for o in seen[7:]] == [(6, False), (6, True)]
+    # measured in another: 0.522 at step 3, then two healthy steps end that episode; 6-7 is a new one
+    kl = [4e-09, 0.162, 0.522, 0.428, 0.393, 0.521, 0.508]
+    seen = run(
+        rule("kl_spike", health_kl_spike_max=0.5), [StepSignals(s + 1, kl=v) for s, v in enumerate(kl)]
+    )
+    assert [(o.anomalous, o.onset, o.raised) for o in seen[5:]] == [(True, 6, False), (True, 6, True)]
+
+
 def test_grad_norm_spike_one_spike_is_noise_two_are_a_finding() -> None:
     assert raised_at(rule("grad_norm_spike"), QUICKSTART) == []  # step 8: 9.9, once
     steps = then(QUICKSTART[:20], grad_norm=[40.0, 60.0])

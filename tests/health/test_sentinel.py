@@ -145,13 +145,19 @@ def save_checkpoints(cfg: Any, steps: list[int]) -> CheckpointManager:
 
 
 def test_rollback_picks_the_newest_checkpoint_older_than_the_window(tmp_path: Path) -> None:
-    cfg = config(tmp_path, health_entropy_collapse_action="rollback", checkpoint_every=3, learning_rate=0.01)
+    cfg = config(
+        tmp_path,
+        health_entropy_collapse_action="rollback",
+        checkpoint_every=3,
+        learning_rate=0.01,
+        max_async_rollout=0,
+    )
     save_checkpoints(cfg, [3, 6, 9, 12])
     sentinel, recorder, pm, _ = plugged(cfg)
     feed(pm, collapse_run()[:12])
     finding = sentinel.take_pending()
     assert finding is not None and finding.onset == 11
-    # step 11's entropy measured the weights of step 10: the checkpoint must be older, <= 9
+    # step 11's entropy measured the weights of step 10 (synchronous): the checkpoint must be older, <= 9
     assert sentinel.rollback_target(finding) == (9, "")
     assert recorder.warnings[0].endswith("(health_entropy_collapse_action: rollback; rolling back to step 9)")
     error = sentinel.rollback(finding, 9)
@@ -165,9 +171,59 @@ def test_rollback_picks_the_newest_checkpoint_older_than_the_window(tmp_path: Pa
     assert again is not None and again.step == 12 and len(recorder.warnings) == 2
 
 
+def test_rollback_restores_a_checkpoint_from_before_the_first_anomaly(tmp_path: Path) -> None:
+    """KL over health_kl_spike_max at step 6, back under it at 7, over again at 8-9: raised at 9, the
+    window starts at step 6. Step 6's rollouts were sampled with weights of step 4 or 5
+    (max_async_rollout 1), its trainer held step 5's: the checkpoint must be older, <= 3 (not 5 or 6,
+    after the damage, as the last streak's onset 8 would give)."""
+    cfg = config(
+        tmp_path,
+        health_kl_spike_action="rollback",
+        health_kl_spike_max=0.5,
+        checkpoint_every=1,
+        max_async_rollout=1,
+    )
+    save_checkpoints(cfg, list(range(1, 12)))
+    sentinel, recorder, pm, _ = plugged(cfg)
+    kl = [4e-09, 0.16, 0.42, 0.43, 0.39, 0.52, 0.375, 0.6, 0.7]
+    feed(pm, [metrics(s + 1, kl_divergence_inference=v) for s, v in enumerate(kl)])
+    finding = sentinel.take_pending()
+    assert finding is not None and (finding.name, finding.step, finding.onset) == ("kl_spike", 9, 6)
+    assert sentinel.rollback_target(finding) == (3, "")
+    assert recorder.warnings[0].endswith("rolling back to step 3)")
+
+
+def test_rollback_goes_back_before_the_first_finding_of_the_trouble(tmp_path: Path) -> None:
+    """The entropy collapses at steps 5-6 (a warn finding, onset 5), the KL crosses its line at 10-11
+    (rollback, onset 10): the trouble started at step 5, so the run goes back to step 2 (5 - 2 - 1)."""
+    cfg = config(
+        tmp_path,
+        health_kl_spike_action="rollback",
+        health_kl_spike_max=0.5,
+        checkpoint_every=1,
+        max_async_rollout=1,
+    )
+    save_checkpoints(cfg, list(range(1, 12)))
+    sentinel, recorder, pm, _ = plugged(cfg)
+    steps = [metrics(s) for s in range(1, 5)] + [metrics(s, entropy=0.2) for s in (5, 6)]
+    steps += [metrics(s) for s in (7, 8, 9)] + [metrics(s, kl_divergence_inference=0.9) for s in (10, 11)]
+    feed(pm, steps)
+    finding = sentinel.take_pending()
+    assert finding is not None and (finding.name, finding.onset) == ("kl_spike", 10)
+    assert [(f.name, f.onset, f.action) for f in sentinel.findings][0] == ("entropy_collapse", 5, "warn")
+    assert sentinel.window_start(finding) == 5 and sentinel.rollback_target(finding) == (2, "")
+    # a finding older than the window (10 steps) is another episode: only the KL's own onset counts
+    sentinel.findings[0] = replace(sentinel.findings[0], step=1, onset=1)
+    assert sentinel.window_start(finding) == 10 and sentinel.rollback_target(finding) == (7, "")
+
+
 def test_rollback_without_an_old_enough_checkpoint_or_budget_stops(tmp_path: Path) -> None:
     cfg = config(
-        tmp_path, health_entropy_collapse_action="rollback", checkpoint_every=5, health_max_rollbacks=1
+        tmp_path,
+        health_entropy_collapse_action="rollback",
+        checkpoint_every=5,
+        health_max_rollbacks=1,
+        max_async_rollout=0,
     )
     save_checkpoints(cfg, [10])
     sentinel, recorder, pm, _ = plugged(cfg)

@@ -4,7 +4,11 @@ A step rule reads some ``StepSignals`` fields. While it has fewer than ``min_his
 values of them it only collects; after that each step is compared with the median and spread of
 the last ``window`` healthy values (``stats.Baseline``). An anomalous step is kept out of the
 history, so a collapse that lasts is measured against the steps before it, not against itself;
-``patience`` anomalous steps in a row raise the finding, once, until a healthy step re-arms it.
+``patience`` anomalous steps in a row raise the finding, once, until a healthy step re-arms it. The
+finding's window (``onset``) starts at the first anomalous step of its episode, not of its last
+streak: an episode ends only after ``patience`` healthy steps in a row (as many as open one), so a KL
+that crosses the line, dips back for one step and crosses again went wrong at the first crossing (a
+rollback restores a checkpoint from before it).
 ``reward_saturated`` reads finished rollout groups instead (it also fires while no step completes).
 """
 
@@ -36,7 +40,7 @@ class Observation:
     anomalous: bool
     evidence: str = ""
     onset: int = 0
-    """First step of the anomalous streak."""
+    """The first anomalous step of the episode (anomalies less than ``patience`` healthy steps apart)."""
     raised: bool = False
     """The streak reached the rule's patience now: the finding is raised at this step."""
 
@@ -62,6 +66,8 @@ class StepRule:
         self.patience = patience
         self._onset: int | None = None
         self._streak = 0
+        self._calm = 0
+        """Healthy steps in a row since the last anomalous one."""
 
     def verdict(self, values: dict[str, float], bases: dict[str, Baseline]) -> str | None:
         """The evidence when ``values`` are anomalous against ``bases``, else None."""
@@ -82,19 +88,21 @@ class StepRule:
         return self._anomaly(signals.step, evidence)
 
     def _healthy(self) -> Observation:
-        self._onset, self._streak = None, 0
+        self._streak, self._calm = 0, self._calm + 1
+        if self._calm >= self.patience:
+            self._onset = None
         return HEALTHY
 
     def _anomaly(self, step: int, evidence: str) -> Observation:
         self._onset = step if self._onset is None else self._onset
-        self._streak += 1
+        self._streak, self._calm = self._streak + 1, 0
         return Observation(True, evidence, self._onset, raised=self._streak == self.patience)
 
     def rewind(self, step: int) -> None:
         """Forget everything after ``step`` (a rollback restored its checkpoint)."""
         for history in self.histories.values():
             history.drop_after(step)
-        self._onset, self._streak = None, 0
+        self._onset, self._streak, self._calm = None, 0, 0
 
 
 class Collapse(StepRule):

@@ -162,19 +162,31 @@ class HealthSentinel:
         return finding
 
     def rollback_target(self, finding: Finding) -> tuple[int | None, str]:
-        """For a ``rollback`` finding, the newest checkpoint older than the weights its first anomalous
-        step measured (step ``onset - 1``); else None and why there is none ('' for other actions)."""
+        """For a ``rollback`` finding, the newest checkpoint from before its window (``window_start``);
+        else None and why there is none ('' for other actions)."""
         from telescope.core.checkpoint.run_checkpoints import checkpoint_steps
 
         if finding.action != "rollback":
             return None, ""
         if self.rollbacks >= self.cfg.health_max_rollbacks:
             return None, f"health_max_rollbacks ({self.cfg.health_max_rollbacks}) used up"
-        older = [s for s in checkpoint_steps(self.cfg) if s <= finding.onset - 2]
+        last = self.window_start(finding) - 2 - self.cfg.max_async_rollout
+        older = [s for s in checkpoint_steps(self.cfg) if s <= last]
         if not older:
             every = self.cfg.checkpoint_every
-            return None, f"no checkpoint at step {finding.onset - 2} or before (checkpoint_every: {every})"
+            return None, f"no checkpoint at step {last} or before (checkpoint_every: {every})"
         return max(older), ""
+
+    def window_start(self, finding: Finding) -> int:
+        """The first step of the trouble ``finding`` is part of: the earliest onset of the findings
+        raised over the last ``health_window_steps`` steps up to it (a warn finding too: the outputs
+        degenerate a step before the KL to the sampler crosses its line)."""
+        recent = [
+            f.onset
+            for f in self.findings
+            if finding.step - self.cfg.health_window_steps < f.step <= finding.step
+        ]
+        return min([finding.onset, *recent])
 
     def stop(self, finding: Finding, checkpoint: str, why_not: str = "") -> HealthStop:
         """The error a stop ends the run with; ``checkpoint`` says what it saved."""
