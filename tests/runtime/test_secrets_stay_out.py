@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,9 @@ def test_a_run_writes_no_planted_secret_anywhere_in_its_directory_or_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real run (the CLI, Ray, a transformers server, FSDP) with a token in Ray's env vars and a
-    fixed run secret: every file of the run directory, and the CLI's output, are searched."""
+    fixed run secret: every file of the run directory, and the CLI's output, are searched; so is every
+    file of the private Ray cluster's folder for the run secret (Ray logs the job's runtime_env: the
+    user's env vars are there, in a folder only this user can open)."""
     monkeypatch.setenv("TELESCOPE_RUN_SECRET", PLANTED_RUN_SECRET)
     env_vars = {"HF_TOKEN": PLANTED_TOKEN, "PLANTED_API_KEY": PLANTED_KEY}
     run_dir = train_to_end(tmp_path, ray_runtime_env={"env_vars": env_vars})
@@ -52,3 +55,13 @@ def test_a_run_writes_no_planted_secret_anywhere_in_its_directory_or_output(
         if secret.encode() in p.read_bytes()
     }
     assert leaks == {}
+    found = re.search(
+        r"private Ray cluster .*its files and logs: (\S+)", (run_dir / "logs" / "telescope.log").read_text()
+    )
+    assert found is not None
+    session = Path(found.group(1))
+    ray_files = [p for p in session.rglob("*") if p.is_file()]
+    assert [p for p in ray_files if PLANTED_RUN_SECRET.encode() in p.read_bytes()] == []
+    assert session / "logs" / "runtime_env_agent.log" in [
+        p for p in ray_files if PLANTED_TOKEN.encode() in p.read_bytes()
+    ]
