@@ -198,3 +198,45 @@ def test_local_provider_when_installed() -> None:
         pytest.skip("bubblewrap is not installed (run telescope-sandboxes/install-bubblewrap.sh)")
     results = _score_all(registry, [(0, SUM), (0, WRONG)], provider="local", pool_size=1, timeout_per_test=5)
     assert [r.total_reward for r in results] == [1.0, 0.0]
+
+
+SUM_BODY = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+def test_response_prefix_opens_the_block_the_completion_continues(fake_registry) -> None:
+    """With ``response_prefix`` the prompt ends with it, and the reward reads prefix + completion: a
+    block the prefix opened counts closed or left open at the end of the turn (then it runs and an
+    incomplete one fails its tests, the model's failure); without the prefix an open block is no code."""
+    from transformers import AutoTokenizer
+
+    from telescope.core.models.tiny import resolve_model_path
+
+    fence = "```python\n"
+    env = fake_registry.create(
+        "environment", "i3_code", {"sample_data": True, "response_prefix": fence}, registry=fake_registry
+    )
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("telescope/tiny"))
+    sample = env.load_dataset()[0]
+    prompt = env.format_prompt(sample, tokenizer)
+    assert prompt.endswith("<|im_start|>assistant\n" + fence)
+    cases = [(0, SUM_BODY + "```"), (0, SUM_BODY), (0, "a, b = map(int, inp"), (0, "print(0)\n```\ntext")]
+    results = _score_all(
+        fake_registry, cases, provider="fake", pool_size=1, timeout_per_test=5, response_prefix=fence
+    )
+    assert [r.total_reward for r in results] == [1.0, 1.0, 0.0, 0.0]
+    truncated = results[2].sample_metrics  # ran: a SyntaxError fails every test, not the sandbox
+    assert truncated["sandbox_error"] == 0.0 and truncated["pass_rate"] == 0.0
+    assert truncated["generated_code_chars"] == len("a, b = map(int, inp")
+    (plain,) = _score_all(fake_registry, [(0, fence + SUM_BODY)], provider="fake", pool_size=1)
+    assert plain.total_reward == 0.0 and plain.info_turns[0]["info_value"] == "No code extracted"
+
+
+def test_response_prefix_and_thinking_prefix_are_refused_together() -> None:
+    from pydantic import ValidationError
+
+    from telescope.envs.kwargs import I3CodeKwargs
+
+    with pytest.raises(
+        ValidationError, match="response_prefix and add_thinking_prefix both start the answer"
+    ):
+        I3CodeKwargs(response_prefix="```python\n", add_thinking_prefix=True)

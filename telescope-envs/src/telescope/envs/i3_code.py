@@ -152,6 +152,26 @@ class I3CodeEnvironment(SingleTurnEnvironment):
                 ).start()
             return self._pool
 
+    def format_prompt(
+        self, sample: Sample, tokenizer: Any, chat: Any = None, *, add_thinking_prefix: bool | None = None
+    ) -> str:
+        """The chat prompt, then ``response_prefix`` (when set): the answer starts with it."""
+        prompt = super().format_prompt(sample, tokenizer, chat, add_thinking_prefix=add_thinking_prefix)
+        return prompt + self.code_kwargs.response_prefix
+
+    def extract_code(self, completion: str) -> str | None:
+        """The code of ``response_prefix`` + ``completion``: the last fenced block; when the prefix
+        opened a block and the turn ended inside it, everything after the prefix's fence. None when
+        there is none, or a ``<think>`` was never closed."""
+        text = self.code_kwargs.response_prefix + completion
+        if "<think>" in text and "</think>" not in text:
+            return None
+        text = strip_think_tags(text)
+        code = extract_code_block(text)
+        if code is None and self.code_kwargs.response_prefix.count("```") % 2 == 1:
+            code = extract_code_block(text + "\n```")  # the block the prefix opened, left open
+        return code
+
     async def prepare_resources(self) -> None:
         """Probe the provider (built, credentials, config accepted, one create/execute/destroy),
         then start warming the pool. Raises `SandboxError` with the provider's own message."""
@@ -224,11 +244,7 @@ class I3CodeEnvironment(SingleTurnEnvironment):
         """1.0 when the extracted code passes every test."""
         start = time.monotonic()
         text = completion  # already without the stop text (the EOS rule: Environment.strip_stop_text)
-        code = (
-            None
-            if "<think>" in text and "</think>" not in text
-            else extract_code_block(strip_think_tags(text))
-        )
+        code = self.extract_code(text)
         metrics = {
             "passed": 0.0,
             "pass_rate": 0.0,

@@ -129,6 +129,19 @@ class I3CodeKwargs(SingleTurnKwargs, DatasetKwargs):
     """Attempts per completion when the sandbox infrastructure fails."""
     reward_timeout_s: float = Field(default=900.0, gt=0)
     """Seconds scoring one completion may take (sandbox wait + all attempts) before it scores 0."""
+    response_prefix: str = ""
+    """Text the answer starts with, written after the prompt (a prefill the model continues), e.g.
+    "```python\n" to open the code block; the reward reads prefix + completion, so a block the prefix
+    opened and the turn ended inside is the code (it runs, and fails if it is incomplete)."""
+
+    @model_validator(mode="after")
+    def _one_prefix(self) -> I3CodeKwargs:
+        if self.response_prefix and self.add_thinking_prefix:
+            raise ValueError(
+                "i3_code: response_prefix and add_thinking_prefix both start the answer; set one "
+                f"(response_prefix={self.response_prefix!r}, add_thinking_prefix=true)"
+            )
+        return self
 
     def registry_problems(self, registry: Any) -> list[str]:
         """The sandbox provider must be registered and available, and its kwargs valid."""
