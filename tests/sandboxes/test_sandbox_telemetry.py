@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_infra_errors import ScriptedProvider
 
 from telescope.core import infra
-from telescope.core.runtime.sandbox_report import drain, percentile, sandbox_metrics
+from telescope.core.runtime.sandbox_report import METRICS, drain, percentile, sandbox_metrics
 from telescope.core.sandbox import ExecResult, SandboxConfig, SandboxNotRunningError
 from telescope.core.sandbox.telemetry import SPANS, SandboxSpan
 
@@ -77,6 +77,23 @@ def test_a_steps_metrics_from_its_spans_against_hand_counted_values() -> None:
     assert percentile([], 0.5) == 0.0 and percentile([5.0], 0.95) == 5.0
     unmeasured = sandbox_metrics([span("execute", 0, 1, duration_s=1.0, exit_code=0)], samples=1)
     assert "sandbox/cpu_s_per_sample" not in unmeasured  # not measured is not 0 CPU seconds
+
+
+def test_a_figure_nothing_measured_is_left_out_never_zero() -> None:
+    """A step without a create has no create-to-ready figure, one without a finished command no
+    command time, and one where any command's CPU went unmeasured (bubblewrap, no cgroup) no CPU
+    seconds: each is absent (the chart's gap, "not measured" on the page), not a 0."""
+    partly = [
+        span("execute", 0, 1, duration_s=1.0, exit_code=0, cpu_s=3.0),
+        span("execute", 0, 1, duration_s=3.0, exit_code=0),  # this one's CPU: unknown
+    ]
+    m = sandbox_metrics(partly, samples=1)
+    assert "sandbox/cpu_s_per_sample" not in m  # 3.0 would claim the unmeasured command used none
+    assert "sandbox/create_to_ready_p50_s" not in m and "sandbox/create_to_ready_p95_s" not in m
+    assert (m["sandbox/creates"], m["sandbox/exec_p50_s"], m["sandbox/exec_p95_s"]) == (0.0, 1.0, 3.0)
+    lost = sandbox_metrics([span("execute", 0, 1, failed="SandboxNotRunningError")], samples=1)
+    assert "sandbox/exec_p50_s" not in lost and "sandbox/cpu_s_per_sample" not in lost
+    assert lost["sandbox/execs"] == 1.0 and set(m) | set(lost) <= set(METRICS)
 
 
 def test_drained_spans_become_start_and_end_events_at_their_times() -> None:

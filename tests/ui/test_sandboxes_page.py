@@ -20,7 +20,12 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 def command(step: int, sid: str, seconds: float, exit_code: int | None, **attrs: Any) -> list[TimelineEvent]:
-    fields = {"sandbox_id": sid, "provider": "local", "env": "code", "command": f"python3 {sid}.py"}
+    fields: dict[str, Any] = {
+        "sandbox_id": sid,
+        "provider": "local",
+        "env": "code",
+        "command": f"python3 {sid}.py",
+    }
     fields |= {"exit_code": exit_code, "duration_s": seconds, "timed_out": False, "oom": False, **attrs}
     return [
         TimelineEvent("sandbox", p, name="execute", step=step, time=1000.0 + t, attrs=fields)
@@ -81,6 +86,34 @@ def test_the_page_charts_the_metrics_and_lists_the_commands_as_text(browser: Any
             HOSTILE in shown and "x" * (TAIL_CHARS - len(HOSTILE)) in shown and "x" * TAIL_CHARS not in shown
         )
         page.screenshot(path=str(tmp_path / "sandboxes.png"), full_page=True)
+        assert not tab.errors, tab.errors
+    finally:
+        srv.stop()
+
+
+def test_a_metric_never_measured_is_said_so_not_charted_as_zero(browser: Any, tmp_path: Path) -> None:
+    """bubblewrap without a cgroup measures no CPU time: the run has no sandbox/cpu_s_per_sample, and the
+    page says "not measured" (with why) in its place, and in each command's CPU cell, instead of a 0."""
+    hub = start_hub(tmp_path / "runs" / "nocpu")
+    for step in (1, 2):
+        hub.log_step(step, {"sandbox/exec_p50_s": 0.1 * step, "sandbox/execs": 4.0, "sandbox/creates": 1.0})
+        hub.log_events(command(step, "ok", 0.1, 0))
+    hub.finish("finished")
+    workspace = Workspace([tmp_path / "runs"])
+    data = workspace.get("nocpu").sandboxes(None)
+    missing = {m["key"]: m["why"] for m in data["not_measured"]}
+    assert "sandbox/cpu_s_per_sample" in missing and "cgroup" in missing["sandbox/cpu_s_per_sample"]
+    assert "sandbox/exec_p50_s" not in missing and "sandbox/create_to_ready_p95_s" in missing
+    srv = ServerThread(workspace).start()
+    try:
+        tab = Page(browser, srv.url)
+        page = tab.open("sandboxes?runs=nocpu")
+        wait_plotted(page, '.chart[data-key="sandbox/exec_p50_s"]')
+        cpu = page.wait_for_selector('.chart.not-measured[data-key="sandbox/cpu_s_per_sample"]')
+        assert "not measured" in cpu.text_content() and "cgroup" in cpu.text_content()
+        assert page.query_selector('.chart[data-key="sandbox/cpu_s_per_sample"] .plot-container') is None
+        cells = page.eval_on_selector_all("#sandbox-commands td.num", "els => els.map(e => e.textContent)")
+        assert "not measured" in cells
         assert not tab.errors, tab.errors
     finally:
         srv.stop()

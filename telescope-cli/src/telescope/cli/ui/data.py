@@ -323,9 +323,9 @@ class RunData:
             return self.rollouts.group(step, group_id)
 
     def sandboxes(self, step: int | None) -> dict[str, Any]:
-        """The Sandboxes page: every ``sandbox/*`` metric by step, and the worst commands of ``step``
-        (default: the last one)."""
-        from telescope.cli.ui.sandboxes import worst_commands
+        """The Sandboxes page: every ``sandbox/*`` metric by step, those never measured, and the worst
+        commands of ``step`` (default: the last one)."""
+        from telescope.cli.ui.sandboxes import not_measured, worst_commands
 
         self.refresh()
         steps = self.metrics.steps() or self.events.steps()
@@ -333,7 +333,13 @@ class RunData:
         with self._lock:
             events = self.events.events(step, step)
             series = self.metrics.series(sorted(k for k in self.metrics.keys if k.startswith("sandbox/")))
-        return {"step": step, "steps": steps, "series": series, "commands": worst_commands(events)}
+        return {
+            "step": step,
+            "steps": steps,
+            "series": series,
+            "not_measured": not_measured(series["values"]),
+            "commands": worst_commands(events),
+        }
 
     def timeline(self, lo: int, hi: int) -> dict[str, Any]:
         """Spans and instants of steps lo..hi (at most ``MAX_TIMELINE_STEPS``)."""

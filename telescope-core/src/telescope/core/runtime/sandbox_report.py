@@ -4,8 +4,10 @@ Once per step the run drains what every sandbox did since the last step: each ca
 ``sandbox`` span on the timeline (name: ``create``, ``upload``, ``execute``, ``destroy``; the
 sandbox, provider, image, resources, command, exit code, duration, timed out, OOM in its attrs),
 and the step's metrics get the create-to-ready and command-time p50/p95, the live sandboxes, the
-timeouts, OOM kills, non-zero exits and infrastructure errors, and the CPU seconds per sample
-(only where the provider measured them: a missing figure is not a 0).
+timeouts, OOM kills, non-zero exits and infrastructure errors, and the CPU seconds per sample.
+A figure nothing measured in a step is left out, never written as 0: the percentiles of a step
+without a create (or a finished command), the CPU seconds unless the provider measured every
+command's (bubblewrap without a cgroup measures none).
 """
 
 from __future__ import annotations
@@ -17,7 +19,23 @@ from telescope.core.observe.rundir.records import TimelineEvent
 from telescope.core.sandbox.telemetry import SPANS, SandboxSpan
 from telescope.core.sandbox.tracking import live_sandboxes
 
-__all__ = ["drain", "percentile", "sandbox_metrics", "span_events"]
+__all__ = ["METRICS", "drain", "percentile", "sandbox_metrics", "span_events"]
+
+METRICS: tuple[str, ...] = (
+    "sandbox/creates",
+    "sandbox/create_to_ready_p50_s",
+    "sandbox/create_to_ready_p95_s",
+    "sandbox/execs",
+    "sandbox/exec_p50_s",
+    "sandbox/exec_p95_s",
+    "sandbox/live",
+    "sandbox/timeouts",
+    "sandbox/oom_kills",
+    "sandbox/nonzero_exits",
+    "sandbox/infra_errors",
+    "sandbox/cpu_s_per_sample",
+)
+"""Every ``sandbox/*`` metric a step can have (the dashboard says which a run never measured)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -49,15 +67,17 @@ def sandbox_metrics(spans: list[SandboxSpan], samples: int) -> dict[str, float]:
     execs = [s for s in spans if s.action == "execute"]
     finished = [s for s in execs if not s.failed]
     times = [float(s.attrs.get("duration_s") or s.end - s.start) for s in finished]
-    measured = [float(s.attrs["cpu_s"]) for s in finished if s.attrs.get("cpu_s") is not None]
-    cpu = {"sandbox/cpu_s_per_sample": sum(measured) / samples} if measured and samples else {}
-    return cpu | {
+    cpu = [float(c) for s in finished if (c := s.attrs.get("cpu_s")) is not None]
+    measured: dict[str, float] = {}
+    if finished and samples and len(cpu) == len(finished):  # a partial sum is no sample's CPU
+        measured["sandbox/cpu_s_per_sample"] = sum(cpu) / samples
+    for name, values in (("create_to_ready", creates), ("exec", times)):
+        if values:
+            measured[f"sandbox/{name}_p50_s"] = percentile(values, 0.5)
+            measured[f"sandbox/{name}_p95_s"] = percentile(values, 0.95)
+    return measured | {
         "sandbox/creates": float(len(creates)),
-        "sandbox/create_to_ready_p50_s": percentile(creates, 0.5),
-        "sandbox/create_to_ready_p95_s": percentile(creates, 0.95),
         "sandbox/execs": float(len(execs)),
-        "sandbox/exec_p50_s": percentile(times, 0.5),
-        "sandbox/exec_p95_s": percentile(times, 0.95),
         "sandbox/live": float(live),
         "sandbox/timeouts": float(sum(bool(s.attrs.get("timed_out")) for s in finished)),
         "sandbox/oom_kills": float(

@@ -1,13 +1,20 @@
 // Sandboxes: the sandbox/* step metrics (create-to-ready and command p50/p95, live sandboxes,
 // timeouts, OOM kills, non-zero exits, infrastructure errors, CPU seconds per sample), one chart
 // each, and one step's failing or slowest commands with the tails of their output (text, never markup).
+// A metric no step reported was not measured (never charted as 0): its place says so, and why.
 import { drawWhenVisible, empty, fmt, h, plot, runApi, titled } from '../common.js';
 
 let ctx = null;
 
-function charts(series) {
-  const keys = Object.keys(series.values).sort();
-  return h('div', { class: 'grid' }, keys.map(key => {
+function notMeasured(item) {
+  return h('div', { class: 'chart not-measured', 'data-key': item.key },
+    h('p', {}, h('b', {}, titled(item.key)), ': not measured'), h('p', { class: 'muted' }, item.why));
+}
+
+function charts(series, missing) {
+  const absent = new Set(missing.map(m => m.key));
+  const keys = Object.keys(series.values).filter(k => !absent.has(k)).sort();
+  return h('div', { class: 'grid' }, missing.map(notMeasured), keys.map(key => {
     const el = h('div', { class: 'chart', 'data-key': key });
     drawWhenVisible(el, async () => {
       await plot(el, [{ x: series.step, y: series.values[key], mode: 'lines+markers', name: key }],
@@ -22,7 +29,7 @@ function commandRow(c) {
   const what = c.error || (c.timed_out ? 'timed out' : c.oom ? 'OOM kill' : `exit ${c.exit_code ?? '-'}`);
   return [
     h('tr', { class: c.failing ? 'failing' : '' }, h('td', {}, c.sandbox_id), h('td', {}, c.env || '-'),
-      h('td', { class: 'num' }, fmt(c.duration_s, 3)), h('td', { class: 'num' }, c.cpu_s == null ? '-' : fmt(c.cpu_s, 3)),
+      h('td', { class: 'num' }, fmt(c.duration_s, 3)), h('td', { class: 'num' }, c.cpu_s == null ? 'not measured' : fmt(c.cpu_s, 3)),
       h('td', {}, what), h('td', {}, h('code', {}, c.command))),
     h('tr', {}, h('td', { colspan: 6 }, h('details', {}, h('summary', {}, 'stdout / stderr (tails)'),
       h('pre', { class: 'preview' }, c.stdout_tail || '(empty)'), h('pre', { class: 'preview' }, c.stderr_tail || '(empty)')))),
@@ -44,7 +51,7 @@ async function show(step) {
   }
   const picker = h('select', { onchange: ev => show(Number(ev.target.value)) },
     data.steps.map(s => h('option', { value: s, selected: s === data.step }, `step ${s}`)));
-  ctx.root.replaceChildren(h('details', { class: 'section', open: true }, h('summary', {}, 'sandbox metrics by step'), charts(data.series)),
+  ctx.root.replaceChildren(h('details', { class: 'section', open: true }, h('summary', {}, 'sandbox metrics by step'), charts(data.series, data.not_measured || [])),
     h('h2', {}, `Failing or slowest commands of `, picker), commands(data));
 }
 
