@@ -46,6 +46,26 @@ class OwnMetricsEnv(ParityEnv):
         return EvalMetricsResult(metrics={"odd": 1.0 - parity(completion)})
 
 
+class FlakySandboxEnv(OwnMetricsEnv):
+    """Its eval metrics need a sandbox that fails to start for sample 0 once and for sample 1 always
+    (an infrastructure failure, raised where it happens as a sandbox provider raises it)."""
+
+    default_name = "flaky_sandbox"
+    calls: ClassVar[dict[int, int]] = {}
+    """Eval-metric calls per sample index (reset by the test)."""
+
+    async def compute_eval_metrics(
+        self, completion: str, sample: Sample, eos_token: str = ""
+    ) -> EvalMetricsResult:
+        from telescope.core.infra import failure
+
+        i = int(sample.metadata["i"])
+        self.calls[i] = self.calls.get(i, 0) + 1
+        if i == 1 or (i == 0 and self.calls[i] == 1):
+            raise failure(f"sandbox for sample {i} did not start", cause="sandbox_create", provider="fake")
+        return await super().compute_eval_metrics(completion, sample, eos_token)
+
+
 def _factory(cls: type) -> Any:
     return lambda kwargs: cls(kwargs)
 
@@ -55,4 +75,7 @@ def telescope_register_environments(register: Any) -> None:
     register.add("parity", _factory(ParityEnv), kwargs_model=SingleTurnKwargs, description="eval tests")
     register.add(
         "own_metrics", _factory(OwnMetricsEnv), kwargs_model=SingleTurnKwargs, description="eval tests"
+    )
+    register.add(
+        "flaky_sandbox", _factory(FlakySandboxEnv), kwargs_model=SingleTurnKwargs, description="eval tests"
     )

@@ -47,7 +47,8 @@ class FlakyClient:
     """A real client that fails the requests whose id ends with one of ``fail``."""
 
     def __init__(self, url: str, fail: tuple[str, ...] = ()) -> None:
-        self.inner, self.fail, self.request_ids = InferenceClient(url), fail, []
+        self.inner, self.fail = InferenceClient(url), fail
+        self.request_ids: list[str] = []
 
     async def complete(self, prompt: list[int], **params: Any) -> Any:
         self.request_ids.append(params["request_id"])
@@ -73,7 +74,7 @@ def test_metrics_follow_from_the_rows(server_url: str, registry: Any, tokenizer:
     clients = [FlakyClient(server_url), FlakyClient(server_url)]
     (result,) = run_eval(runner, clients, step=10)
     assert result.name == "parity" and result.step == 10
-    env = resolve_eval("parity", {}, registry)
+    env: Any = resolve_eval("parity", {}, registry)
     rows = result.rows
     assert [r["prompt"] for r in rows] == [env.format_prompt(env.get_sample(i), tokenizer) for i in range(5)]
     assert all(len(r["completions"]) == 3 and r["errors"] == [None] * 3 for r in rows)  # n = max k
@@ -166,6 +167,32 @@ def test_a_failed_request_is_counted_and_the_sample_still_counts(
     valid = [t for r in rows for t, e in zip(r["completions"], r["errors"], strict=True) if e is None]
     assert m["parity"] == pytest.approx(sum(parity(t) for t in valid) / 5)
     assert m["pass@2/parity"] == pytest.approx(sum(r["pass@2/parity"] for r in rows[1:]) / 2)
+
+
+def test_an_infrastructure_failure_is_retried_then_left_out_never_scored(
+    server_url: str, registry: Any, tokenizer: Any
+) -> None:
+    """As in training: sample 0's sandbox fails once (retried, then scored), sample 1's always (masked
+    after infra_max_retries_per_sample retries: out of the metrics, counted in infra_masked, not errors)."""
+    from eval_envs import FlakySandboxEnv
+
+    from telescope.core.infra import ORIGINS
+
+    FlakySandboxEnv.calls.clear()
+    ORIGINS.drain()
+    cfg = eval_cfg(name="flaky_sandbox", num_samples=3)
+    cfg = cfg.model_copy(update={"infra_max_retries_per_sample": 2, "infra_retry_backoff_s": 0.0})
+    (result,) = run_eval(EvalRunner(cfg, registry, tokenizer), [FlakyClient(server_url)], step=1)
+    m, rows = result.metrics, result.rows
+    assert FlakySandboxEnv.calls == {0: 2, 1: 3, 2: 1}  # 1 + 2 retries for sample 1
+    assert (m["infra_masked"], m["infra_retried"], m["errors"], m["num_completions"]) == (1, 3, 0, 2)
+    assert rows[1]["rewards"] == [None] and "sandbox_create" in rows[1]["errors"][0]
+    assert [r["metrics"][0]["odd"] for r in (rows[0], rows[2])] == [
+        1 - parity(r["completions"][0]) for r in (rows[0], rows[2])
+    ]
+    assert m["odd"] == pytest.approx((rows[0]["metrics"][0]["odd"] + rows[2]["metrics"][0]["odd"]) / 2)
+    counted = ORIGINS.drain()
+    assert sum(n for o, n in counted.items() if o.cause == "sandbox_create") == 4  # where they happened
 
 
 def test_environments_with_their_own_eval_metrics(server_url: str, registry: Any, tokenizer: Any) -> None:

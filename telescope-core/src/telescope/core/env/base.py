@@ -172,11 +172,14 @@ class Environment(ABC):
     async def evaluate(
         self, target: str | RolloutState, sample: Sample, eos_token: str = ""
     ) -> EvalMetricsResult:
-        """``compute_eval_metrics`` with the same guarantees as ``score``."""
+        """``compute_eval_metrics`` with the same guarantees as ``score`` (an infrastructure failure
+        is raised, never scored: the eval runs it again or leaves it out, ``evals/runner.py``)."""
         try:
             async with asyncio.timeout(self.kwargs.reward_timeout_s):
                 return await self._eval_call(target, sample, eos_token)
-        except Exception as exc:  # noqa: BLE001 - includes timeouts
+        except Exception as exc:  # includes timeouts
+            if infra_cause(exc) is not None:
+                raise
             failed = _failed_reward("reward_error", f"{type(exc).__name__}: {exc}")
             return EvalMetricsResult(metrics=failed.sample_metrics, info_turns=failed.info_turns)
 

@@ -3,6 +3,9 @@
 - Every metric: mean over all valid completions (a failed request is no completion; it is
   counted in ``errors``). A completion whose scoring failed lacks the eval's metrics: it
   counts 0 for them (it did not pass).
+- A completion an infrastructure failure ended after its retries (``infra_cause``) is no
+  completion either: left out of every metric and pass@k, counted in ``infra_masked`` (not in
+  ``errors``); ``infra_retried`` counts the attempts run again.
 - pass@k / pass^k per sample with the unbiased estimator over *all* its valid completions
   (c = completions with value > 0), averaged over the samples that have at least k.
 """
@@ -31,6 +34,10 @@ class CompletionOutcome:
     finish_reason: str | None = None
     error: str | None = None
     num_tokens: int = 0
+    infra_cause: str | None = None
+    """The infrastructure failure that ended it after its retries (then ``error`` says what failed)."""
+    infra_retries: int = 0
+    """Attempts an infrastructure failure ended before this outcome."""
 
     @property
     def valid(self) -> bool:
@@ -107,5 +114,8 @@ def aggregate(
                     metrics[label] = sum(scored) / len(scored)
     metrics["num_samples"] = float(len(samples))
     metrics["num_completions"] = float(len(valid))
-    metrics["errors"] = float(sum(not o.valid for per_sample in outcomes for o in per_sample))
+    every = [o for per_sample in outcomes for o in per_sample]
+    metrics["errors"] = float(sum(not o.valid and o.infra_cause is None for o in every))
+    metrics["infra_masked"] = float(sum(o.infra_cause is not None for o in every))
+    metrics["infra_retried"] = float(sum(o.infra_retries for o in every))
     return EvalResult(name, step, metrics, rows)

@@ -5,6 +5,12 @@ built; each completion is one ``RolloutRunner`` request with a seed derived from
 seed, the eval name, the sample index and the completion index, so an eval repeats. Work is
 spread over the clients through one queue, ``max_concurrent_prompts_per_server`` requests
 in flight per client. A failed request is counted in ``errors``; the run goes on.
+
+A completion an infrastructure failure ended (``telescope.core.infra``: a sandbox that could not be
+created, a server's 5xx, ...) is no score: as in training (``rollouts/outcomes.py``, the same
+``infra_*`` settings and ``InfraLedger`` decisions) it runs again after a backoff, and when its
+retries run out it is left out of the eval's metrics and counted (``infra_masked``; the retries in
+``infra_retried``), never scored 0.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from telescope.core.env.chat import ChatOptions
 from telescope.core.env.types import RewardResult, Sample
 from telescope.core.evals.aggregate import CompletionOutcome, EvalResult, aggregate
 from telescope.core.evals.resolve import LoadedEval, load_eval
+from telescope.core.infra import infra_cause
+from telescope.core.rollouts.outcomes import InfraLedger, InfraPolicy
 from telescope.core.rollouts.prompts import PreparedPrompt, PromptSource
 from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask, request_seed
 from telescope.core.rollouts.scheduler import PromptItem
@@ -110,6 +118,8 @@ class EvalRunner:
             runner = RolloutRunner(tokenizer, eval_settings(cfg, entry, stop_ids), interleaver)
             self.evals[entry.name] = _Eval(loaded, prompts, runner, eval_scoring_env(loaded.env))
         self._prepared: set[str] = set()
+        self._infra = InfraLedger(InfraPolicy.from_config(cfg))
+        """Retry or mask of each completion an infrastructure failure ended (a new one per ``run``)."""
 
     def due(self, step: int) -> list[Any]:
         """Entries due after completed (1-indexed) training step ``step``."""
@@ -129,6 +139,7 @@ class EvalRunner:
             (e, s, c) for e, ev in enumerate(chosen) for s in range(len(ev.prompts)) for c in range(ev.n)
         )
         done = [0] * len(chosen)
+        self._infra = InfraLedger(InfraPolicy.from_config(self.cfg))
 
         async def worker(server: int) -> None:
             while jobs:
@@ -163,10 +174,21 @@ class EvalRunner:
             server=server,
             seed=request_seed(int(self.cfg.seed), "eval", name, index, completion),
         )
-        try:
-            rollout = await ev.runner.run(client, task, lambda: None)
-        except Exception as exc:  # noqa: BLE001 - one failed request never stops an eval
-            return CompletionOutcome(error=f"{type(exc).__name__}: {exc}")
+        retries = 0
+        while True:
+            try:
+                rollout = await ev.runner.run(client, task, lambda: None)
+                break
+            except Exception as exc:  # noqa: BLE001 - one failed request never stops an eval
+                error = infra_cause(exc)
+                if error is None:
+                    return CompletionOutcome(error=f"{type(exc).__name__}: {exc}", infra_retries=retries)
+                if not self._infra.failed(name, error, retries):
+                    message = f"infrastructure failure ({error.cause}, provider '{error.provider}'): {error}"
+                    return CompletionOutcome(error=message, infra_cause=error.cause, infra_retries=retries)
+                retries += 1
+                await asyncio.sleep(self._infra.policy.backoff(retries))
+        self._infra.attempt_finished()
         metrics = {k: float(v) for k, v in rollout.sample_metrics.items()}
         metrics.setdefault("reward", float(rollout.raw_reward))
         return CompletionOutcome(
@@ -175,6 +197,7 @@ class EvalRunner:
             metrics,
             rollout.finish_reason,
             num_tokens=len(rollout.completion_ids),
+            infra_retries=retries,
         )
 
     def _aggregate(self, ev: _Eval, outcomes: list[list[CompletionOutcome]], step: int) -> EvalResult:
