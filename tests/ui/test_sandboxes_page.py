@@ -117,3 +117,18 @@ def test_a_metric_never_measured_is_said_so_not_charted_as_zero(browser: Any, tm
         assert not tab.errors, tab.errors
     finally:
         srv.stop()
+
+
+def test_each_sandbox_gets_its_own_timeline_row_and_concurrent_calls_pair_right() -> None:
+    """Two sandboxes whose commands overlap (A 0-2 s, B 1-3 s): each span keeps its own start and end
+    and lies on its sandbox's row (paired on the kind alone, A's end closed B's start)."""
+    from telescope.cli.ui.timeline import build_spans
+
+    events = [*command(1, "A", 2.0, 0), *command(1, "B", 2.0, 0)]
+    events[2:4] = [  # B starts 1 s after A
+        TimelineEvent("sandbox", e.phase, name="execute", step=1, time=e.time + 1.0, attrs=e.attrs)
+        for e in events[2:4]
+    ]
+    spans, _ = build_spans([e.to_dict() for e in events])
+    got = sorted((s["row"], s["start"] - 1000.0, s["end"] - 1000.0) for s in spans)
+    assert got == [("sandbox A", 0.0, 2.0), ("sandbox B", 1.0, 3.0)]

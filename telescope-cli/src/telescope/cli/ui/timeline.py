@@ -48,6 +48,9 @@ def lane_of(event: dict[str, Any]) -> str:
     if kind == "trainer":
         rank = event.get("rank")
         return "trainer" if rank is None else f"trainer rank {rank}"
+    if kind == "sandbox":  # one row per sandbox: its life (create, uploads, commands, destroy) in order
+        sandbox = (event.get("attrs") or {}).get("sandbox_id")
+        return "sandbox" if sandbox is None else f"sandbox {sandbox}"
     return {"weight_sync": "weight sync", "eval": "evals", "checkpoint": "checkpoints"}.get(
         str(kind), str(kind)
     )
@@ -57,7 +60,10 @@ def _pair_key(event: dict[str, Any]) -> tuple[Any, ...]:
     # A sample's generation can start while one step is being filled and end in the next (its
     # end event carries the later step), so sample spans pair on the sample's ids, not the step.
     fields = _SAMPLE_ID_FIELDS if event.get("type") in ("generation", "reward") else _ID_FIELDS
-    return tuple(event.get(f) for f in fields)
+    key = tuple(event.get(f) for f in fields)
+    if event.get("type") == "sandbox":  # sandboxes work at once; each one's calls come one by one
+        key += ((event.get("attrs") or {}).get("sandbox_id"),)
+    return key
 
 
 def build_spans(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
