@@ -344,3 +344,77 @@ def test_no_usable_summary_is_an_infrastructure_failure(server: Any) -> None:
         run(server, refuse={0, 1})
     cause = infra_cause(failed.value)
     assert cause is not None and cause.cause == "compaction_failed"
+
+
+def failed_rollout(
+    server: Any, agent: Any, engine_url: str | None = None, gateway_url: str | None = None
+) -> Any:
+    """The exception one rollout of ``agent`` raised, with the infrastructure failures counted meanwhile;
+    ``engine_url``: the engine behind the gateway (default: the test server), ``gateway_url``: where the
+    agent is told the gateway is (default: where it is)."""
+    from telescope.core.infra import ORIGINS
+
+    env = ScriptedAgent(agent)
+
+    async def go() -> BaseException:
+        tokenizer = server.state.tokenizer
+        async with InferenceClient(engine_url or server.url) as engine:
+            gateway = Gateway(engine, tokenizer, GatewaySettings(served_model_name="tiny", max_model_len=512))
+            runner_site, url = await start_gateway(gateway)
+            try:
+                settings = GenerationSettings(1.0, None, 8, 512, [2], False, 0, None)
+                runner = RolloutRunner(tokenizer, settings, None)
+                runner.agent_gateway = AgentGateway(
+                    gateway_url or url, "tiny", gateway.capture, call_timeout_s=20
+                )
+                task = SampleTask("r0", env, env.get_sample(0), [1, 2], "reverse: abc", None, None)
+                with pytest.raises(Exception) as failed:
+                    await runner.run(engine, task, lambda: None)
+                return failed.value
+            finally:
+                await runner_site.cleanup()
+
+    ORIGINS.drain()
+    error = asyncio.run(go())
+    return error, {(o.cause, o.provider): n for o, n in ORIGINS.drain().items()}
+
+
+async def one_call(client: Any, model: str, sample: Sample) -> RewardResult:
+    await client.completions.create(model=model, prompt=[5, 17], max_tokens=3)
+    return RewardResult(1.0)
+
+
+def test_an_engine_failure_behind_the_gateway_is_the_infrastructures_counted_once(server: Any) -> None:
+    """The engine behind the gateway is gone: the gateway answers 502 naming the failure it counted
+    (server_died), and the agent's InternalServerError becomes that infrastructure failure, not a 0
+    (counted where it happened, not again on the agent's side)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    error, counted = failed_rollout(server, one_call, engine_url=dead)
+    assert isinstance(error, openai.InternalServerError) and error.status_code == 502
+    cause = infra_cause(error)
+    assert cause is not None and (cause.cause, cause.provider) == ("server_died", "inference")
+    assert counted == {("server_died", "inference"): 1}
+
+
+def test_an_unreachable_gateway_is_a_gateway_transport_failure(server: Any) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}/v1"
+    error, counted = failed_rollout(server, one_call, gateway_url=nowhere)
+    assert isinstance(error, openai.APIConnectionError)
+    cause = infra_cause(error)
+    assert cause is not None and (cause.cause, cause.provider) == ("gateway_transport", "gateway")
+    assert counted == {("gateway_transport", "gateway"): 1}
+
+
+def test_the_agents_own_service_failing_stays_the_agents(server: Any) -> None:
+    """A connection refused by a service of the agent's own (not the gateway) scores 0 (agent_error)."""
+    nowhere = f"http://127.0.0.1:{free_port()}/v1"
+
+    async def agent(client: Any, model: str, sample: Sample) -> RewardResult:
+        await client.completions.create(model=model, prompt=[5, 17], max_tokens=3)
+        async with openai.AsyncOpenAI(base_url=nowhere, api_key="x", max_retries=0) as own:
+            await own.models.list()
+        return RewardResult(1.0)
+
+    sample, _ = rollout(server, ScriptedAgent(agent))
+    assert sample.raw_reward == 0.0 and sample.sample_metrics["agent_error"] == 1.0
+    assert "APIConnectionError" in sample.info["info_turns"][0]["info_value"]

@@ -5,7 +5,9 @@ The user implements ``load_dataset`` and ``run_agent(client, model, sample) -> R
 so every call the agent makes (any number, tools run by the agent's own code in between) is
 captured in token ids and logprobs and becomes the sample's trajectory. The agent's own reward is
 returned by ``run_agent``. An agent that raises or runs past ``agent_timeout_s`` scores 0 and is
-counted (``agent_error`` / ``agent_timeout``), never crashing the run; calls past ``max_turns`` or
+counted (``agent_error`` / ``agent_timeout``), never crashing the run; a call to the gateway that failed
+for a transport reason (refused, reset, a 5xx, a timeout: ``gateway.errors.transport_failure``) is the
+infrastructure's, retried or masked like any other, never a 0; calls past ``max_turns`` or
 ``max_rollout_tokens`` are refused by the gateway (HTTP 403, ``openai.PermissionDeniedError``).
 
 A complete agent::
@@ -33,6 +35,7 @@ from telescope.core.env import reward_log
 from telescope.core.env.base import ConversationEnvironment, EnvironmentKwargs, _failed_reward
 from telescope.core.env.compaction import AGENT_COMPACTION, compaction_failed
 from telescope.core.env.types import ChatMessage, RewardResult, RolloutState, Sample
+from telescope.core.inference.gateway.errors import transport_failure
 from telescope.core.infra import infra_cause
 
 __all__ = ["AgentEnvironment", "AgentKwargs", "agent_failed"]
@@ -83,6 +86,8 @@ class AgentEnvironment(ConversationEnvironment):
         except Exception as exc:  # an agent never crashes the run, but is logged and counted
             if infra_cause(exc) is not None:  # the infrastructure's (a compaction that failed ...): retried
                 raise
+            if transport_failure(exc, str(getattr(client, "base_url", ""))) is not None:
+                raise  # a call to the gateway failed for a transport reason (refused, reset, 5xx, timeout)
             reward_log.report("run_agent", exc)
             return agent_failed("agent_error", f"{type(exc).__name__}: {exc}")
         finally:

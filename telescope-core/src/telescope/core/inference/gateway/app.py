@@ -38,7 +38,7 @@ from telescope.core.inference.gateway.capture import (
     reuse_sampled_ids,
 )
 from telescope.core.inference.gateway.chat import ToolCallParser, parse_message, render_chat
-from telescope.core.inference.gateway.errors import BadRequest, GatewayError, error_body
+from telescope.core.inference.gateway.errors import BadRequest, GatewayError, error_body, infra_code
 from telescope.core.inference.gateway.schema import ChatCompletionsBody, CompletionsBody, _Sampling
 from telescope.core.inference.gateway.scoring import prompt_logprobs_param, wire_prompt_logprobs
 from telescope.core.inference.gateway.stream import chat_chunks, completion_chunks
@@ -315,10 +315,12 @@ class Gateway:
         except InferenceServerError as exc:
             if 400 <= exc.status < 500:
                 raise BadRequest(str(exc).removeprefix(f"inference server error {exc.status}: ")) from None
-            raise GatewayError(f"the engine failed: {exc}", status=502) from None
+            raise GatewayError(f"the engine failed: {exc}", status=502, code=infra_code(exc)) from None
         except (OSError, TimeoutError, aiohttp.ClientError) as exc:
             raise GatewayError(
-                f"the engine could not be reached: {type(exc).__name__}: {exc}", status=502
+                f"the engine could not be reached: {type(exc).__name__}: {exc}",
+                status=502,
+                code=infra_code(exc),
             ) from None
         if call.session is not None:
             call.session.record(
