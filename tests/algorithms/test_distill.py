@@ -18,6 +18,7 @@ import torch
 from telescope.core.algorithms.distill import DistillSignal
 from telescope.core.inference.settings import TransformersEngineKwargs
 from telescope.core.inference.teacher import TeacherClient, TeacherError, TeacherSequence
+from telescope.core.infra import infra_cause
 from telescope.core.packing import pack_samples
 from telescope.core.rollouts.distill import train_samples
 from telescope.core.rollouts.groups import RolloutSample
@@ -167,8 +168,9 @@ def test_telescope_serve_gateway_is_a_teacher_with_its_api_key(
         monkeypatch.setenv(API_KEY_ENV, "k3y")
         through_gateway = asyncio.run(score(TeacherClient.remote(gateway.url, "teacher", max_retries=0)))
         monkeypatch.setenv(API_KEY_ENV, "wrong")
-        with pytest.raises(TeacherError, match="HTTP 401"):
+        with pytest.raises(TeacherError, match="HTTP 401") as refused:
             asyncio.run(score(TeacherClient.remote(gateway.url, "teacher", max_retries=0)))
+        assert infra_cause(refused.value) is None  # a wrong key is the setup's, not the infrastructure's
     finally:
         gateway.stop()
     direct = asyncio.run(score(TeacherClient([teacher.url], "teacher", headers=auth_headers())))
@@ -177,22 +179,31 @@ def test_telescope_serve_gateway_is_a_teacher_with_its_api_key(
 
 
 def test_a_failing_teacher_is_retried_counted_and_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its retries an unreachable teacher is an infrastructure failure of the samples it was to
+    score (teacher_error: each retried, then masked, as any other), counted once for the request."""
     from telescope.core.inference import teacher as teacher_module
+    from telescope.core.infra import ORIGINS
 
     monkeypatch.setattr(teacher_module, "RETRY_BASE_S", 0.01)
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every attempt fails
+    raised: list[BaseException] = []
 
     async def score() -> TeacherClient:
         client = TeacherClient([url], "teacher", timeout_s=2.0, max_retries=2)
         try:
-            with pytest.raises(TeacherError, match="after 3 attempt"):
-                await client.score([TeacherSequence([1, 2], [3, 4])])
+            with pytest.raises(TeacherError, match="after 3 attempt") as failed:
+                await client.score([TeacherSequence([1, 2], [3, 4]), TeacherSequence([1], [5])])
+            raised.append(failed.value)
         finally:
             await client.close()
         return client
 
+    ORIGINS.drain()
     counts = asyncio.run(score()).counts
-    assert (counts.requests, counts.retries, counts.failures) == (3, 2, 1)
+    assert (counts.requests, counts.retries, counts.failures) == (3, 2, 2)
+    cause = infra_cause(raised[0])
+    assert cause is not None and (cause.cause, cause.provider) == ("teacher_error", "teacher")
+    assert {(o.cause, o.provider): n for o, n in ORIGINS.drain().items()} == {("teacher_error", "teacher"): 1}
 
 
 def test_a_sample_without_teacher_logprobs_is_refused_not_trained_with_zero() -> None:

@@ -45,6 +45,7 @@ InfraCause = Literal[
     "server_died",
     "gateway_transport",
     "compaction_failed",
+    "teacher_error",
 ]
 CAUSES: tuple[str, ...] = get_args(InfraCause)
 """Every cause, in the order the metrics and ``runs show`` list them."""

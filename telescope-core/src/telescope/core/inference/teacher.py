@@ -6,8 +6,11 @@ token ids: prompt + completion are sent as one token-id prompt, and the completi
 read back, the exact sampled ids, never text. Sequences finishing together are sent in one request
 (up to ``batch_size``; while ``MAX_IN_FLIGHT`` requests are out, newcomers wait and go together), so
 scoring overlaps with the generation still running. A request that fails or times out is retried;
-after ``max_retries`` it raises ``TeacherError`` (an infrastructure failure, counted): a sequence
-is never given a made-up signal.
+after ``max_retries`` it raises ``TeacherError`` marked as an infrastructure failure (cause
+``teacher_error``, provider ``teacher``, counted once per request): each of its samples is retried,
+then masked, like any other (``rollouts/outcomes.py``). A sequence is never given a made-up signal.
+An answer no retry can fix (a 4xx: a wrong key, model or request; no ``prompt_logprobs``) raises
+unmarked at once: the setup's, not the infrastructure's (its group is discarded, ``rollout_error``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from telescope.core import infra
 from telescope.core.inference.client import prompt_logprob_ids
 
 __all__ = [
@@ -45,7 +49,8 @@ FINAL_STATUSES = frozenset({400, 401, 403, 404, 422})
 
 
 class TeacherError(RuntimeError):
-    """The teacher could not score a sequence (an infrastructure failure: its group is discarded)."""
+    """The teacher could not score a sequence: after every retry, an infrastructure failure (marked:
+    the sample is retried, then masked); at once, when the request itself is wrong (unmarked)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class TeacherCounts:
     sequences: int = 0
     retries: int = 0
     failures: int = 0
-    """Sequences given up after every retry (each discards its group)."""
+    """Sequences given up (each an infrastructure failure of its sample, unless the request was wrong)."""
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -152,10 +157,13 @@ class TeacherClient:
                 return await self._request(sequences)
             except _Attempt as exc:
                 if exc.final or attempt == self.max_retries:
-                    raise TeacherError(
+                    error = TeacherError(
                         f"teacher {self.model!r} at {', '.join(self.base_urls)} failed to score {len(sequences)} "
                         f"sequence(s) after {attempt + 1} attempt(s): {exc}"
-                    ) from None
+                    )
+                    if not exc.final:  # the teacher's failure, not the request's: retried, then masked
+                        infra.mark(error, cause="teacher_error", provider="teacher")
+                    raise error from None
                 self.counts.retries += 1
                 log.warning("teacher request failed (attempt %d, retrying): %s", attempt + 1, exc)
                 await asyncio.sleep(min(RETRY_BASE_S * 2**attempt, RETRY_MAX_S))

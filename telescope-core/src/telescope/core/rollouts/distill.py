@@ -5,8 +5,8 @@ turns the scores into per-token advantages (``algorithms.distill``).
 teacher (``inference.teacher.TeacherClient``) for the logprobs of its sampled completion tokens,
 for the sample's own sequence and each extra segment of an agent's rollout. Other samples keep
 generating meanwhile, and the teacher client batches the sequences that arrive together. A teacher
-that fails after its retries raises: the sample's group is discarded and counted, never trained
-with a missing signal.
+that fails after its retries raises an infrastructure failure (``teacher_error``): the sample runs
+again, then is masked (its group trains on the others), never trained with a missing signal.
 """
 
 from __future__ import annotations
