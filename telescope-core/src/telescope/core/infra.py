@@ -15,6 +15,7 @@ that reaches a sample. The run takes the counts once per step (``ORIGINS.drain``
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import Counter
 from contextvars import ContextVar
@@ -23,6 +24,7 @@ from typing import Literal, get_args
 
 __all__ = [
     "CAUSES",
+    "GATEWAY_CODE_PREFIX",
     "ORIGINS",
     "InfraCause",
     "InfraError",
@@ -30,6 +32,7 @@ __all__ = [
     "attributed_to",
     "env_name",
     "failure",
+    "gateway_call_failure",
     "infra_cause",
     "mark",
     "summary",
@@ -49,6 +52,8 @@ InfraCause = Literal[
 ]
 CAUSES: tuple[str, ...] = get_args(InfraCause)
 """Every cause, in the order the metrics and ``runs show`` list them."""
+GATEWAY_CODE_PREFIX = "infra:"
+"""The gateway answers an infrastructure failure 502 with ``code`` ``infra:<cause>:<provider>``."""
 
 
 class InfraError(RuntimeError):
@@ -139,6 +144,41 @@ def infra_cause(exc: BaseException) -> InfraError | None:
             return marked
         seen.add(id(current))
         current = current.__cause__
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in out):
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+def gateway_call_failure(exc: BaseException, gateway_url: str) -> InfraError | None:
+    """The infrastructure failure ``exc`` is when it comes from (or was raised from) an OpenAI
+    client's call to the gateway at ``gateway_url`` that failed for a transport reason (connection
+    refused or reset, a timeout, a 5xx), marked on ``exc``: the cause the gateway's 502 names (counted
+    there, ``gateway.errors.infra_code``), else ``gateway_transport`` (counted here). None for anything
+    else (a refused or malformed call, the agent's own code or services)."""
+    openai = sys.modules.get("openai")
+    if openai is None:  # no OpenAI client was ever used in this process
+        return None
+    base = gateway_url.rstrip("/")
+    for error in _chain(exc):
+        request = getattr(error, "request", None)
+        if not isinstance(error, openai.APIError) or not str(getattr(request, "url", "")).startswith(base):
+            continue
+        if isinstance(error, openai.APIConnectionError):  # refused, reset, timed out (APITimeoutError)
+            return mark(exc, cause="gateway_transport", provider="gateway")
+        if isinstance(error, openai.APIStatusError) and error.status_code >= 500:
+            code = str(error.code or "")
+            cause, _, provider = code.removeprefix(GATEWAY_CODE_PREFIX).partition(":")
+            if code.startswith(GATEWAY_CODE_PREFIX) and cause in CAUSES:  # counted by the gateway
+                return mark(exc, cause=cause, provider=provider or "gateway", count=False)  # type: ignore[arg-type]
+            return mark(exc, cause="gateway_transport", provider="gateway")
     return None
 
 

@@ -6,7 +6,7 @@ so every call the agent makes (any number, tools run by the agent's own code in 
 captured in token ids and logprobs and becomes the sample's trajectory. The agent's own reward is
 returned by ``run_agent``. An agent that raises or runs past ``agent_timeout_s`` scores 0 and is
 counted (``agent_error`` / ``agent_timeout``), never crashing the run; a call to the gateway that failed
-for a transport reason (refused, reset, a 5xx, a timeout: ``gateway.errors.transport_failure``) is the
+for a transport reason (refused, reset, a 5xx, a timeout: ``infra.gateway_call_failure``) is the
 infrastructure's, retried or masked like any other, never a 0; calls past ``max_turns`` or
 ``max_rollout_tokens`` are refused by the gateway (HTTP 403, ``openai.PermissionDeniedError``).
 
@@ -35,8 +35,7 @@ from telescope.core.env import reward_log
 from telescope.core.env.base import ConversationEnvironment, EnvironmentKwargs, _failed_reward
 from telescope.core.env.compaction import AGENT_COMPACTION, compaction_failed
 from telescope.core.env.types import ChatMessage, RewardResult, RolloutState, Sample
-from telescope.core.inference.gateway.errors import transport_failure
-from telescope.core.infra import infra_cause
+from telescope.core.infra import gateway_call_failure, infra_cause
 
 __all__ = ["AgentEnvironment", "AgentKwargs", "agent_failed"]
 
@@ -86,7 +85,7 @@ class AgentEnvironment(ConversationEnvironment):
         except Exception as exc:  # an agent never crashes the run, but is logged and counted
             if infra_cause(exc) is not None:  # the infrastructure's (a compaction that failed ...): retried
                 raise
-            if transport_failure(exc, str(getattr(client, "base_url", ""))) is not None:
+            if gateway_call_failure(exc, str(getattr(client, "base_url", ""))) is not None:
                 raise  # a call to the gateway failed for a transport reason (refused, reset, 5xx, timeout)
             reward_log.report("run_agent", exc)
             return agent_failed("agent_error", f"{type(exc).__name__}: {exc}")
