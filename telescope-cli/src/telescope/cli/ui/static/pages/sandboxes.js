@@ -32,7 +32,7 @@ function commandRow(c) {
       h('td', { class: 'num' }, fmt(c.duration_s, 3)), h('td', { class: 'num' }, c.cpu_s == null ? 'not measured' : fmt(c.cpu_s, 3)),
       h('td', {}, what), h('td', {}, h('code', {}, c.command))),
     h('tr', {}, h('td', { colspan: 6 }, h('details', {}, h('summary', {}, 'stdout / stderr (tails)'),
-      h('pre', { class: 'preview' }, c.stdout_tail || '(empty)'), h('pre', { class: 'preview' }, c.stderr_tail || '(empty)')))),
+      h('pre', { class: 'msg' }, c.stdout_tail || '(empty stdout)'), h('pre', { class: 'msg' }, c.stderr_tail || '(empty stderr)')))),
   ];
 }
 
