@@ -83,8 +83,8 @@ def test_a_run_that_goes_wrong_is_rolled_back_and_recovers(tmp_path: Path) -> No
     step = after[0]["step"]
     assert after[0]["metrics"]["learning_rate"] == pytest.approx(0.001 * step / 50, rel=1e-6)
     # the sampler agrees with the trainer again: measured KL 0.000-0.015 after the rollback (0.5-2.6
-    # before it). The reward recovered in one measured run (0.34 at the finding, mean 0.47 after) and
-    # not in another (raised at step 11, rolled back to step 8 when the reward had already fallen to
-    # 0.31: mean 0.26 after), so it is not asserted here (docs/health.md)
+    # before it). The reward (bench/health.py rollback, 24 steps, docs/health.md): seed 0 0.439 at the
+    # finding, mean 0.535 after; seed 1 0.412, 0.566. Single-step rewards are noisy and this run is
+    # 16 steps, so it is not asserted here
     assert max(r["metrics"]["kl_divergence_inference"] for r in after) < 0.1
     assert max(r["metrics"]["kl_divergence_inference"] for r in before if r["step"] >= finding["onset"]) > 0.5
