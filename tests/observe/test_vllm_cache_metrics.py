@@ -44,3 +44,17 @@ def test_a_scrape_carries_them(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = sample["metrics"]
     assert metrics["kv_cache_block_size"] == 32.0 and metrics["kv_cache_num_blocks"] == 2048.0
     assert metrics["prefix_cache_hit_rate"] == 224.0 / 640.0
+
+
+def test_the_prefix_cache_size_is_vllms_own_count_of_tokens_else_blocks_times_block_size() -> None:
+    """A hybrid model's requests take blocks in several KV groups: blocks x size overstates what one
+    holds, and vLLM 0.32 says the group-aware size itself (``kv_cache_size_tokens``)."""
+    from telescope.core.observe.samplers.prometheus import kv_cache_tokens
+
+    hybrid = METRICS.replace(
+        'kv_offloading_backend="native"', 'kv_cache_size_tokens="20480",kv_offloading_backend="native"'
+    )
+    assert kv_cache_tokens(cache_config_metrics(hybrid)) == 20_480  # not 2,048 x 32 = 65,536
+    assert kv_cache_tokens(cache_config_metrics(METRICS)) == 65_536  # older vLLM: blocks x block size
+    assert kv_cache_tokens(cache_config_metrics(METRICS.replace('"2048"', '"None"'))) is None  # not sized yet
+    assert kv_cache_tokens({}) is None  # not vLLM

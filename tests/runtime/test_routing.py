@@ -189,3 +189,57 @@ def test_prefix_cache_hit_rate_is_over_the_interval_between_scrapes() -> None:
     assert prefix_cache_hit_rate(later, restarted) == pytest.approx(0.1)  # counters started again
     assert prefix_cache_hit_rate(later, later) is None  # nothing looked up
     assert prefix_cache_hit_rate(None, {"num_requests_running": 1.0}) is None  # no such counters
+
+
+def test_each_servers_own_cache_size_decides_and_a_step_counts_its_moves_and_sticky_requests() -> None:
+    """Per-server sizes: server 0 holds 10,000 tokens, server 1's size is unknown (load alone moves
+    its turns). Counts by hand: step 1 = 3 requests on the server holding their prefix, none moved;
+    step 2 = 1 sticky (a new group's first request), 2 moved (off 0 once over its cache, off 1 for
+    load alone, though it holds 4,600 tokens only)."""
+    router = Router(3, "sticky_least_loaded", saturation_margin=2, cache_tokens=[10_000, None, 10_000])
+    assert router.route(key("g0-s0", home=0), prompt_tokens=4_000) == 0  # sticky 1
+    assert router.route(key("g0-s1", home=0), prompt_tokens=4_000) == 0  # sticky 2: the group's prompt
+    with ExitStack() as stack:
+        load(router, 0, 3, stack)  # saturated (3 > 2 beyond 0)
+        # 8,000 held <= 10,000: the turn stays (sticky 3), server 0 now holds 4,300 + 4,000
+        assert router.route(key("g0-s0", home=0), prompt_tokens=4_300) == 0
+        assert router.take_counts() == (0, 3) and router.held_tokens(0) == 8_300
+        assert router.route(key("g1-s0", group="g1", home=0), prompt_tokens=3_000) == 0  # sticky 1
+        # 11,300 > 10,000: moved to the least loaded (1)
+        assert router.route(key("g0-s0", home=0), prompt_tokens=4_600) == 1
+    with ExitStack() as stack:
+        load(router, 1, 3, stack)  # server 1 saturated; it holds only 4,600 tokens, but its size is unknown
+        # idle 0 and 2 tie on load; 2 holds fewer conversations (0 holds g0-s1 and g1-s0)
+        assert router.route(key("g0-s0", home=0), prompt_tokens=4_900) == 2
+    assert router.take_counts() == (2, 1) and router.take_counts() == (0, 0)
+    assert (router.moves, router.sticky) == (2, 4)  # run-wide
+    assert [router.held_tokens(i) for i in range(3)] == [4_000 + 3_000, 0, 4_900]
+
+
+def test_routing_metrics_are_a_steps_counts_for_the_sticky_policies_only() -> None:
+    from telescope.core.runtime.step_metrics import routing_metrics
+
+    router = Router(2, "sticky_least_loaded", saturation_margin=0)
+    router.route(key("g0-s0", home=0), prompt_tokens=300)
+    router.route(key("g0-s1", home=0), prompt_tokens=200)
+    with router.request(0):
+        router.route(key("g0-s0", home=0), prompt_tokens=700)  # 1 beyond server 1 > margin 0: moved
+    assert routing_metrics(router) == {
+        "routing/moves": 1.0,
+        "routing/sticky": 2.0,
+        "routing/held_tokens_max": 700.0,  # server 1: g0-s0's 700; server 0: g0-s1's 200
+    }
+    again = routing_metrics(router)  # nothing routed since: no move, nothing sticky
+    assert again == {"routing/moves": 0.0, "routing/sticky": 0.0, "routing/held_tokens_max": 700.0}
+    assert routing_metrics(None) == {}
+    least = Router(2, "least_loaded")
+    least.route(key("g0-s0"))
+    assert routing_metrics(least) == {} and routing_metrics(Router(2, "pinned")) == {}
+
+
+def test_cache_sizes_must_be_one_per_server_and_positive() -> None:
+    with pytest.raises(ValueError, match="cache_tokens has 2 sizes for 3 servers; pass one per server"):
+        Router(3, cache_tokens=[1_000, 1_000])
+    with pytest.raises(ValueError, match="must be positive, got -5; pass None when server 1's is not known"):
+        Router(2, cache_tokens=[1_000, -5])
+    assert Router(2, cache_tokens=7).cache_tokens == [7, 7] and Router(2).cache_tokens == [None, None]

@@ -117,7 +117,7 @@ class RolloutRunner:
         if self.router is None or self.router.policy == "pinned":
             (choice,) = await client.complete(prompt_ids, **params)
             return choice
-        server = self.router.route(task.route_key)
+        server = self.router.route(task.route_key, len(prompt_ids))  # the conversation it holds from now on
         with self.router.request(server):
             (choice,) = await self.clients[server].complete(prompt_ids, **params)
         return choice

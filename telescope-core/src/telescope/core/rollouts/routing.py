@@ -15,8 +15,9 @@ Policies (``routing_policy``):
   conversation; a rollout's first request: the least loaded of the servers holding its group's
   prompt, at first the home). A later turn leaves that server, for the least loaded, only when the
   server is saturated (it runs more than ``routing_saturation_margin`` requests beyond the least
-  loaded one) and, where the servers' prefix cache size is known (``cache_tokens``), the
-  conversations it holds no longer fit in that cache: a move re-prefills the whole conversation,
+  loaded one) and, where its prefix cache size is known (``cache_tokens``, per server: a run reads
+  it from each vLLM server's ``cache_config_info``), the conversations it holds no longer fit in
+  that cache: a move re-prefills the whole conversation,
   which is worth it only once the cache is overfull (the conversation is likely evicted already,
   and moving it frees room for the others), not for a queue a few requests long. The routing bench
   traced it: on long prompts each load-only move forfeited ~3,500 cached tokens (85% of its
@@ -28,13 +29,15 @@ Policies (``routing_policy``):
 
 Load is the requests in flight per server (``request`` counts them); the conversation tokens a
 server holds are each held rollout's last prompt (``route``'s ``prompt_tokens``); a finished
-rollout releases its affinity (``release``), and a group's once its last rollout has.
+rollout releases its affinity (``release``), and a group's once its last rollout has. Requests
+sent to the server holding their prefix are counted in ``sticky``, those sent away in ``moves``
+(``take_counts``: a step's).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -74,25 +77,26 @@ class Router:
         policy: str = "sticky_least_loaded",
         saturation_margin: int = 8,
         available: Callable[[int], bool] | None = None,
-        cache_tokens: int | None = None,
+        cache_tokens: int | Sequence[int | None] | None = None,
     ) -> None:
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"routing policy {policy!r} is not one of {', '.join(ROUTING_POLICIES)}")
         if num_servers < 1:
             raise ValueError(f"a router needs at least one server, got {num_servers}")
-        if cache_tokens is not None and cache_tokens < 1:
-            raise ValueError(
-                f"cache_tokens (each server's prefix cache, in tokens) must be positive, got {cache_tokens}; "
-                "pass None when it is not known"
-            )
+        caches = _per_server(cache_tokens, num_servers)
         self.policy = policy
         self.saturation_margin = saturation_margin
         self.running = [0] * num_servers
         """Requests in flight per server."""
-        self.cache_tokens = cache_tokens
+        self.cache_tokens = caches
         """Each server's prefix cache in tokens (None: not known, a saturated server alone moves a turn)."""
         self.moves = 0
         """Requests sent away from the server holding their prefix (saturated, or unavailable)."""
+        self.sticky = 0
+        """Requests sent to the server holding their prefix (a later turn: its conversation; a first: its
+        group's prompt); ``sticky`` and ``sticky_least_loaded`` only."""
+        self._counted = (0, 0)
+        """``moves`` and ``sticky`` at the previous ``take_counts``."""
         self._available = available or (lambda _server: True)
         self._held = [0] * num_servers
         """Conversations each server holds (rollouts routed there that have not finished)."""
@@ -134,11 +138,20 @@ class Router:
         balance = self.policy == "sticky_least_loaded" and later_turn
         if not self._available(held) or (balance and self._saturated(held) and self._overfull(held)):
             server = self._least_loaded()
-            self.moves += server != held
+        if server == held:
+            self.sticky += 1
+        else:
+            self.moves += 1
         if group is not None:
             group.servers.add(server)
         self._hold(key.rollout, server, prompt_tokens)
         return server
+
+    def take_counts(self) -> tuple[int, int]:
+        """``(moves, sticky)`` since the previous call (a step's requests); counting starts again."""
+        moves, sticky = self.moves - self._counted[0], self.sticky - self._counted[1]
+        self._counted = (self.moves, self.sticky)
+        return moves, sticky
 
     def release(self, key: RouteKey) -> None:
         """``key``'s rollout finished: it holds no server, and its group none once all its rollouts finished."""
@@ -174,7 +187,8 @@ class Router:
 
     def _overfull(self, server: int) -> bool:
         """The conversations ``server`` holds no longer fit its prefix cache (True when its size is unknown)."""
-        return self.cache_tokens is None or self._held_tokens[server] > self.cache_tokens
+        cache = self.cache_tokens[server]
+        return cache is None or self._held_tokens[server] > cache
 
     def _saturated(self, server: int) -> bool:
         least = min((self.running[i] for i in self._candidates()), default=self.running[server])
@@ -190,3 +204,20 @@ class Router:
 
     def _hash(self, group: str) -> int:
         return zlib.crc32(group.encode()) % self.num_servers
+
+
+def _per_server(cache_tokens: int | Sequence[int | None] | None, num_servers: int) -> list[int | None]:
+    """``cache_tokens`` as one size (or None) per server; a size that is not positive is refused."""
+    sizes = list(cache_tokens) if isinstance(cache_tokens, Sequence) else [cache_tokens] * num_servers
+    if len(sizes) != num_servers:
+        raise ValueError(
+            f"cache_tokens has {len(sizes)} sizes for {num_servers} servers; pass one per server (None where "
+            "a server's prefix cache size is not known) or a single size for all"
+        )
+    for server, size in enumerate(sizes):
+        if size is not None and size < 1:
+            raise ValueError(
+                f"cache_tokens (each server's prefix cache, in tokens) must be positive, got {size}; pass None "
+                f"when server {server}'s is not known"
+            )
+    return sizes

@@ -41,6 +41,7 @@ __all__ = [
     "add_checkpoints_and_evals",
     "train_session",
     "build_orchestrator",
+    "build_router",
     "close_environments",
     "load_environments",
     "load_tokenizer",
@@ -194,6 +195,40 @@ async def start_agent_gateway(cfg: TelescopeConfig, tokenizer: Any, client: Serv
     return AgentGateway(url, cfg.model, gateway.capture, site=site)
 
 
+async def build_router(
+    cfg: TelescopeConfig,
+    engine: str,
+    urls: list[str],
+    available: Callable[[int], bool],
+    hook: pluggy.HookRelay,
+) -> Router:
+    """The run's router over the servers at ``urls``, with each server's prefix cache in tokens for
+    ``sticky_least_loaded`` (recorded as run info ``routing``).
+
+    vLLM: its KV cache as its ``/metrics`` says (``cache_config_info``, read by the run's own scraper);
+    a server that does not say is None (load alone moves its turns). The transformers engine keeps no
+    prefix cache: None (the load-only rule). Other policies read no cache size.
+    """
+    sizes: list[int | None] | None = None
+    if cfg.routing_policy == "sticky_least_loaded" and engine == "vllm":
+        from telescope.core.observe.samplers.prometheus import PrometheusScraper, kv_cache_tokens
+
+        scraper = PrometheusScraper(dict(enumerate(urls)), lambda _sample: None, timeout_s=10.0)
+        sizes = []
+        for server in range(len(urls)):
+            try:
+                metrics = (await asyncio.to_thread(scraper.scrape, server))["metrics"]
+            except OSError as exc:  # the run goes on: this server's turns move for load alone
+                hook.telescope_warning(
+                    message=f"routing: the prefix cache size of server {server} ({urls[server]}) could not be "
+                    f"read from its /metrics ({exc}); its turns move for load alone"
+                )
+                metrics = {}
+            sizes.append(kv_cache_tokens(metrics))
+    hook.telescope_run_info(info={"routing": {"policy": cfg.routing_policy, "cache_tokens": sizes}})
+    return Router(len(urls), cfg.routing_policy, cfg.routing_saturation_margin, available, sizes)
+
+
 async def build_orchestrator(
     session: RunSession, hook: pluggy.HookRelay
 ) -> tuple[Orchestrator, list[ServerClient]]:
@@ -235,9 +270,7 @@ async def build_orchestrator(
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
     orchestrator.rollouts.trace(session.traces, orchestrator.emit)  # vLLM's request spans
     install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
-    router = Router(
-        len(clients), cfg.routing_policy, cfg.routing_saturation_margin, orchestrator.lanes.enabled
-    )
+    router = await build_router(cfg, engine.name, session.servers.urls, orchestrator.lanes.enabled, hook)
     # the orchestrator's clients: with TELESCOPE_FAULTS, the fault seam's wrappers (install_faults)
     orchestrator.runner.route_requests(router, orchestrator.clients)  # each request's server: routing.py
     orchestrator.servers.healer = RayServerHealer(

@@ -41,7 +41,7 @@ from telescope.core.runtime import sandbox_report
 from telescope.core.runtime.events import EventQueue
 from telescope.core.runtime.reporting import StepRollouts
 from telescope.core.runtime.sample_run import run_sample
-from telescope.core.runtime.step_metrics import Counts, step_metrics
+from telescope.core.runtime.step_metrics import Counts, routing_metrics, step_metrics
 from telescope.core.runtime.supervision import liveness
 from telescope.core.runtime.supervision.servers import InferenceSupervisor, WeightBroadcaster
 from telescope.core.runtime.supervision.stall import FailureStreaks
@@ -379,6 +379,7 @@ class Orchestrator:
         self._discards.reset()
         self._enter("the telescope_step_end hook")
         report = step_metrics(self.counts, batch, metrics, sync, timing) | self.infra.step_metrics()
+        report |= routing_metrics(self.runner.router)
         report |= sandbox_report.drain(self.emit, step + 1, int(batch.metrics.get("batch/num_samples", 0)))
         rows = self.rollouts.close(step + 1, report)
         self.flush_events()  # the step's events reach the hooks before its metrics

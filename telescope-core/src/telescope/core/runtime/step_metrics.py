@@ -1,4 +1,5 @@
-"""Run-wide counters, and the orchestrator's part of a step's metrics: timings, async level, totals."""
+"""Run-wide counters, and the orchestrator's part of a step's metrics: timings, async level, totals,
+routing."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from telescope.core.rollouts.batching import TrainBatch
+    from telescope.core.rollouts.routing import Router
 
-__all__ = ["Counts", "step_metrics"]
+__all__ = ["Counts", "routing_metrics", "step_metrics"]
 
 
 @dataclass
@@ -89,3 +91,18 @@ def step_metrics(
     for reason, n in counts.discarded.items():
         out[f"totals/discarded_groups/{reason}"] = float(n)
     return out
+
+
+def routing_metrics(router: Router | None) -> dict[str, float]:
+    """A step's routing (``sticky`` and ``sticky_least_loaded`` policies; nothing for the others):
+    ``routing/moves``, requests sent away from the server holding their prefix since the previous
+    step; ``routing/sticky``, those sent to it; ``routing/held_tokens_max``, the most conversation
+    tokens one server holds now (compare with its prefix cache, ``Router.cache_tokens``)."""
+    if router is None or router.policy not in ("sticky", "sticky_least_loaded"):
+        return {}
+    moves, sticky = router.take_counts()
+    return {
+        "routing/moves": float(moves),
+        "routing/sticky": float(sticky),
+        "routing/held_tokens_max": float(max(router.held_tokens(i) for i in range(router.num_servers))),
+    }

@@ -6,8 +6,10 @@ becomes ``<name>_mean = _sum / _count`` (buckets and ``_created`` are dropped).
 
 vLLM's ``cache_config_info`` (an info metric: always 1, its labels say what it means) adds the
 KV-cache block size and block count the server runs with, ``kv_cache_block_size`` and
-``kv_cache_num_blocks``: a request reuses only whole cached blocks, so the block size says which
-prompts can hit at all.
+``kv_cache_num_blocks`` (on vLLM's CPU build too: its blocks from ``VLLM_CPU_KVCACHE_SPACE``), and
+its capacity in tokens where vLLM says it (``kv_cache_size_tokens``, vLLM >= 0.32): a request reuses
+only whole cached blocks, so the block size says which prompts can hit at all; ``kv_cache_tokens``
+is the server's prefix-cache size the router uses (``rollouts/routing.py``).
 
 Each server's prefix-cache hit rate since its previous scrape, ``prefix_cache_hit_rate``, is
 derived from vLLM's own counters (prompt tokens looked up, and found, in its prefix cache: what
@@ -33,6 +35,7 @@ __all__ = [
     "PrometheusScraper",
     "cache_config_metrics",
     "info_labels",
+    "kv_cache_tokens",
     "parse_prometheus",
     "prefix_cache_hit_rate",
     "reduce_vllm_metrics",
@@ -41,7 +44,11 @@ __all__ = [
 PREFIX_CACHE_QUERIES = "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = "prefix_cache_hits_total"
 #: ``vllm:cache_config_info`` label -> the metric it is kept as.
-CACHE_CONFIG_LABELS = {"block_size": "kv_cache_block_size", "num_gpu_blocks": "kv_cache_num_blocks"}
+CACHE_CONFIG_LABELS = {
+    "block_size": "kv_cache_block_size",
+    "num_gpu_blocks": "kv_cache_num_blocks",
+    "kv_cache_size_tokens": "kv_cache_size_tokens",
+}
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 _log = logging.getLogger("telescope.observe")
@@ -94,6 +101,16 @@ def cache_config_metrics(text: str) -> dict[str, float]:
         for label, metric in CACHE_CONFIG_LABELS.items()
         if labels.get(label, "").isdigit()
     }
+
+
+def kv_cache_tokens(metrics: dict[str, float]) -> int | None:
+    """A server's KV cache (its prefix cache) in tokens, from ``cache_config_metrics``: vLLM's own
+    ``kv_cache_size_tokens`` (right for hybrid models too), else blocks x block size; None when the
+    server says neither (not vLLM, or its cache not sized yet)."""
+    if metrics.get("kv_cache_size_tokens"):
+        return int(metrics["kv_cache_size_tokens"])
+    blocks, size = metrics.get("kv_cache_num_blocks"), metrics.get("kv_cache_block_size")
+    return int(blocks * size) if blocks and size else None
 
 
 def reduce_vllm_metrics(raw: dict[str, float], prefix: str = "vllm:") -> dict[str, float]:
