@@ -165,3 +165,25 @@ def test_the_labels_vllm_itself_writes_are_read() -> None:
     gauge.labels(**labels).set(1)
     text = prometheus_client.generate_latest(registry).decode()
     assert cache_config_metrics(text) == {"kv_cache_block_size": 64.0, "kv_cache_num_blocks": 1234.0}
+
+
+def test_the_router_knows_the_servers_prefix_cache_and_reports_its_routing(run: Path) -> None:
+    check_routing(run)
+
+
+def check_routing(run_dir: Path) -> None:
+    """The run read the server's KV-cache size into its router (run info ``routing``) as vLLM reports it
+    (its ``kv_cache_size_tokens``: blocks x block size for this model), and every step reports routing."""
+    reader = RunDirReader(run_dir)
+    last = [r["metrics"] for r in reader.system() if r["source"] == "vllm"][-1]
+    sizes = run_meta(run_dir)["info"]["routing"]["cache_tokens"]
+    assert (
+        sizes
+        == [int(last["kv_cache_size_tokens"])]
+        == [int(last["kv_cache_num_blocks"] * last["kv_cache_block_size"])]
+    )
+    sticky = dict(reader.metric_series("routing/sticky"))
+    assert sorted(sticky) == sorted(dict(reader.metric_series("kl_divergence_inference")))  # every step
+    assert sum(sticky.values()) > 0 and all(
+        v == 0 for _, v in reader.metric_series("routing/moves")
+    )  # 1 server
