@@ -196,7 +196,7 @@ class TelescopeConfig(BaseModel):
     distill_teacher_timeout_s: float = Field(default=120.0, gt=0)
     """How long one teacher request may take before it is retried."""
     distill_teacher_max_retries: int = Field(default=3, ge=0)
-    """Retries of a failed or timed-out teacher request; then the group is discarded as an infrastructure failure (never a zero signal)."""
+    """Retries of a failed or timed-out teacher request; then an infrastructure failure (cause ``teacher_error``): its samples are retried and, when ``infra_max_retries_per_sample`` runs out, masked (never a zero signal). A 4xx (wrong key, model or request) is the setup's error, not retried."""
     distill_teacher_batch_size: int = Field(default=64, ge=1)
     """Most sequences one teacher request carries (samples finishing together are scored in one request)."""
 
