@@ -289,7 +289,7 @@ class TelescopeConfig(BaseModel):
     health_length_blowup_ratio: float = Field(default=2.0, gt=1)
     """length_blowup: the mean completion length rises above this many times its recent median."""
     health_length_blowup_truncated_share: float = Field(default=0.5, gt=0, le=1)
-    """length_blowup: ... or at least this share of completions hit max_tokens, and at least halfway from the run's starting share to all of them."""
+    """length_blowup: ... or at least this share of completions hit max_tokens, and at least halfway from the run's starting share to all of them; judged only while the starting share is below this (a run truncated from its first steps has no room to grow)."""
     health_length_collapse_action: HealthAction = "warn"
     """What length_collapse does: off, warn (a console line, the health/length_collapse metric, a timeline marker), stop (checkpoint, then end the run naming it) or rollback (restart from a checkpoint before it at a lower learning rate); docs/health.md."""
     health_length_collapse_ratio: float = Field(default=0.3, gt=0, lt=1)
