@@ -376,3 +376,31 @@ def test_each_request_of_a_step_is_put_on_the_timeline_with_its_samples_ids() ->
         ("end", 13.0, 2, 4, 1, 1, 0, 1),
     ]  # the third sample's span never came: nothing drawn, no timings
     assert [r.timings.get("vllm_e2e_latency") for r in rows] == [1.0, 2.0, None]
+
+
+def test_a_span_exported_just_after_its_step_closed_still_joins_its_record() -> None:
+    """vLLM exports every 200 ms: a request that finished just before a fast step closed has no span
+    yet when the close looks; the close waits for it (up to ``SPAN_GRACE_S`` for the whole step)."""
+    import threading
+
+    from telescope.core.rollouts.groups import RolloutGroup
+    from telescope.core.runtime.reporting import SPAN_GRACE_S, StepRollouts
+
+    rx = OtlpReceiver(port=0)
+    collected = StepRollouts()
+    collected.trace(rx, lambda _event: None)
+    rx.expect("late")
+    attrs = {"gen_ai.request.id": "cmpl-late-0", "gen_ai.latency.e2e": 0.5}
+    export = threading.Timer(
+        SPAN_GRACE_S / 4, lambda: rx.ingest(_export([{"name": "x", "attributes": attrs}]))
+    )
+    try:
+        collected.add(
+            RolloutGroup(group_id=0, env_name="e", sample_idx=0, samples=[traced_sample(["cmpl-late"])]), 1
+        )
+        export.start()
+        (row,) = collected.close(1, {})
+    finally:
+        export.cancel()
+        rx.stop()
+    assert row.timings.get("vllm_e2e_latency") == 0.5

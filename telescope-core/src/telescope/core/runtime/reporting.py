@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from telescope.core.observe.samplers.otlp import OtlpReceiver
     from telescope.core.rollouts.groups import RolloutGroup
 
-__all__ = ["StepRollouts", "report_evals"]
+__all__ = ["SPAN_GRACE_S", "StepRollouts", "report_evals"]
+
+#: How long a step's close waits, in all, for vLLM spans not exported yet (its exporter sends every 200 ms).
+SPAN_GRACE_S = 1.0
 
 
 class StepRollouts:
@@ -70,18 +73,21 @@ class StepRollouts:
         """vLLM's per-request timings as ``vllm_<name>`` in each record's ``timings``, and each
         request's span on the timeline (``emit``).
 
-        Looked up without waiting: by the end of the step the spans of its rollouts have long
-        been exported (every 200 ms); a missing span leaves the record without them. The
-        timings of a multi-turn rollout add up over its turns (``vllm_ttft`` is the first turn's).
+        Most spans are here by the end of the step (vLLM exports every 200 ms), but a request that
+        finished just before a fast step closed may not be yet: missing ones are waited for, all of
+        a step's together, up to ``SPAN_GRACE_S`` (a span still missing then leaves its record
+        without them). The timings of a multi-turn rollout add up over its turns (``vllm_ttft`` is
+        the first turn's).
         """
         from telescope.core.observe.samplers.otlp import request_span_events, span_timings
 
         if self.traces is None:
             return
+        deadline = time.monotonic() + SPAN_GRACE_S
         for row, ids in pairs:
             merged: dict[str, float] = {}
             for turn, response_id in enumerate(ids):
-                span = self.traces.lookup(response_id, wait_s=0.0)
+                span = self.traces.lookup(response_id, wait_s=max(0.0, deadline - time.monotonic()))
                 if span is None:
                     continue
                 for name, value in span_timings(span).items():
