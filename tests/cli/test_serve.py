@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -73,6 +74,10 @@ def serving(request: pytest.FixtureRequest, model_cache: str, tiny_path: str) ->
     url = f"http://127.0.0.1:{port}/v1"
     assert url in output
     engine_log = re.search(r"engine log: (\S+)\)", output)
+    # Keep reading what it prints: a child whose pipe is left full blocks on its next write (then
+    # ignores Ctrl-C until the test gives up on it).
+    drain = threading.Thread(target=lines.extend, args=(proc.stdout,), daemon=True)
+    drain.start()
     yield SimpleNamespace(
         proc=proc,
         url=url,
@@ -80,6 +85,7 @@ def serving(request: pytest.FixtureRequest, model_cache: str, tiny_path: str) ->
         key=key.group(1),
         engine_log=engine_log.group(1) if engine_log else "",
         client=openai.OpenAI(base_url=url, api_key=key.group(1), max_retries=0),
+        lines=lines,
     )
     if proc.poll() is None:
         proc.kill()
@@ -138,7 +144,17 @@ def test_ctrl_c_stops_the_gateway_and_the_engine(serving: SimpleNamespace) -> No
     engine_port = re.search(r"on (?:http://)?127\.0\.0\.1:(\d+)", log)
     assert engine_port is not None, log
     serving.proc.send_signal(signal.SIGINT)
-    assert serving.proc.wait(timeout=60) == 130
+    try:
+        code = serving.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{serving.proc.pid}/status").read_text()
+        masks = [line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
+        pytest.fail(
+            f"telescope serve ignored Ctrl-C for 60 s ({', '.join(masks)}; this process: SIGINT "
+            f"{signal.getsignal(signal.SIGINT)}, blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])}); "
+            "its output:\n" + "".join(serving.lines[-40:])
+        )
+    assert code == 130, "".join(serving.lines[-40:])
     for url in (
         f"http://127.0.0.1:{engine_port.group(1)}/health",
         serving.url.removesuffix("/v1") + "/health",
