@@ -32,6 +32,10 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml
 START_TIMEOUT_S = {"transformers": 240, "vllm": 900}
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm_cpu)])
 def serving(request: pytest.FixtureRequest, model_cache: str, tiny_path: str) -> Iterator[SimpleNamespace]:
     engine = str(request.param)
@@ -55,6 +59,9 @@ def serving(request: pytest.FixtureRequest, model_cache: str, tiny_path: str) ->
         stderr=subprocess.STDOUT,
         text=True,
         env={**env, "COLUMNS": "200"},
+        # As from a terminal: a shell's background job (`pytest ... &`) ignores SIGINT, and a child
+        # inherits that, so the Ctrl-C the test sends would be ignored by design.
+        preexec_fn=_sigint_default,
     )
     lines: list[str] = []
     deadline = time.monotonic() + START_TIMEOUT_S[engine]

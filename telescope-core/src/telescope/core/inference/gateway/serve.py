@@ -14,20 +14,12 @@ from telescope.core.inference.gateway.app import Gateway
 __all__ = ["GatewayThread", "start_gateway"]
 
 
-#: How long ``runner.cleanup()`` lets requests still in progress finish before cancelling them. aiohttp's
-#: default is 60 s, which a client that left a request open (or a handler waiting on a dead engine) made
-#: ``telescope serve`` ignore Ctrl-C for: a request worth waiting for finishes well inside this.
-SHUTDOWN_GRACE_S = 5.0
-
-
 async def start_gateway(
     gateway: Gateway, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
     """Serve ``gateway`` on ``host:port`` (0: a free port) from this loop; returns (runner, base URL
     ending in ``/v1``). Stop it with ``await runner.cleanup()``."""
-    runner = web.AppRunner(
-        gateway.app(host), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
-    )
+    runner = web.AppRunner(gateway.app(host), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
