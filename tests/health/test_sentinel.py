@@ -171,11 +171,8 @@ def test_rollback_picks_the_newest_checkpoint_older_than_the_window(tmp_path: Pa
     assert again is not None and again.step == 12 and len(recorder.warnings) == 2
 
 
-def test_rollback_restores_a_checkpoint_from_before_the_first_anomaly(tmp_path: Path) -> None:
-    """KL over health_kl_spike_max at step 6, back under it at 7, over again at 8-9: raised at 9, the
-    window starts at step 6. Step 6's rollouts were sampled with weights of step 4 or 5
-    (max_async_rollout 1), its trainer held step 5's: the checkpoint must be older, <= 3 (not 5 or 6,
-    after the damage, as the last streak's onset 8 would give)."""
+def kl_rollback_config(tmp_path: Path) -> Any:
+    """kl_spike rolls back over 0.5, a checkpoint every step (steps 1-11 saved), one step of async."""
     cfg = config(
         tmp_path,
         health_kl_spike_action="rollback",
@@ -184,6 +181,15 @@ def test_rollback_restores_a_checkpoint_from_before_the_first_anomaly(tmp_path: 
         max_async_rollout=1,
     )
     save_checkpoints(cfg, list(range(1, 12)))
+    return cfg
+
+
+def test_rollback_restores_a_checkpoint_from_before_the_first_anomaly(tmp_path: Path) -> None:
+    """KL over health_kl_spike_max at step 6, back under it at 7, over again at 8-9: raised at 9, the
+    window starts at step 6. Step 6's rollouts were sampled with weights of step 4 or 5
+    (max_async_rollout 1), its trainer held step 5's: the checkpoint must be older, <= 3 (not 5 or 6,
+    after the damage, as the last streak's onset 8 would give)."""
+    cfg = kl_rollback_config(tmp_path)
     sentinel, recorder, pm, _ = plugged(cfg)
     kl = [4e-09, 0.16, 0.42, 0.43, 0.39, 0.52, 0.375, 0.6, 0.7]
     feed(pm, [metrics(s + 1, kl_divergence_inference=v) for s, v in enumerate(kl)])
@@ -196,14 +202,7 @@ def test_rollback_restores_a_checkpoint_from_before_the_first_anomaly(tmp_path: 
 def test_rollback_goes_back_before_the_first_finding_of_the_trouble(tmp_path: Path) -> None:
     """The entropy collapses at steps 5-6 (a warn finding, onset 5), the KL crosses its line at 10-11
     (rollback, onset 10): the trouble started at step 5, so the run goes back to step 2 (5 - 2 - 1)."""
-    cfg = config(
-        tmp_path,
-        health_kl_spike_action="rollback",
-        health_kl_spike_max=0.5,
-        checkpoint_every=1,
-        max_async_rollout=1,
-    )
-    save_checkpoints(cfg, list(range(1, 12)))
+    cfg = kl_rollback_config(tmp_path)
     sentinel, recorder, pm, _ = plugged(cfg)
     steps = [metrics(s) for s in range(1, 5)] + [metrics(s, entropy=0.2) for s in (5, 6)]
     steps += [metrics(s) for s in (7, 8, 9)] + [metrics(s, kl_divergence_inference=0.9) for s in (10, 11)]

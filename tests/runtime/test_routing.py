@@ -158,20 +158,25 @@ class Echo(MultiTurnEnvironment):
         return RewardResult(float(state.num_turns))
 
 
-def test_every_turn_of_a_rollout_reaches_the_server_holding_its_conversation(tokenizer: Any) -> None:
-    """Through the runner: with both servers idle, least loaded would pick server 0 (the tie); the
-    rollout's group was placed on server 1, so all its turns go there."""
-    clients = [FakeClient(lambda p, rid: tokenizer.encode("ok", add_special_tokens=False)) for _ in range(2)]
+def run_five_turns_placed_on_server_1(tokenizer: Any, router: Router, clients: list[FakeClient]) -> Any:
+    """A five-turn ``Echo`` rollout of group 3, placed on server 1, through a runner routing by ``router``."""
     settings = GenerationSettings(1.0, None, 8, 512, stop_token_ids(tokenizer), False)
     runner = RolloutRunner(tokenizer, settings, Interleaver(tokenizer, ChatOptions()))
-    router = Router(2, "sticky_least_loaded", saturation_margin=1)
     runner.route_requests(router, clients)  # type: ignore[arg-type]
     env = Echo(MultiTurnKwargs(max_turns=5))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "start"}], add_generation_prompt=True)
     task = SampleTask(
         "g3-s0-v0", env, env.samples()[0], list(prompt), "start", None, None, server=1, group_id=3
     )
-    sample = asyncio.run(runner.run(clients[0], task, lambda: None))  # type: ignore[arg-type]
+    return asyncio.run(runner.run(clients[0], task, lambda: None))  # type: ignore[arg-type]
+
+
+def test_every_turn_of_a_rollout_reaches_the_server_holding_its_conversation(tokenizer: Any) -> None:
+    """Through the runner: with both servers idle, least loaded would pick server 0 (the tie); the
+    rollout's group was placed on server 1, so all its turns go there."""
+    clients = [FakeClient(lambda p, rid: tokenizer.encode("ok", add_special_tokens=False)) for _ in range(2)]
+    router = Router(2, "sticky_least_loaded", saturation_margin=1)
+    sample = run_five_turns_placed_on_server_1(tokenizer, router, clients)
     assert sample.num_turns == 5
     assert len(clients[1].requests) == 5 and not clients[0].requests
     # each turn's prompt extends the previous one: the server that answered holds it

@@ -14,14 +14,10 @@ from typing import Any
 import pytest
 from fakes import FakeClient, FakeTrainer, ToyEnv
 from test_orchestrator import build, varied_reply, varied_reward
-from test_routing import Echo
+from test_routing import run_five_turns_placed_on_server_1
 
 from telescope.core.cluster.run_secret import ENV_VAR
-from telescope.core.env import MultiTurnKwargs
-from telescope.core.env.chat import ChatOptions
-from telescope.core.rollouts.rollout import GenerationSettings, RolloutRunner, SampleTask
 from telescope.core.rollouts.routing import Router
-from telescope.core.rollouts.tokens import Interleaver, stop_token_ids
 from telescope.core.runtime.assemble import build_router
 from telescope.core.testing import make_config
 
@@ -41,15 +37,7 @@ def test_every_request_tells_the_router_its_prompt_length(tokenizer: Any) -> Non
         return tokenizer.encode("ok", add_special_tokens=False)
 
     clients = [FakeClient(reply) for _ in range(2)]
-    settings = GenerationSettings(1.0, None, 8, 512, stop_token_ids(tokenizer), False)
-    runner = RolloutRunner(tokenizer, settings, Interleaver(tokenizer, ChatOptions()))
-    runner.route_requests(router, clients)  # type: ignore[arg-type]
-    env = Echo(MultiTurnKwargs(max_turns=5))
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "start"}], add_generation_prompt=True)
-    task = SampleTask(
-        "g3-s0-v0", env, env.samples()[0], list(prompt), "start", None, None, server=1, group_id=3
-    )
-    sample = asyncio.run(runner.run(clients[0], task, lambda: None))  # type: ignore[arg-type]
+    sample = run_five_turns_placed_on_server_1(tokenizer, router, clients)
     assert sample.num_turns == 5 and len(held) == 5
     assert [h for h, _ in held] == [len(r["prompt"]) for r in clients[1].requests]
     assert all(h == n for h, n in held) and held[-1][0] > held[0][0] > 0  # the conversation grows
