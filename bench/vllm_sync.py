@@ -4,9 +4,12 @@ process, over gloo).
 
     .venv-vllm-cpu/bin/python bench/vllm_sync.py [--reps 15] [--model telescope/tiny-reverse]
 
-Per engine, the whole sync as a run does it (``client.update_weights`` with the send beside it), then
-the vLLM sync taken apart into the calls it makes: ``POST /pause`` (mode keep), the worker-extension
-call that receives and loads (``telescope_update_weights``), ``POST /resume``; and, to split the worker
+Per engine, the whole sync as a run does it (``client.update_weights`` with the send beside it; vLLM
+with ``vllm_weight_reload: auto``, the staged reload), then the vLLM sync taken apart into the calls
+it can make: ``POST /pause`` (mode keep, sent only with ``pause_clear_cache`` or LoRA), the
+worker-extension call that receives and loads (``telescope_update_weights``) with each reload
+(``staged``: vLLM's loaders straight into the model, ``layerwise``: vLLM's layer-wise reload, the
+worker's own timings beside it), ``POST /resume``; and, to split the worker
 call, the same call receiving only (``apply=false``: transfer and fingerprints, no load) and a no-op
 worker call (``telescope_weight_version``: the round trip through the guard, vLLM's engine core and its
 worker process). Medians over ``--reps`` rounds; both engines take turns within each round, so the
@@ -36,6 +39,14 @@ async def _timed(call: Callable[[], Awaitable[Any]]) -> float:
     return time.perf_counter() - start
 
 
+#: The worker's own timings of one receive + load call (``TelescopeWeightSyncExtension``).
+WORKER_TIMINGS = {
+    "first_tensor": "call start to first tensor",
+    "receive": "in the receiver (first tensor's wait included)",
+    "load": "loading",
+}
+
+
 class Side:
     """One engine's server, its client, and the trainer end of its sync group."""
 
@@ -52,18 +63,24 @@ class Side:
         await update
         return time.perf_counter() - start
 
-    async def worker_call(self, named: list[tuple[str, torch.Tensor]], apply: bool) -> float:
-        """vLLM only: the worker-extension call alone (no pause or resume around it)."""
+    async def worker_call(
+        self, named: list[tuple[str, torch.Tensor]], apply: bool, reload: str = ""
+    ) -> tuple[float, dict[str, float]]:
+        """vLLM only: the worker-extension call alone (no pause or resume around it); seconds, and
+        the worker's own timings (``first_tensor``, ``receive``, ``load``, ``total``)."""
         self.version += 1 if apply else 0
         start = time.perf_counter()
         call = asyncio.create_task(
             self.client._rpc(
-                "telescope_update_weights", str(self.version), apply="true" if apply else "false"
+                "telescope_update_weights",
+                str(self.version),
+                apply="true" if apply else "false",
+                reload=reload,
             )
         )
         await asyncio.to_thread(self.sender.send, iter(named), self.version)
-        await call
-        return time.perf_counter() - start
+        results = await call
+        return time.perf_counter() - start, dict(results[0]["timings"])
 
 
 async def _open(name: str, engine: Any, logs: str) -> Side:
@@ -127,9 +144,13 @@ async def _rounds(
         record("transformers: whole sync", await other.sync(named))
         record("vllm: whole sync", await vllm.sync(named))
         record("vllm: POST /pause (keep)", await _timed(lambda: vllm.client.pause("keep")))
-        record("vllm: worker call, receive + load", await vllm.worker_call(named, apply=True))
+        for mode, how in (("auto", "staged"), ("layerwise", "layerwise")):
+            seconds, inside = await vllm.worker_call(named, apply=True, reload=mode)
+            record(f"vllm: worker call, receive + load ({how})", seconds)
+            for key in ("first_tensor", "receive", "load"):
+                record(f"vllm ({how}): inside the worker: {WORKER_TIMINGS[key]}", inside[key])
         record("vllm: POST /resume", await _timed(vllm.client.resume))
-        record("vllm: worker call, receive only", await vllm.worker_call(named, apply=False))
+        record("vllm: worker call, receive only", (await vllm.worker_call(named, apply=False))[0])
         record("vllm: worker call, no-op round trip", await _timed(vllm.client.weight_version))
     medians = {key: statistics.median(values) for key, values in times.items()}
     ratio = statistics.median(
@@ -139,8 +160,11 @@ async def _rounds(
     print("| phase | median ms |\n|---|---|")
     for key, value in medians.items():
         print(f"| {key} | {value * 1e3:.1f} |")
-    load = medians["vllm: worker call, receive + load"] - medians["vllm: worker call, receive only"]
-    print(f"| vllm: load alone (receive + load minus receive only) | {load * 1e3:.1f} |")
+    for how in ("staged", "layerwise"):
+        load = (
+            medians[f"vllm: worker call, receive + load ({how})"] - medians["vllm: worker call, receive only"]
+        )
+        print(f"| vllm: load alone, {how} (receive + load minus receive only) | {load * 1e3:.1f} |")
     print(f"\nvllm / transformers, whole sync (median of per-round ratios): {ratio:.2f}x")
 
 

@@ -49,6 +49,7 @@ ADDED_FIELDS = {
     "inference_access_log": False,
     "rollout_token_view_max_tokens": 512,
     "agent_tool_call_parser": "xml",
+    "vllm_weight_reload": "auto",
     "health_window_steps": 10,
     "health_min_history_steps": 1,
     "health_patience_steps": 2,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
 from typing import Any
 
 
@@ -21,9 +23,10 @@ def make_cfg(**overrides: object):  # type: ignore[no-untyped-def]
 
 
 class FakeVllmReload:
-    """Fake of the vLLM modules the worker extension's load uses (vLLM is not importable on CPU CI):
-    ``vllm.config.set_current_vllm_config`` and the layer-wise reload helpers, recording the order
-    in which they and the model's ``load_weights`` run."""
+    """Fake of the vLLM modules the worker extension's layer-wise load uses (vLLM is not importable on
+    CPU CI): ``vllm.config.set_current_vllm_config`` and the layer-wise reload helpers, recording the
+    order in which they and the model's ``load_weights`` run. The run's config says
+    ``vllm_weight_reload: layerwise`` (the staged path reads real vLLM layers: ``make test-vllm-cpu``)."""
 
     def __init__(self) -> None:
         self.events: list[str] = []
@@ -58,3 +61,7 @@ class FakeVllmReload:
         )
         for name, module in modules.items():
             monkeypatch.setitem(sys.modules, name, module)
+        config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        with config:
+            json.dump({"vllm_weight_reload": "layerwise"}, config)
+        monkeypatch.setenv("TELESCOPE_RESOLVED_CONFIG", config.name)

@@ -35,6 +35,7 @@ from telescope.core.inference import auto
 from telescope.core.inference.protocol import CompletionChoice, CompletionRequest
 from telescope.core.inference.settings import VllmEngineKwargs
 from telescope.core.inference.vllm_engine import guard as guard_module
+from telescope.core.inference.vllm_engine import staged_reload as staged_reload_module
 from telescope.core.inference.vllm_engine import worker as worker_module
 from telescope.core.inference.vllm_engine.args import build_vllm_args, build_vllm_env
 from telescope.core.inference.vllm_engine.guard import LORA_LOAD_PATH, RPC_PATH
@@ -544,12 +545,13 @@ def test_the_worker_extension_finds_what_it_uses_on_vllms_gpu_worker() -> None:
     assert "worker_extension_cls" in ast.unparse(_tree("v1/worker/worker_base.py"))
 
 
-def test_every_vllm_name_the_worker_extension_imports_exists() -> None:
-    tree = ast.parse(Path(worker_module.__file__).read_text())
+@pytest.mark.parametrize("module", [worker_module, staged_reload_module], ids=lambda m: m.__name__)
+def test_every_vllm_name_the_worker_extension_imports_exists(module: Any) -> None:
+    tree = ast.parse(Path(module.__file__).read_text())
     imports = [
         n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vllm")
     ]
-    assert imports, "the worker extension imports nothing from vLLM?"
+    assert imports, f"{module.__name__} imports nothing from vLLM?"
     for node in imports:
         assert node.module is not None
         defined = _defined_names(_module_file(node.module))
@@ -572,6 +574,31 @@ def test_the_layerwise_reload_takes_the_arguments_we_pass() -> None:
 
     assert parameters("initialize_layerwise_reload") == ["model"]
     assert parameters("finalize_layerwise_reload") == ["model", "model_config"]
+
+
+def test_the_staged_reload_finds_what_it_reads_in_vllm() -> None:
+    """``staged_reload`` reads each layer's checkpoint form from the metadata vLLM records for its
+    reload, binds loaders back with ``restore_layer_refs(tensor, layer)``, re-processes layers with
+    their method's ``process_weights_after_loading(layer)``, and learns what was loaded from
+    ``load_weights``' returned names (``AutoWeightsLoader``, which the models use)."""
+    info = _fields("model_executor/model_loader/reload/types.py", "LayerReloadingInfo")
+    assert "restore_metadata" in info and "LayerTensors" in info["restore_metadata"]
+    refs = _function("restore_layer_refs", under="model_executor/model_loader/reload")
+    assert [a.arg for a in refs.args.args] == ["tensor", "layer"]
+    for rel, cls in (
+        ("model_executor/layers/linear.py", "UnquantizedLinearMethod"),
+        ("model_executor/layers/vocab_parallel_embedding.py", "UnquantizedEmbeddingMethod"),
+    ):
+        method = next(
+            n
+            for n in _class(rel, cls).body
+            if isinstance(n, ast.FunctionDef) and n.name == "process_weights_after_loading"
+        )
+        assert [a.arg for a in method.args.args] == ["self", "layer"], (cls, ast.unparse(method.args))
+    loader = _method("model_executor/models/utils.py", "AutoWeightsLoader", "load_weights")
+    assert loader.returns is not None and "set[str]" in ast.unparse(loader.returns)
+    qwen2 = _method("model_executor/models/qwen2.py", "Qwen2ForCausalLM", "load_weights")
+    assert "return loader.load_weights" in ast.unparse(qwen2)
 
 
 # -- tracing ----------------------------------------------------------------------------------------

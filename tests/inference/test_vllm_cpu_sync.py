@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from telescope.core.testing import join_local_sync_group
 from telescope.core.weights.group import free_port
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(900)]
@@ -81,38 +82,77 @@ def test_vllm_samples_with_the_models_logprobs(served: Served) -> None:
     )
 
 
-def test_after_a_verified_sync_vllm_serves_the_senders_weights(served: Served) -> None:
-    from telescope.core.testing import join_local_sync_group
+def _trained(path: str, seed: int) -> Any:
+    """The served model after some "training": every weight moved, enough to change what is sampled."""
+    trained = _model(path)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in trained.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    return trained
+
+
+async def _sync(client: Any, group: Any, trained: Any, reload: str) -> tuple[dict[str, Any], Any]:
+    """One verified sync of ``trained`` (the next version) into the server, as the run makes it
+    (``reload`` empty) or with the worker's ``reload`` mode forced; returns worker 0's result and a
+    completion sampled after it."""
     from telescope.core.weights import WeightSyncSettings
     from telescope.core.weights.sender import WeightSender
     from telescope.core.weights.verify import check_sync
 
-    trained = _model(served.model_path)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # "training": every weight moves, enough to change what is sampled
-        for param in trained.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
     # what a trainer sends: its parameters, a tied embedding once (no lm_head.weight: vLLM must still
     # refresh its output layer from the embedding, or the served model keeps its first lm_head)
     named = [(name, tensor.detach()) for name, tensor in trained.named_parameters()]
     assert trained.config.tie_word_embeddings and "lm_head.weight" not in dict(named)
+    version = await client.weight_version() + 1
+    sender = WeightSender(group, WeightSyncSettings(dtype="float32"))
+    if reload:
+        update = asyncio.create_task(client._rpc("telescope_update_weights", str(version), reload=reload))
+    else:
+        update = asyncio.create_task(client.update_weights(version))
+    report = await asyncio.to_thread(sender.send, iter(named), version)
+    response = await update
+    result = response[0] if reload else response.model_dump()
+    check_sync(report.fingerprints, {"server": result["fingerprints"]}, version)  # raises on a mismatch
+    assert result["fingerprints"], "vLLM's worker returned no fingerprints"
+    assert result["num_tensors"] == len(named)
+    assert await client.weight_version() == version
+    return result, await _sample(client)
 
-    async def go() -> tuple[Any, Any]:
-        async with served.engine.client(served.url) as client:
-            group = await join_local_sync_group(client)
-            sender = WeightSender(group, WeightSyncSettings(dtype="float32"))
-            update = asyncio.create_task(client.update_weights(1))
-            report = await asyncio.to_thread(sender.send, iter(named), 1)
-            response = await update
-            check_sync(report.fingerprints, {served.url: response.fingerprints}, 1)  # raises on a mismatch
-            assert response.fingerprints, "vLLM's worker returned no fingerprints"
-            assert await client.weight_version() == 1
-            return await _sample(client), response
 
-    out, response = asyncio.run(go())
-    assert response.num_tensors == len(named)
+def _serves(trained: Any, out: Any, path: str) -> None:
+    """``out`` was sampled with ``trained``'s weights (and not with the weights the server started with)."""
     after = _teacher_forced(trained, PROMPT, out.token_ids)
     assert torch.allclose(torch.tensor(out.logprobs), after, atol=LOGPROB_ATOL, rtol=0)
-    # and not the weights it started with
-    before = _teacher_forced(_model(served.model_path), PROMPT, out.token_ids)
+    before = _teacher_forced(_model(path), PROMPT, out.token_ids)
     assert (torch.tensor(out.logprobs) - before).abs().max() > 100 * LOGPROB_ATOL
+
+
+def test_after_verified_syncs_vllm_serves_the_senders_weights(served: Served) -> None:
+    """Two syncs as a run makes them (``vllm_weight_reload: auto``): loaded in place by vLLM's own
+    loaders, the CPU build's GEMM weights re-packed (``staged_reload``); the second sync proves the
+    staging tensors are refilled, not kept from the first."""
+    first, second = _trained(served.model_path, 0), _trained(served.model_path, 1)
+
+    async def go() -> list[tuple[dict[str, Any], Any]]:
+        async with served.engine.client(served.url) as client:
+            group = await join_local_sync_group(client)
+            return [await _sync(client, group, trained, reload="") for trained in (first, second)]
+
+    for trained, (result, out) in zip((first, second), asyncio.run(go()), strict=True):
+        assert result["reload"] == "staged"
+        assert result["load_seconds"] is not None and result["load_seconds"] > 0
+        _serves(trained, out, served.model_path)
+
+
+def test_vllms_layerwise_reload_serves_the_senders_weights(served: Served) -> None:
+    """``vllm_weight_reload: layerwise`` (vLLM's own reload, for models the staged path declines)."""
+    trained = _trained(served.model_path, 2)
+
+    async def go() -> tuple[dict[str, Any], Any]:
+        async with served.engine.client(served.url) as client:
+            return await _sync(client, await join_local_sync_group(client), trained, reload="layerwise")
+
+    result, out = asyncio.run(go())
+    assert result["reload"] == "layerwise"
+    _serves(trained, out, served.model_path)

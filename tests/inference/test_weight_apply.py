@@ -159,3 +159,38 @@ def test_a_tied_embedding_sent_once_also_reaches_vllms_output_layer() -> None:
     with_output = [*sent, ("lm_head.weight", torch.full((3, 2), 7.0))]
     passed = list(_with_tied_output_embedding(iter(with_output)))
     assert [name for name, _ in passed] == [name for name, _ in with_output]
+
+
+@dataclass
+class FakePlan:
+    """Stands in for ``StagedReload`` (whose real runs are in make test-vllm-cpu)."""
+
+    loaded: list[list[str]] = field(default_factory=list)
+
+    def load(self, weights: Any) -> set[str]:
+        self.loaded.append([name for name, _ in weights])
+        return set(self.loaded[-1])
+
+
+@pytest.mark.parametrize(
+    ("mode", "plan", "expected"),
+    [("auto", FakePlan(), "staged"), ("auto", None, "layerwise"), ("layerwise", FakePlan(), "layerwise")],
+)
+def test_the_reload_mode_picks_the_staged_path_only_where_it_applies(
+    monkeypatch: pytest.MonkeyPatch, mode: str, plan: FakePlan | None, expected: str
+) -> None:
+    """auto: the staged plan when the model has one, vLLM's layer-wise reload when it declines
+    (``StagedReload.build`` returned None); layerwise: always vLLM's."""
+    fake = FakeVllmReload()
+    fake.install(monkeypatch)
+    worker = _worker(fake.events)
+    monkeypatch.setattr(worker, "_telescope_reload_plan", lambda model: plan)
+    out = worker.telescope_update_weights("1", "true", reload=mode)
+    assert out["reload"] == expected
+    layerwise_ran = "initialize_layerwise_reload" in fake.events
+    assert layerwise_ran == (expected == "layerwise")
+    if plan is not None:
+        assert plan.loaded == ([["w"]] if expected == "staged" else [])
+    assert set(out["timings"]) == {"total", "first_tensor", "receive", "load"}
+    with pytest.raises(ValueError, match=r"reload='fast'; use one of \('auto', 'layerwise'\)"):
+        worker.telescope_update_weights("2", "true", reload="fast")

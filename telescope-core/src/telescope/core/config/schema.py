@@ -232,6 +232,8 @@ class TelescopeConfig(BaseModel):
     """Maximum context length for the inference engine."""
     vllm_scheduling_policy: Literal["priority", "fcfs"] = "priority"
     """priority = turn-aware scheduling for multi-turn; fcfs = first-come-first-served."""
+    vllm_weight_reload: Literal["auto", "layerwise"] = "auto"
+    """How a vLLM server loads a weight sync: auto = in place with vLLM's own weight loaders when every layer is unquantized (then re-packed for its kernels; faster, see bench/vllm_sync.py), else vLLM's layer-wise reload; layerwise = always vLLM's layer-wise reload."""
     enable_thinking: bool = False
     """Pass enable_thinking=True to apply_chat_template() for models with native thinking support."""
     chat_template: str | None = None

@@ -228,6 +228,12 @@ class WeightUpdateResponse(BaseModel):
     """Tensors received."""
     seconds: float
     """Receive + load time on the server."""
+    load_seconds: float | None = None
+    """Of ``seconds``, the time spent loading (vLLM: its slowest worker's, the wait for the trainer's
+    tensors and their receipt left out); None where the engine does not measure it."""
+    reload: str | None = None
+    """How the server loaded the weights (vLLM: ``staged``, in place with its own weight loaders;
+    ``layerwise``, its layer-wise reload; ``adapter``, a LoRA adapter); None where not reported."""
     fingerprints: dict[str, str] | None = None
     """Fingerprints of the model's tensors after loading, or with ``applied`` false of the tensors received
     (null without verification)."""

@@ -88,7 +88,10 @@ class RayTrainerGroup:
             version,
         )
         fingerprints = sent.get("fingerprints") or {}
+        loads = [r.load_seconds for r in loaded if r.load_seconds is not None]
+        load_metric = {"weight_sync/server_load_seconds": max(loads)} if loads else {}
         return {
+            **load_metric,
             "digest": _digest(fingerprints),
             "timing_weight_sync_trainer_total": float(sent.get("seconds", 0.0)),
             "timing_weight_sync_inference_total": max((r.seconds for r in loaded), default=0.0),

@@ -185,6 +185,8 @@ class VllmClient(InferenceClient):
                 applied=bool(first.get("applied", True)),
                 num_tensors=first["num_tensors"],
                 seconds=asyncio.get_running_loop().time() - start,
+                load_seconds=_slowest_load(results),
+                reload=first.get("reload"),
                 fingerprints=first.get("fingerprints"),
             )
         )
@@ -220,6 +222,14 @@ class VllmClient(InferenceClient):
         if not results:
             raise InferenceServerError(200, f"{RPC_PATH} {method} returned no worker results: {raw!r}")
         return list(results)
+
+
+def _slowest_load(results: list[Any]) -> float | None:
+    """The slowest TP worker's load time (``timings.load`` of the worker extension), or None when a
+    worker did not report one."""
+    loads = [r.get("timings", {}).get("load") if isinstance(r, dict) else None for r in results]
+    measured = [float(x) for x in loads if x is not None]
+    return max(measured) if measured and len(measured) == len(loads) else None
 
 
 def _check_workers_agree(url: str, version: int, results: list[Any]) -> None:

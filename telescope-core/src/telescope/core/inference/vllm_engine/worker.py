@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,11 +64,14 @@ class TelescopeWeightSyncExtension:
         self._telescope_version = 0
         return {"rank": rank}
 
-    def telescope_update_weights(self, version: str, apply: str = "true") -> dict[str, Any]:
+    def telescope_update_weights(self, version: str, apply: str = "true", reload: str = "") -> dict[str, Any]:
         """Receive one sync straight into ``model.load_weights`` (streamed, bucket by bucket).
 
         ``apply="false"``: receive (fingerprinting what arrived), load nothing, keep the served version.
+        ``reload``: ``auto`` or ``layerwise`` for this call (``bench/vllm_sync.py`` measures both side by
+        side); empty = the run's ``vllm_weight_reload``.
         Arguments are strings: ``/telescope/collective_rpc`` passes only strings.
+        The result carries ``reload`` (how the weights were loaded) and ``timings`` (``_TimedStream``).
         """
         receiver = getattr(self, "_telescope_receiver", None)
         if receiver is None:
@@ -76,12 +80,18 @@ class TelescopeWeightSyncExtension:
         config = _resolved_config()
         lora = int(config.get("lora_rank", 0) or 0) > 0
         adapter_path: str | None = None
+        mode = reload or str(config.get("vllm_weight_reload", "auto"))
+        if mode not in RELOAD_MODES:
+            raise ValueError(f"telescope_update_weights: reload={mode!r}; use one of {RELOAD_MODES}")
+        loaded_by = "none"  # how the weights were loaded: staged, layerwise, adapter
         # The version is checked on the first header, before load_weights sees any tensor.
-        stream = receiver.receive(expect_version=int(version))
+        timed = _TimedStream(receiver.receive(expect_version=int(version)))
+        stream = iter(timed)
         if apply_flag and lora:
             adapter_path = self._telescope_write_adapter(stream, int(version), config)
+            loaded_by = "adapter"
         elif apply_flag:
-            self._telescope_load(stream)
+            loaded_by = self._telescope_load(stream, mode)
         else:
             for _ in stream:  # take part in every broadcast; fingerprinted as they arrive
                 pass
@@ -98,6 +108,8 @@ class TelescopeWeightSyncExtension:
             "applied": apply_flag,
             "num_tensors": last.num_tensors,
             "fingerprints": last.received_fingerprints,
+            "timings": timed.timings(),
+            "reload": loaded_by,
         }
         if adapter_path is not None:
             result["adapter_path"] = adapter_path
@@ -131,8 +143,13 @@ class TelescopeWeightSyncExtension:
             prune_adapters(root, keep={self.telescope_weight_version(), version})
         return path
 
-    def _telescope_load(self, weights: Iterator[tuple[str, Any]]) -> None:
-        """``model.load_weights`` the way vLLM reloads checkpoint-format weights in place."""
+    def _telescope_load(self, weights: Iterator[tuple[str, Any]], mode: str) -> str:
+        """Load checkpoint-format weights in place; returns how (``staged`` or ``layerwise``).
+
+        ``mode`` (``vllm_weight_reload``): ``auto`` loads with vLLM's own weight loaders straight
+        into the model (``staged_reload``) when every layer is unquantized, else, and with
+        ``layerwise``, runs vLLM's layer-wise reload as its ``reload_weights`` does.
+        """
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import (
@@ -143,15 +160,36 @@ class TelescopeWeightSyncExtension:
         model = self.model_runner.model
         hf_config = getattr(self.model_config, "hf_config", None)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        with set_current_vllm_config(self.vllm_config), torch.device(self.device):
-            initialize_layerwise_reload(model)
-            model.load_weights(_with_tied_output_embedding(weights) if tied else weights)
-            finalize_layerwise_reload(model, self.model_config)
+        stream = _with_tied_output_embedding(weights) if tied else weights
+        with set_current_vllm_config(self.vllm_config):
+            plan = self._telescope_reload_plan(model) if mode == "auto" else None
+            if plan is not None:
+                plan.load(stream)
+                return "staged"
+            with torch.device(self.device):
+                initialize_layerwise_reload(model)
+                model.load_weights(stream)
+                finalize_layerwise_reload(model, self.model_config)
+        return "layerwise"
+
+    def _telescope_reload_plan(self, model: Any) -> Any:
+        """The model's ``StagedReload`` (built on the first sync, again if the model changed), or
+        None when a layer needs vLLM's layer-wise reload."""
+        from telescope.core.inference.vllm_engine.staged_reload import StagedReload
+
+        plan = getattr(self, "_telescope_plan", None)
+        if plan is None or not plan.matches(model):
+            plan = StagedReload.build(model)
+            self._telescope_plan = plan
+        return plan
 
     def telescope_weight_version(self) -> int:
         """The version this worker serves."""
         return int(getattr(self, "_telescope_version", 0))
 
+
+#: ``vllm_weight_reload`` values (config schema).
+RELOAD_MODES = ("auto", "layerwise")
 
 #: A tied model's output embedding, under the name vLLM's ``load_weights`` takes it (Llama, Qwen, ...).
 TIED_OUTPUT_NAME = "lm_head.weight"
@@ -175,6 +213,43 @@ def _with_tied_output_embedding(weights: Iterator[tuple[str, Any]]) -> Iterator[
         yield name, tensor
     if embedding is not None and not sent_output:
         yield TIED_OUTPUT_NAME, embedding
+
+
+class _TimedStream:
+    """The received tensors, timing where the worker call spends its time: waiting for / receiving
+    tensors (inside the receiver) against loading them (the consumer, between two tensors)."""
+
+    def __init__(self, stream: Iterator[tuple[str, Any]]) -> None:
+        self._stream = stream
+        self._start = time.perf_counter()
+        self._first: float | None = None
+        self._receive_s = 0.0
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        while True:
+            began = time.perf_counter()
+            try:
+                item = next(self._stream)
+            except StopIteration:
+                self._receive_s += time.perf_counter() - began
+                return
+            now = time.perf_counter()
+            self._receive_s += now - began
+            if self._first is None:
+                self._first = now - self._start
+            yield item
+
+    def timings(self) -> dict[str, float]:
+        """Seconds: ``total`` of the call so far, ``first_tensor`` (the wait for the trainer's first
+        message), ``receive`` (all time inside the receiver, ``first_tensor`` included), ``load``
+        (the rest: loading, or writing an adapter)."""
+        total = time.perf_counter() - self._start
+        return {
+            "total": total,
+            "first_tensor": self._first or 0.0,
+            "receive": self._receive_s,
+            "load": total - self._receive_s,
+        }
 
 
 def _parse_flag(name: str, value: str) -> bool:
