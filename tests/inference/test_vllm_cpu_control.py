@@ -144,8 +144,9 @@ def test_priority_reaches_the_scheduler_a_later_turn_overtakes_queued_first_turn
                 )
                 finished.append(name)
 
-            # long enough to be still running once the others are queued behind it
-            tasks = [asyncio.create_task(one("running", 0, tokens=1024))]
+            # long enough to be still running once the others are queued behind it: 1024 tokens ended
+            # before the third was queued once on a loaded machine (load ~3), so nearly max_model_len
+            tasks = [asyncio.create_task(one("running", 0, tokens=1900))]
             await _wait_for_requests(client, running=1, waiting=0)
             for name in ("turn0-a", "turn0-b", "turn0-c"):
                 tasks.append(asyncio.create_task(one(name, 0)))
