@@ -19,6 +19,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from telescope.core.models.warmstart import Example
 
 __all__ = [
     "TINY_MODEL_SPECS",
@@ -26,6 +30,7 @@ __all__ = [
     "build_tiny_model",
     "builtin_model_name",
     "cache_dir",
+    "cached_tiny_model",
     "resolve_model_path",
 ]
 
@@ -97,7 +102,14 @@ def resolve_model_path(name: str) -> str:
     if name not in TINY_MODEL_SPECS:
         valid = ", ".join(sorted(TINY_MODEL_SPECS))
         raise ValueError(f"unknown built-in model {name!r}; built-in models are: {valid}")
-    target = cache_dir() / "models" / name.replace("/", "--")
+    return cached_tiny_model(name.replace("/", "--"), TINY_MODEL_SPECS[name])
+
+
+def cached_tiny_model(key: str, spec: TinyModelSpec, examples: Example | None = None) -> str:
+    """Folder ``cache_dir()/models/<key>`` holding ``spec`` built (once, under a file lock) with
+    ``build_tiny_model``'s ``examples``. ``key`` names the build: a caller whose ``spec`` or
+    ``examples`` change gives the new build a new key (the folder is reused while it exists)."""
+    target = cache_dir() / "models" / key
     marker = target / ".telescope_build"
     if _is_built(marker):
         return str(target)
@@ -106,7 +118,7 @@ def resolve_model_path(name: str) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not _is_built(marker):  # another process may have built it while we waited
-            build_tiny_model(name, target)
+            build_tiny_model(spec, target, examples=examples)
     return str(target)
 
 
@@ -125,9 +137,12 @@ def _is_built(marker: Path) -> bool:
     return marker.is_file() and marker.read_text().strip() == BUILD_VERSION
 
 
-def build_tiny_model(name: str | TinyModelSpec, target: str | os.PathLike[str]) -> None:
+def build_tiny_model(
+    name: str | TinyModelSpec, target: str | os.PathLike[str], *, examples: Example | None = None
+) -> None:
     """Build model ``name`` (a built-in name or any spec, e.g. a benchmark's) into folder
-    ``target`` (replaced atomically when complete)."""
+    ``target`` (replaced atomically when complete). A spec with ``warm_start_steps`` is warm-started
+    on ``examples`` (``telescope.core.models.warmstart.Example``; default: reverse_text's)."""
     spec = name if isinstance(name, TinyModelSpec) else TINY_MODEL_SPECS[name]
     target = Path(target)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
@@ -136,11 +151,12 @@ def build_tiny_model(name: str | TinyModelSpec, target: str | os.PathLike[str]) 
         tokenizer.save_pretrained(staging)
         model = _build_model(spec, tokenizer)
         if spec.warm_start_steps:
-            from telescope.core.models.warmstart import warm_start_reverse
+            from telescope.core.models.warmstart import reverse_example, warm_start
 
-            warm_start_reverse(
+            warm_start(
                 model,
                 tokenizer,
+                examples or reverse_example,
                 steps=spec.warm_start_steps,
                 seed=spec.seed,
                 label_smoothing=spec.warm_start_label_smoothing,

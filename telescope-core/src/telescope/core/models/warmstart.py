@@ -6,16 +6,26 @@ reward climbs from there). Label smoothing leaves that skill under-confident: th
 knows more than it samples at temperature 1 (greedy decoding scores well above sampling),
 so GRPO has a gain it reliably finds within a demo's 100 steps, by sharpening the policy
 the way RL turns an LLM's pass@k into pass@1. Deterministic for a given seed.
+
+``warm_start`` trains on any task given as an ``Example`` function (one prompt and its
+solution per call); ``warm_start_reverse`` is it on reverse_text, the built-in models' task.
+Other tasks' examples live with their environments' users (the health bench's countdown and
+wordle models: tests/health/task_models.py), so this package never imports an environment.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from telescope.core.models.demo_tasks import REVERSE_SYSTEM_PROMPT, reverse_phrase
 
-__all__ = ["reverse_prompt_ids", "warm_start_reverse"]
+__all__ = ["Example", "reverse_example", "reverse_prompt_ids", "warm_start", "warm_start_reverse"]
+
+Example = Callable[[Any, random.Random], tuple[list[int], str]]
+"""``(tokenizer, rng) -> (prompt ids, solution text)``: one training example, drawn with ``rng``
+(the solution is the assistant's answer; the warm start appends the EOS token)."""
 
 
 def reverse_prompt_ids(tokenizer: Any, text: str) -> list[int]:
@@ -25,14 +35,21 @@ def reverse_prompt_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(rendered, add_special_tokens=False))
 
 
-def _batch(tokenizer: Any, rng: random.Random, size: int, eos_id: int) -> tuple[Any, Any]:
+def reverse_example(tokenizer: Any, rng: random.Random) -> tuple[list[int], str]:
+    """A reverse_text prompt of one to three demo words and its answer (the text reversed)."""
+    text = reverse_phrase(rng, 1, 3)
+    return reverse_prompt_ids(tokenizer, text), text[::-1]
+
+
+def _batch(
+    tokenizer: Any, rng: random.Random, size: int, eos_id: int, example: Example = reverse_example
+) -> tuple[Any, Any]:
     import torch
 
     pairs = []
     for _ in range(size):
-        text = reverse_phrase(rng, 1, 3)
-        answer = list(tokenizer.encode(text[::-1], add_special_tokens=False)) + [eos_id]
-        pairs.append((reverse_prompt_ids(tokenizer, text), answer))
+        prompt, solution = example(tokenizer, rng)
+        pairs.append((prompt, list(tokenizer.encode(solution, add_special_tokens=False)) + [eos_id]))
     width = max(len(p) + len(a) for p, a in pairs)
     ids = torch.full((size, width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((size, width), -100, dtype=torch.long)
@@ -42,11 +59,18 @@ def _batch(tokenizer: Any, rng: random.Random, size: int, eos_id: int) -> tuple[
     return ids, labels
 
 
-def warm_start_reverse(
-    model: Any, tokenizer: Any, *, steps: int, seed: int, lr: float = 3e-3, label_smoothing: float = 0.0
+def warm_start(
+    model: Any,
+    tokenizer: Any,
+    example: Example,
+    *,
+    steps: int,
+    seed: int,
+    lr: float = 3e-3,
+    label_smoothing: float = 0.0,
 ) -> float:
-    """Train ``model`` in place for ``steps`` AdamW steps of 16 examples (cross-entropy on the
-    answer tokens with ``label_smoothing``); returns the last loss."""
+    """Train ``model`` in place for ``steps`` AdamW steps of 16 ``example``s (cross-entropy on the
+    solution tokens with ``label_smoothing``); returns the last loss."""
     import torch
     import torch.nn.functional as F
 
@@ -58,7 +82,7 @@ def warm_start_reverse(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for _ in range(steps):
-            ids, labels = _batch(tokenizer, rng, 16, eos_id)
+            ids, labels = _batch(tokenizer, rng, 16, eos_id, example)
             logits = model(input_ids=ids).logits[:, :-1]  # position t predicts token t + 1
             loss = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]),
@@ -71,3 +95,12 @@ def warm_start_reverse(
             optimizer.step()
     model.eval()
     return float(loss.detach())
+
+
+def warm_start_reverse(
+    model: Any, tokenizer: Any, *, steps: int, seed: int, lr: float = 3e-3, label_smoothing: float = 0.0
+) -> float:
+    """``warm_start`` on reverse_text (the built-in ``telescope/tiny-reverse``)."""
+    return warm_start(
+        model, tokenizer, reverse_example, steps=steps, seed=seed, lr=lr, label_smoothing=label_smoothing
+    )
