@@ -195,6 +195,49 @@ def test_an_infrastructure_failure_is_retried_then_left_out_never_scored(
     assert sum(n for o, n in counted.items() if o.cause == "sandbox_create") == 4  # where they happened
 
 
+def test_in_a_run_eval_infra_failures_count_toward_the_runs_failure_rate(
+    server_url: str, registry: Any, tokenizer: Any
+) -> None:
+    """With the training run's ledger, the evals' infrastructure failures are the run's: counted in
+    its ``infra/*`` and, past ``infra_max_failure_rate`` over ``infra_failure_window`` attempts, the
+    eval ends the run (``InfraRateError``): sample 1's sandbox never starts, sample 0's fails once,
+    so a 3-attempt window fills with 2 or 3 failures (> 0.5 x 3) whatever the order. ``telescope eval``
+    (its own ledger) masks the same failures and finishes."""
+    from eval_envs import FlakySandboxEnv
+
+    from telescope.core.infra import ORIGINS
+    from telescope.core.rollouts.outcomes import InfraLedger, InfraPolicy, InfraRateError
+
+    cfg = eval_cfg(name="flaky_sandbox", num_samples=2)
+    cfg = cfg.model_copy(
+        update={
+            "infra_max_retries_per_sample": 2,
+            "infra_retry_backoff_s": 0.0,
+            "infra_failure_window": 3,
+            "infra_max_failure_rate": 0.5,
+            "max_concurrent_prompts_per_server": 1,
+        }
+    )
+    FlakySandboxEnv.calls.clear()
+    ORIGINS.drain()
+    ledger = InfraLedger(InfraPolicy.from_config(cfg))
+    runner = EvalRunner(cfg, registry, tokenizer, infra=ledger)
+    with pytest.raises(
+        InfraRateError, match=r"[23] of the last 3 sample attempts .* provider 'fake', cause 'sandbox_create'"
+    ):
+        run_eval(runner, [FlakyClient(server_url)], step=1)
+    calls = dict(FlakySandboxEnv.calls)
+    failures = (1 if calls.get(0) else 0) + calls.get(1, 0)  # sample 0 fails its first attempt only
+    assert sum(calls.values()) >= 3 and failures >= 2  # the window filled before the rule spoke
+    metrics = ledger.step_metrics()
+    assert metrics["infra/failed"] == failures and metrics["infra/env/flaky_sandbox/failed"] == failures
+
+    FlakySandboxEnv.calls.clear()
+    (result,) = run_eval(EvalRunner(cfg, registry, tokenizer), [FlakyClient(server_url)], step=1)
+    assert result.metrics["infra_masked"] == 1 and FlakySandboxEnv.calls == {0: 2, 1: 3}
+    ORIGINS.drain()
+
+
 def test_environments_with_their_own_eval_metrics(server_url: str, registry: Any, tokenizer: Any) -> None:
     cfg = eval_cfg(name="own_metrics", num_samples=2, pass_k=[2])
     (result,) = run_eval(EvalRunner(cfg, registry, tokenizer), [FlakyClient(server_url)], step=1)

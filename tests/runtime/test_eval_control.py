@@ -119,3 +119,32 @@ def test_a_plugin_failing_on_periodic_eval_results_ends_the_run_naming_the_hook(
     with pytest.raises(RunStageError, match="the telescope_eval_end hook failed: RuntimeError: plugin bug"):
         asyncio.run(main())
     assert len(trainer.batches) < 6  # the run stopped, it did not go on with a warning
+
+
+def test_a_periodic_eval_over_the_infra_failure_rate_ends_the_run(tokenizer: Any) -> None:
+    """The evals count in the run's ledger (``EvalRunner(..., infra=orchestrator.infra)``): a periodic
+    eval that takes the failure rate above ``infra_max_failure_rate`` ends the run at the next step,
+    as training's own failures would; any other failed eval is only reported."""
+    import pytest
+
+    from telescope.core.rollouts.outcomes import InfraRateError
+
+    class RateExceedingRunner(FakeEvalRunner):
+        async def run(self, entries: list[Any], clients: list[Any], step: int) -> list[EvalResult]:
+            raise InfraRateError("infrastructure failures: 3 of the last 3 sample attempts (100%) failed")
+
+    orch, trainer, clients = build_with_evals(tokenizer)
+    controller = EvalController(orch.cfg, RateExceedingRunner(orch.cfg, 0.0), clients, lambda *_: None)
+    orch.hooks.append(controller)
+
+    async def main() -> None:
+        await orch.run()
+        await controller.after_training(orch)
+
+    from telescope.core.errors import RunStageError
+
+    with pytest.raises(
+        RunStageError, match="EvalController failed: InfraRateError: infrastructure failures: 3 of"
+    ):
+        asyncio.run(main())
+    assert len(trainer.batches) < 6  # the run stopped, it did not go on with a warning

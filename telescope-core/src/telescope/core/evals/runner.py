@@ -96,8 +96,17 @@ class EvalRunner:
     """Loads every ``cfg.evals`` entry once; ``run`` evaluates some of them on given clients."""
 
     def __init__(
-        self, cfg: TelescopeConfig, registry: Any, tokenizer: Any, progress: Progress | None = None
+        self,
+        cfg: TelescopeConfig,
+        registry: Any,
+        tokenizer: Any,
+        progress: Progress | None = None,
+        infra: InfraLedger | None = None,
     ) -> None:
+        """``infra``: the training run's ledger (``Orchestrator.infra``): the evals' infrastructure
+        failures then count in its ``infra/*`` metrics and toward its ``infra_max_failure_rate``, and an
+        eval that takes the rate above it ends the run (``InfraRateError``) as training would. None
+        (``telescope eval``): a ledger of its own per ``run``, retries and masking only."""
         names = [e.name for e in cfg.evals]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -118,8 +127,10 @@ class EvalRunner:
             runner = RolloutRunner(tokenizer, eval_settings(cfg, entry, stop_ids), interleaver)
             self.evals[entry.name] = _Eval(loaded, prompts, runner, eval_scoring_env(loaded.env))
         self._prepared: set[str] = set()
-        self._infra = InfraLedger(InfraPolicy.from_config(cfg))
-        """Retry or mask of each completion an infrastructure failure ended (a new one per ``run``)."""
+        self._run_ledger = infra
+        self._infra = infra or InfraLedger(InfraPolicy.from_config(cfg))
+        """Retry or mask of each completion an infrastructure failure ended (the run's, else a new
+        one per ``run``)."""
 
     def due(self, step: int) -> list[Any]:
         """Entries due after completed (1-indexed) training step ``step``."""
@@ -139,7 +150,7 @@ class EvalRunner:
             (e, s, c) for e, ev in enumerate(chosen) for s in range(len(ev.prompts)) for c in range(ev.n)
         )
         done = [0] * len(chosen)
-        self._infra = InfraLedger(InfraPolicy.from_config(self.cfg))
+        self._infra = self._run_ledger or InfraLedger(InfraPolicy.from_config(self.cfg))
 
         async def worker(server: int) -> None:
             while jobs:
@@ -179,11 +190,15 @@ class EvalRunner:
             try:
                 rollout = await ev.runner.run(client, task, lambda: None)
                 break
-            except Exception as exc:  # noqa: BLE001 - one failed request never stops an eval
+            except Exception as exc:
                 error = infra_cause(exc)
                 if error is None:
                     return CompletionOutcome(error=f"{type(exc).__name__}: {exc}", infra_retries=retries)
-                if not self._infra.failed(name, error, retries):
+                retry = self._infra.failed(name, error, retries)
+                stop = self._infra.rate_exceeded() if self._run_ledger is not None else None
+                if stop is not None:
+                    raise stop from exc
+                if not retry:
                     message = f"infrastructure failure ({error.cause}, provider '{error.provider}'): {error}"
                     return CompletionOutcome(error=message, infra_cause=error.cause, infra_retries=retries)
                 retries += 1

@@ -311,7 +311,9 @@ async def add_checkpoints_and_evals(
         return None
     from telescope.core.evals import EvalRunner
 
-    runner = await asyncio.to_thread(EvalRunner, cfg, session.registry, orchestrator.runner.tokenizer)
+    runner = await asyncio.to_thread(
+        EvalRunner, cfg, session.registry, orchestrator.runner.tokenizer, None, orchestrator.infra
+    )
     evals_info = eval_info({name: ev.loaded.env for name, ev in runner.evals.items()})
     hook.telescope_run_info(info={"evals": evals_info})
     controller = EvalController(

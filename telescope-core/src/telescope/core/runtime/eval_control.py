@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from telescope.core.errors import RunStageError, stage_error
+from telescope.core.rollouts.outcomes import InfraRateError
 
 if TYPE_CHECKING:
     from telescope.core.config import TelescopeConfig
@@ -52,8 +53,9 @@ class EvalController:
         self.eval_servers = set(range(len(clients) - count, len(clients))) if count else set()
         self._task: asyncio.Task[None] | None = None
         self._awaiting_sync = False
-        self._report_failure: RunStageError | None = None
-        """A plugin failed on a periodic eval's results: raised at the next step (it ends the run)."""
+        self._report_failure: RunStageError | InfraRateError | None = None
+        """A plugin failed on a periodic eval's results, or the eval took the run's infrastructure
+        failure rate above ``infra_max_failure_rate``: raised at the next step (it ends the run)."""
         self.ran_at: dict[int, set[str]] = {}
 
     def _start_end_servers(self) -> list[int]:
@@ -135,7 +137,7 @@ class EvalController:
     async def _periodic(self, orchestrator: Orchestrator, entries: list[Any], step: int) -> None:
         try:
             await self._run(entries, sorted(self.eval_servers), step)
-        except RunStageError as exc:  # the results could not be reported
+        except (RunStageError, InfraRateError) as exc:  # results not reported, or too many infra failures
             self._report_failure = exc
         except Exception as exc:  # noqa: BLE001 - a failed eval is reported, training goes on
             log.warning("evals at step %d failed: %s: %s", step, type(exc).__name__, exc)
