@@ -9,10 +9,14 @@ otherwise. Per run: how it ended, the findings it raised (``name@step``, from ru
 - ``healthy_seed{0..4}``: the quickstart as shipped (false alarms: any finding);
 - ``healthy_lora``: ``examples/quickstart_lora.yaml`` as shipped (false alarms);
 - ``healthy_countdown``, ``healthy_wordle``: ``examples/countdown.yaml`` and ``wordle.yaml`` need
-  Qwen2.5-3B and 16 CPUs (4 workers x 4); here the quickstart's CPU pools train the built-in
-  ``telescope/tiny`` (random weights) on them, ``max_tokens`` 64 / 32 (1024 / 512 shipped), wordle
-  with 2 turns, and zero-advantage groups kept so that steps complete and every step rule judges
-  them (the tiny model scores 0 on nearly every group: ``reward_saturated`` is then a true finding);
+  Qwen2.5-3B and 16 CPUs (4 workers x 4); here the quickstart's CPU pools train a tiny model
+  warm-started on the environment's own prompts and solutions (tests/health/task_models.py, built
+  on first use and cached: its samples score differently within a group; the random
+  ``telescope/tiny`` scores 0 on every sample, and ``reward_saturated`` is then a true finding),
+  ``max_tokens`` 64 / 32 (1024 / 512 shipped), wordle with 2 turns, learning rate 1e-4 (at the
+  quickstart's 5e-4 both runs degenerate: true findings, docs/health.md), and zero-advantage groups
+  kept so that steps complete and every step rule judges them (false alarms: any finding); the two
+  print their mean reward over the first and the last 5 steps;
 - ``lr_20x``, ``lr_100x``: learning rate 0.01 and 0.05 (the shipped 5e-4 x 20 and x 100);
 - ``length_game``: ``reverse_text_lengthy`` (tests/health/faulty_envs.py), whose reward pays for length;
 - ``constant_reward``: ``reverse_text_constant``, every completion scores 1.0;
@@ -43,11 +47,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "healthy_lora": {"base": "quickstart_lora.yaml"},
     **{
         f"healthy_{env}": {
-            "model": "telescope/tiny",
+            "task_model": env,
             "environments": [{"name": env, "reward_min": 0.0, "reward_max": top, **kwargs}],
             "max_tokens": tokens,
             "discard_group_zero_advantage": False,
             "stall_timeout_s": 120.0,
+            "learning_rate": 1e-4,  # 5e-4 (the quickstart's) made both degenerate: docs/health.md
         }
         for env, top, tokens, kwargs in (
             ("countdown", 2.0, 64, {}),
@@ -86,6 +91,11 @@ def run(name: str, steps: int, out: Path, seed: int | None = None) -> dict[str, 
 
     fields = dict(SCENARIOS[name])
     faults = fields.pop("faults", None)
+    if "task_model" in fields:  # built on first use, then cached (tests/health/task_models.py)
+        sys.path.insert(0, str(ROOT / "tests" / "health"))
+        from task_models import task_model
+
+        fields["model"] = task_model(fields.pop("task_model"))
     base = fields.pop("base", "quickstart.yaml")
     config = yaml.safe_load((ROOT / "examples" / base).read_text())
     config.update({"number_of_steps": steps, "run_dir": str(out / name), "overwrite": True, **WARN})
@@ -164,6 +174,13 @@ def main() -> None:
         )
         if row["restarts"]:
             print(f"{'':<16} restarted from steps {row['restarts']}; rewards {row['rewards']}", flush=True)
+        if SCENARIOS[name].get("task_model"):
+            first, last = row["rewards"][:5], row["rewards"][-5:]
+            print(
+                f"{'':<16} mean reward steps 1-5 {sum(first) / max(len(first), 1):.3f}, "
+                f"last 5 {sum(last) / max(len(last), 1):.3f}",
+                flush=True,
+            )
         if row["rollback"]:
             print(f"{'':<16} rollback: {row['rollback']}", flush=True)
         (out / f"{name}.json").write_text(json.dumps(row))

@@ -19,7 +19,14 @@ from telescope.core.env.data import load_rows, select_rows
 from telescope.envs.kwargs import CountdownKwargs
 from telescope.envs.safe_arith import MAX_EXPRESSION_CHARS, UnsafeExpression, safe_arithmetic
 
-__all__ = ["CountdownEnvironment", "CountdownKwargs", "equation_reward", "format_reward", "generate_problem"]
+__all__ = [
+    "CountdownEnvironment",
+    "CountdownKwargs",
+    "combine",
+    "equation_reward",
+    "format_reward",
+    "generate_problem",
+]
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. You first think about the reasoning process in the mind "
@@ -66,23 +73,31 @@ def equation_reward(completion: str, nums: list[int], target: float) -> float:
     return 1.0 if abs(value - float(target)) < 1e-5 else 0.0
 
 
+def combine(numbers: list[int], rng: random.Random) -> tuple[int, str]:
+    """``numbers`` combined left to right with random operators (``/`` only when exact, ``*`` up to
+    10 000, ``-`` only while positive, else ``+``): the value and its expression, e.g. ``(3 + 5) * 2``."""
+    value, expression = numbers[0], str(numbers[0])
+    for n in numbers[1:]:
+        op = rng.choice("+-*/")
+        if op == "/" and value % n == 0:
+            value //= n
+        elif op == "*" and value * n <= 10_000:
+            value *= n
+        elif op == "-" and value > n:
+            value -= n
+        else:
+            op, value = "+", value + n
+        expression = f"{f'({expression})' if ' ' in expression else expression} {op} {n}"
+    return value, expression
+
+
 def generate_problem(rng: random.Random, count: int, max_number: int) -> tuple[list[int], int]:
     """Numbers and a reachable positive integer target (built from a random expression)."""
     while True:
         nums = [rng.randint(1, max_number) for _ in range(count)]
         order = nums[:]
         rng.shuffle(order)
-        value = order[0]
-        for n in order[1:]:
-            op = rng.choice("+-*/")
-            if op == "/" and value % n == 0:
-                value //= n
-            elif op == "*" and value * n <= 10_000:
-                value *= n
-            elif op == "-" and value > n:
-                value -= n
-            else:
-                value += n
+        value, _ = combine(order, rng)
         if 1 <= value <= 10_000:
             return nums, value
 
