@@ -26,6 +26,7 @@ and LoRA syncs over gloo); NCCL on GPUs is not run there.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -56,8 +57,9 @@ class TelescopeWeightSyncExtension:
         body = WeightSyncInitRequest.model_validate_json(request_json)
         rank = body.rank + get_tensor_model_parallel_rank()
         spec = GroupSpec(**body.model_dump(exclude={"rank"}))
-        # Fresh buffers per sync (CUDA's caching allocator makes them cheap): load_weights may keep
-        # references to the tensors it is given, which reused buffers would overwrite next sync.
+        # Fresh buffers per sync unless the staged reload loads them (telescope_update_weights): vLLM's
+        # layer-wise reload may keep references to the tensors it is given, which reused buffers
+        # would overwrite next sync (CUDA's caching allocator makes fresh ones cheap anyway).
         self._telescope_receiver = WeightReceiver(
             WeightSyncGroup(spec, rank), verify=_verify_enabled(), reuse_buffers=False
         )
@@ -84,6 +86,11 @@ class TelescopeWeightSyncExtension:
         if mode not in RELOAD_MODES:
             raise ValueError(f"telescope_update_weights: reload={mode!r}; use one of {RELOAD_MODES}")
         loaded_by = "none"  # how the weights were loaded: staged, layerwise, adapter
+        # Reused receive buffers (no page faults for fresh ones) only where nothing keeps a reference
+        # to what was received: the staged reload's loaders copy it; vLLM's layer-wise reload and the
+        # adapter path may keep tensors until the sync ends or later.
+        plan = getattr(self, "_telescope_plan", None)
+        receiver.reuse_buffers = bool(apply_flag and not lora and mode == "auto" and plan is not None)
         # The version is checked on the first header, before load_weights sees any tensor.
         timed = _TimedStream(receiver.receive(expect_version=int(version)))
         stream = iter(timed)
@@ -261,8 +268,13 @@ def _parse_flag(name: str, value: str) -> bool:
 def _resolved_config() -> dict[str, Any]:
     """The run's resolved config (``TELESCOPE_RESOLVED_CONFIG``, set by ``VllmEngine.server_command``)."""
     path = os.environ.get("TELESCOPE_RESOLVED_CONFIG")
-    if not path:
-        return {}
+    return dict(_read_config(path)) if path else {}
+
+
+@functools.lru_cache(maxsize=8)
+def _read_config(path: str) -> dict[str, Any]:
+    """The config file at ``path``, read once: it is written before the server starts and never
+    changes (reading and parsing it cost ~0.5 ms of every sync call)."""
     with open(path) as fh:
         return dict(json.load(fh))
 
