@@ -182,6 +182,9 @@ def test_trainer_process_updates_a_running_server(tiny_path: str, tmp_path: Path
         # what the server holds == what the trainer sent (loaded), or == what arrived (held back)
         assert update.fingerprints == sent[version]
         assert update.received_version == version and update.applied is apply
+        # the load's own time (the swap between two decode steps) is part of the whole server time
+        assert (update.load_seconds is not None) is apply
+        assert not apply or 0 < update.load_seconds <= update.seconds
         if not apply:  # the held server keeps its weights and version: the same outputs, bit for bit
             assert served == served_before and update.version == served_before
             held = after[plan.index(("flattened_bucket", served_before, True))][1][0]

@@ -229,8 +229,9 @@ class WeightUpdateResponse(BaseModel):
     seconds: float
     """Receive + load time on the server."""
     load_seconds: float | None = None
-    """Of ``seconds``, the time spent loading (vLLM: its slowest worker's, the wait for the trainer's
-    tensors and their receipt left out); None where the engine does not measure it."""
+    """Of ``seconds``, the time spent loading, the wait for the trainer's tensors and their receipt left
+    out (the transformers engine: the swap between two decode steps; vLLM: its slowest worker's load);
+    None for a sync that was not applied."""
     reload: str | None = None
     """How the server loaded the weights (vLLM: ``staged``, in place with its own weight loaders;
     ``layerwise``, its layer-wise reload; ``adapter``, a LoRA adapter); None where not reported."""

@@ -96,9 +96,13 @@ class ServerWeightSync:
                     fingerprints=last.received_fingerprints if last else None,
                 )
 
+            loading: list[float] = []
+
             def swap() -> None:
+                began = time.perf_counter()
                 self.loader.apply(named)
                 self.engine.weight_version = version
+                loading.append(time.perf_counter() - began)
 
             self.engine.run_between_steps(swap, timeout=600)
             received = last.received_fingerprints if last else None
@@ -112,5 +116,6 @@ class ServerWeightSync:
                 received_version=version,
                 num_tensors=len(named),
                 seconds=time.perf_counter() - start,
+                load_seconds=loading[0] if loading else None,
                 fingerprints=fingerprints,
             )
