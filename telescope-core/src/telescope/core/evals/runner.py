@@ -190,7 +190,7 @@ class EvalRunner:
             try:
                 rollout = await ev.runner.run(client, task, lambda: None)
                 break
-            except Exception as exc:
+            except Exception as exc:  # a failed request is counted; only the run's infra rate stops evals
                 error = infra_cause(exc)
                 if error is None:
                     return CompletionOutcome(error=f"{type(exc).__name__}: {exc}", infra_retries=retries)

@@ -124,14 +124,14 @@ def _same_form(live: torch.Tensor, meta: torch.Tensor) -> bool:
 
 
 def _materialize(meta: torch.Tensor, module: torch.nn.Module) -> torch.nn.Parameter:
-    """A real tensor of ``meta``'s checkpoint form, class and attributes (its weight loader bound
-    to ``module`` again and unwrapped from any layer-wise wrapper), on the module's device."""
+    """A real tensor of ``meta``'s checkpoint form, class and attributes (vLLM's own
+    ``materialize_meta_tensor``) on the module's device, its weight loader bound to ``module`` again
+    and unwrapped from any layer-wise wrapper a reload left on the metadata."""
+    from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
-    device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    tensor = torch.empty_strided(tuple(meta.size()), tuple(meta.stride()), dtype=meta.dtype, device=device)
-    tensor.__class__ = meta.__class__
-    tensor.__dict__ = meta.__dict__.copy()
+    with torch.device(next((p.device for p in module.parameters()), torch.device("cpu"))):
+        tensor = materialize_meta_tensor(meta)
     restore_layer_refs(tensor, module)
     loader = getattr(tensor, "weight_loader", None)
     unwrapped = loader
@@ -157,7 +157,7 @@ def _process(layer: _Layer) -> None:
                 if produced.shape != kernel.shape:
                     raise RuntimeError(
                         f"layer {layer.name}: processing made {name} {tuple(produced.shape)}, but the "
-                        f"kernels hold {tuple(kernel.shape)}; set weight_sync_vllm_reload: layerwise"
+                        f"kernels hold {tuple(kernel.shape)}; set vllm_weight_reload: layerwise"
                     )
                 kernel.data.copy_(produced)
     finally:

@@ -86,11 +86,12 @@ class TelescopeWeightSyncExtension:
         if mode not in RELOAD_MODES:
             raise ValueError(f"telescope_update_weights: reload={mode!r}; use one of {RELOAD_MODES}")
         loaded_by = "none"  # how the weights were loaded: staged, layerwise, adapter
+        staged = mode == "auto" and apply_flag and not lora
+        plan = self._telescope_reload_plan(self.model_runner.model) if staged else None
         # Reused receive buffers (no page faults for fresh ones) only where nothing keeps a reference
         # to what was received: the staged reload's loaders copy it; vLLM's layer-wise reload and the
         # adapter path may keep tensors until the sync ends or later.
-        plan = getattr(self, "_telescope_plan", None)
-        receiver.reuse_buffers = bool(apply_flag and not lora and mode == "auto" and plan is not None)
+        receiver.reuse_buffers = plan is not None
         # The version is checked on the first header, before load_weights sees any tensor.
         timed = _TimedStream(receiver.receive(expect_version=int(version)))
         stream = iter(timed)
@@ -98,7 +99,7 @@ class TelescopeWeightSyncExtension:
             adapter_path = self._telescope_write_adapter(stream, int(version), config)
             loaded_by = "adapter"
         elif apply_flag:
-            loaded_by = self._telescope_load(stream, mode)
+            loaded_by = self._telescope_load(stream, plan)
         else:
             for _ in stream:  # take part in every broadcast; fingerprinted as they arrive
                 pass
@@ -150,12 +151,12 @@ class TelescopeWeightSyncExtension:
             prune_adapters(root, keep={self.telescope_weight_version(), version})
         return path
 
-    def _telescope_load(self, weights: Iterator[tuple[str, Any]], mode: str) -> str:
+    def _telescope_load(self, weights: Iterator[tuple[str, Any]], plan: Any) -> str:
         """Load checkpoint-format weights in place; returns how (``staged`` or ``layerwise``).
 
-        ``mode`` (``vllm_weight_reload``): ``auto`` loads with vLLM's own weight loaders straight
-        into the model (``staged_reload``) when every layer is unquantized, else, and with
-        ``layerwise``, runs vLLM's layer-wise reload as its ``reload_weights`` does.
+        ``plan``: the model's ``StagedReload`` (``vllm_weight_reload: auto`` and every layer
+        unquantized): vLLM's own weight loaders straight into the model. None: vLLM's layer-wise
+        reload, as its ``reload_weights`` does.
         """
         import torch
         from vllm.config import set_current_vllm_config
@@ -169,7 +170,6 @@ class TelescopeWeightSyncExtension:
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         stream = _with_tied_output_embedding(weights) if tied else weights
         with set_current_vllm_config(self.vllm_config):
-            plan = self._telescope_reload_plan(model) if mode == "auto" else None
             if plan is not None:
                 plan.load(stream)
                 return "staged"
