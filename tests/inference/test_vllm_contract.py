@@ -34,6 +34,7 @@ import pytest
 from telescope.core.inference import auto
 from telescope.core.inference.protocol import CompletionChoice, CompletionRequest
 from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.inference.vllm_engine import cpu_gemm as cpu_gemm_module
 from telescope.core.inference.vllm_engine import guard as guard_module
 from telescope.core.inference.vllm_engine import staged_reload as staged_reload_module
 from telescope.core.inference.vllm_engine import worker as worker_module
@@ -93,7 +94,7 @@ def _defined_names(path: Path) -> set[str]:
 def _module_file(module: str) -> Path:
     """vllm.a.b -> its file (a module or a package's __init__)."""
     assert VLLM is not None
-    rel = Path(*module.split(".")[1:])
+    rel = Path(*module.split(".")[1:]) if "." in module else Path("__init__")
     for candidate in (VLLM / rel.with_suffix(".py"), VLLM / rel / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -545,7 +546,9 @@ def test_the_worker_extension_finds_what_it_uses_on_vllms_gpu_worker() -> None:
     assert "worker_extension_cls" in ast.unparse(_tree("v1/worker/worker_base.py"))
 
 
-@pytest.mark.parametrize("module", [worker_module, staged_reload_module], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [worker_module, staged_reload_module, cpu_gemm_module], ids=lambda m: m.__name__
+)
 def test_every_vllm_name_the_worker_extension_imports_exists(module: Any) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
     imports = [
@@ -556,7 +559,10 @@ def test_every_vllm_name_the_worker_extension_imports_exists(module: Any) -> Non
         assert node.module is not None
         defined = _defined_names(_module_file(node.module))
         for alias in node.names:
-            assert alias.name in defined, f"from {node.module} import {alias.name}: not in vLLM"
+            submodule = VLLM / Path(*f"{node.module}.{alias.name}".split(".")[1:])  # type: ignore[operator]
+            assert alias.name in defined or submodule.with_suffix(".py").is_file(), (
+                f"from {node.module} import {alias.name}: not in vLLM"
+            )
 
 
 def test_the_layerwise_reload_takes_the_arguments_we_pass() -> None:
@@ -599,6 +605,20 @@ def test_the_staged_reload_finds_what_it_reads_in_vllm() -> None:
     assert loader.returns is not None and "set[str]" in ast.unparse(loader.returns)
     qwen2 = _method("model_executor/models/qwen2.py", "Qwen2ForCausalLM", "load_weights")
     assert "return loader.load_weights" in ast.unparse(qwen2)
+
+
+def test_the_cpu_gemm_plugin_switches_what_vllm_reads_when_it_packs_a_cpu_linear_layer() -> None:
+    """``vllm_engine.cpu_gemm`` (a ``vllm.general_plugins`` entry point) sets
+    ``_custom_ops._supports_onednn`` false: vLLM must call that group's plugins in its workers before
+    building the model, define the flag, and test it in ``dispatch_cpu_unquantized_gemm`` (which
+    unquantized linear layers call when processed on CPU), falling back to torch's linear."""
+    assert '"vllm.general_plugins"' in (VLLM / "plugins/__init__.py").read_text()  # type: ignore[operator]
+    assert "load_general_plugins()" in ast.unparse(_tree("v1/worker/worker_base.py"))
+    assert "_supports_onednn" in _defined_names(VLLM / "_custom_ops.py")  # type: ignore[operator]
+    dispatch = ast.unparse(_function("dispatch_cpu_unquantized_gemm", under="model_executor/layers"))
+    assert "ops._supports_onednn" in dispatch and "torch.nn.functional.linear" in dispatch
+    linear = ast.unparse(_class("model_executor/layers/linear.py", "UnquantizedLinearMethod"))
+    assert "dispatch_cpu_unquantized_gemm(layer" in linear
 
 
 # -- tracing ----------------------------------------------------------------------------------------

@@ -30,20 +30,27 @@ class Served:
         self.engine, self.url, self.model_path = engine, url, model_path
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def _launch(tmp_path_factory: pytest.TempPathFactory, **kwargs: Any) -> tuple[Any, Served]:
+    """A vLLM server as a run starts it (torch.compile included: no --enforce-eager), the tiny model in
+    float32, with these ``VllmEngineKwargs``; returns it and what the tests need of it."""
     from telescope.core.inference.settings import VllmEngineKwargs
     from telescope.core.inference.vllm_engine.engine import VllmEngine
     from telescope.core.models.tiny import resolve_model_path
     from telescope.core.testing import small_vllm_engine
 
-    # vLLM as a run starts it (torch.compile included: no --enforce-eager), the tiny model in float32
     cfg = small_vllm_engine(model_dtype="float32", mixed_precision_dtype=None).cfg
-    engine = VllmEngine(cfg, VllmEngineKwargs())
+    engine = VllmEngine(cfg, VllmEngineKwargs(**kwargs))
     logs = tmp_path_factory.mktemp("vllm-logs")
     server = engine.launch(0, host="127.0.0.1", port=free_port(), log_dir=str(logs))
+    return server, Served(engine, server.url, resolve_model_path(engine.cfg.model))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The default server: on the CPU build its linear layers keep their weights unpacked."""
+    server, served = _launch(tmp_path_factory)
     try:
-        yield Served(engine, server.url, resolve_model_path(engine.cfg.model))
+        yield served
     finally:
         server.stop()
 
@@ -128,21 +135,46 @@ def _serves(trained: Any, out: Any, path: str) -> None:
     assert (torch.tensor(out.logprobs) - before).abs().max() > 100 * LOGPROB_ATOL
 
 
-def test_after_verified_syncs_vllm_serves_the_senders_weights(served: Served) -> None:
-    """Two syncs as a run makes them (``vllm_weight_reload: auto``): loaded in place by vLLM's own
-    loaders, the CPU build's GEMM weights re-packed (``staged_reload``); the second sync proves the
-    staging tensors are refilled, not kept from the first."""
-    first, second = _trained(served.model_path, 0), _trained(served.model_path, 1)
+def _two_staged_syncs(served: Served, seeds: tuple[int, int]) -> list[tuple[Any, dict[str, Any]]]:
+    """Two syncs as a run makes them (``vllm_weight_reload: auto``: vLLM's own loaders, in place);
+    each trained model with worker 0's result. Each sync's completion serves its own weights: the
+    second proves whatever the first loaded into is refilled, not kept."""
+    trained = [_trained(served.model_path, seed) for seed in seeds]
 
     async def go() -> list[tuple[dict[str, Any], Any]]:
         async with served.engine.client(served.url) as client:
             group = await join_local_sync_group(client)
-            return [await _sync(client, group, trained, reload="") for trained in (first, second)]
+            return [await _sync(client, group, model, reload="") for model in trained]
 
-    for trained, (result, out) in zip((first, second), asyncio.run(go()), strict=True):
+    results = []
+    for model, (result, out) in zip(trained, asyncio.run(go()), strict=True):
         assert result["reload"] == "staged"
         assert result["load_seconds"] is not None and result["load_seconds"] > 0
-        _serves(trained, out, served.model_path)
+        _serves(model, out, served.model_path)
+        results.append((model, result))
+    return results
+
+
+def test_after_verified_syncs_vllm_serves_the_senders_weights(served: Served) -> None:
+    """By default nothing is re-packed: the CPU build's linear layers read the loaded weights
+    (``cpu_weight_prepack`` false, ``vllm_engine.cpu_gemm``), as every layer does on GPUs."""
+    for _, result in _two_staged_syncs(served, (0, 1)):
+        assert result["repacked_tensors"] == 0
+
+
+def test_with_prepacked_weights_syncs_repack_every_linear_layer(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``cpu_weight_prepack``: vLLM's oneDNN packing (its default). Every linear weight is loaded into
+    a staging tensor and packed again at each sync (``staged_reload``), and the server serves it."""
+    server, prepacked = _launch(tmp_path_factory, cpu_weight_prepack=True)
+    try:
+        synced = _two_staged_syncs(prepacked, (3, 4))
+    finally:
+        server.stop()
+    config = synced[0][0].config
+    # per decoder layer vLLM fuses q/k/v into one linear and gate/up into one: qkv, o, gate_up, down
+    assert all(result["repacked_tensors"] == 4 * config.num_hidden_layers for _, result in synced)
 
 
 def test_vllms_layerwise_reload_serves_the_senders_weights(served: Served) -> None:

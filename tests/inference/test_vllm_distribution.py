@@ -7,12 +7,15 @@ the decisions and the in-process metadata alias, against installed distributions
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import sys
+import types
 
 import pytest
 
 from telescope.core.inference.settings import VllmEngineKwargs
-from telescope.core.inference.vllm_engine import distribution, engine
+from telescope.core.inference.vllm_engine import cpu_gemm, distribution, engine
+from telescope.core.inference.vllm_engine.cpu_gemm import PREPACK_ENV
 from telescope.core.inference.vllm_engine.distribution import VllmDistribution
 from telescope.core.inference.vllm_engine.launch import VllmMetadataAlias
 
@@ -51,7 +54,42 @@ def test_a_cpu_build_is_launched_through_the_alias_on_the_cpu_platform() -> None
         "telescope.core.inference.vllm_engine.launch",
     ]
     env = engine.vllm_platform_env(cpu, VllmEngineKwargs(cpu_kv_cache_gib=3))
-    assert env == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    assert env == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "3", PREPACK_ENV: "0"}
+    prepacked = engine.vllm_platform_env(cpu, VllmEngineKwargs(cpu_weight_prepack=True))
+    assert prepacked[PREPACK_ENV] == "1"
+
+
+def test_the_cpu_gemm_plugin_acts_only_in_a_server_asked_for_unpacked_weights(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a stand-in for vllm._custom_ops (vLLM is not installed here; test_vllm_cpu_sync runs the real one)
+    custom_ops = types.SimpleNamespace(_supports_onednn=True)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(_custom_ops=custom_ops))
+    monkeypatch.setitem(sys.modules, "vllm._custom_ops", custom_ops)
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv(PREPACK_ENV, raising=False)
+        else:
+            monkeypatch.setenv(PREPACK_ENV, value)
+        cpu_gemm.choose_cpu_gemm()
+        assert custom_ops._supports_onednn is True
+    monkeypatch.setenv(PREPACK_ENV, "0")
+    with caplog.at_level(logging.WARNING, logger=cpu_gemm.__name__):
+        cpu_gemm.warn_if_still_prepacking()  # a worker where the plugin did not run
+    assert "telescope_cpu_gemm did not run" in caplog.text
+    cpu_gemm.choose_cpu_gemm()
+    cpu_gemm.choose_cpu_gemm()  # vLLM may call its plugins more than once per process
+    assert custom_ops._supports_onednn is False
+    caplog.clear()
+    cpu_gemm.warn_if_still_prepacking()
+    assert caplog.text == ""
+
+
+def test_vllm_finds_the_cpu_gemm_plugin_among_its_general_plugins() -> None:
+    (plugin,) = [
+        p for p in importlib.metadata.entry_points(group="vllm.general_plugins") if "telescope" in p.name
+    ]
+    assert plugin.load() is cpu_gemm.choose_cpu_gemm
 
 
 def test_the_gpu_build_keeps_its_console_script_and_platform(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -235,6 +235,10 @@ class WeightUpdateResponse(BaseModel):
     reload: str | None = None
     """How the server loaded the weights (vLLM: ``staged``, in place with its own weight loaders;
     ``layerwise``, its layer-wise reload; ``adapter``, a LoRA adapter); None where not reported."""
+    repacked_tensors: int | None = None
+    """vLLM's staged reload: parameters loaded into a checkpoint-form staging tensor and re-packed for
+    their kernels (vLLM's CPU build with ``cpu_weight_prepack``: every linear weight; 0 where the
+    kernels read the weights as loaded, as on GPUs); None for other loads."""
     fingerprints: dict[str, str] | None = None
     """Fingerprints of the model's tensors after loading, or with ``applied`` false of the tensors received
     (null without verification)."""

@@ -187,6 +187,7 @@ class VllmClient(InferenceClient):
                 seconds=asyncio.get_running_loop().time() - start,
                 load_seconds=_slowest_load(results),
                 reload=first.get("reload"),
+                repacked_tensors=first.get("repacked_tensors"),
                 fingerprints=first.get("fingerprints"),
             )
         )

@@ -24,6 +24,7 @@ from telescope.core.inference.vllm_engine.args import (
     check_vllm_config,
     otlp_endpoint,
 )
+from telescope.core.inference.vllm_engine.cpu_gemm import PREPACK_ENV
 from telescope.core.inference.vllm_engine.distribution import VllmDistribution, installed_vllm
 from telescope.core.inference.vllm_engine.guard import BOUND_HOST_ENV
 
@@ -60,10 +61,14 @@ def vllm_launch_argv(installed: VllmDistribution | None) -> list[str]:
 def vllm_platform_env(installed: VllmDistribution | None, kwargs: VllmEngineKwargs) -> dict[str, str]:
     """Variables a CPU build needs (read at run time by every process vLLM spawns): its CPU platform
     chosen explicitly, and a KV cache of its own size (``cpu_kv_cache_gib``) instead of a fraction of
-    the machine's memory."""
+    the machine's memory; and its linear layers' GEMM (``cpu_weight_prepack``, ``vllm_engine.cpu_gemm``)."""
     if installed is None or not installed.cpu_build:
         return {}
-    return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(kwargs.cpu_kv_cache_gib)}
+    return {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": str(kwargs.cpu_kv_cache_gib),
+        PREPACK_ENV: "1" if kwargs.cpu_weight_prepack else "0",
+    }
 
 
 def _node_ip() -> str:

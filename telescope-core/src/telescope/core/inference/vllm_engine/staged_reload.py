@@ -88,6 +88,11 @@ class StagedReload:
             layers.append(layer)
         return cls(model, layers)
 
+    @property
+    def repacked_tensors(self) -> int:
+        """Parameters loaded into a staging tensor and processed into their kernel form at each sync."""
+        return sum(len(layer.staging) for layer in self.layers)
+
     def matches(self, model: torch.nn.Module) -> bool:
         """``model`` is the one planned for and still holds the planned kernel tensors."""
         return model is self.model and all(

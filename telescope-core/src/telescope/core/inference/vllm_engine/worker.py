@@ -50,6 +50,7 @@ class TelescopeWeightSyncExtension:
         from vllm.distributed import get_tensor_model_parallel_rank
 
         from telescope.core.inference.protocol import WeightSyncInitRequest
+        from telescope.core.inference.vllm_engine.cpu_gemm import warn_if_still_prepacking
         from telescope.core.weights.group import WeightSyncGroup
         from telescope.core.weights.receiver import WeightReceiver
         from telescope.core.weights.settings import GroupSpec
@@ -64,6 +65,7 @@ class TelescopeWeightSyncExtension:
             WeightSyncGroup(spec, rank), verify=_verify_enabled(), reuse_buffers=False
         )
         self._telescope_version = 0
+        warn_if_still_prepacking()
         return {"rank": rank}
 
     def telescope_update_weights(self, version: str, apply: str = "true", reload: str = "") -> dict[str, Any]:
@@ -118,6 +120,7 @@ class TelescopeWeightSyncExtension:
             "fingerprints": last.received_fingerprints,
             "timings": timed.timings(),
             "reload": loaded_by,
+            "repacked_tensors": plan.repacked_tensors if plan is not None and loaded_by == "staged" else None,
         }
         if adapter_path is not None:
             result["adapter_path"] = adapter_path
@@ -229,6 +232,7 @@ class _TimedStream:
     def __init__(self, stream: Iterator[tuple[str, Any]]) -> None:
         self._stream = stream
         self._start = time.perf_counter()
+        self._started_at = time.time()
         self._first: float | None = None
         self._receive_s = 0.0
 
@@ -256,6 +260,7 @@ class _TimedStream:
             "first_tensor": self._first or 0.0,
             "receive": self._receive_s,
             "load": total - self._receive_s,
+            "started_at": self._started_at,
         }
 
 
