@@ -184,7 +184,9 @@ def main() -> None:
         "them), not Telescope's default unpacked weights (VllmEngineKwargs.cpu_weight_prepack)",
     )
     args = parser.parse_args()
-    print(f"vLLM CPU linear weights: {'prepacked (oneDNN)' if args.cpu_weight_prepack else 'unpacked (default)'}")
+    print(
+        f"vLLM CPU linear weights: {'prepacked (oneDNN)' if args.cpu_weight_prepack else 'unpacked (default)'}"
+    )
     asyncio.run(bench(args.model, args.reps, args.cpu_weight_prepack))
 
 
