@@ -183,13 +183,19 @@ def test_cancelled_requests_are_aborted_by_vllm_and_counted(vllm_server: tuple[A
 
     engine, server = vllm_server
     stale = ["stale-g7-s0", "stale-g7-s1", "stale-g7-s2-t1"]
+    # as long as the priority test's running request: 512 tokens once ran unseen by the gauges
+    other_tokens = 1900
 
     async def go() -> tuple[int, dict[str, float], dict[str, float], Any]:
         async with engine.client(server.url) as client:
             before = await _finished_by_reason(client)
             other = asyncio.create_task(
                 client.complete(
-                    PROMPT, max_tokens=512, temperature=0.0, ignore_eos=True, request_id="fresh-g8-s0"
+                    PROMPT,
+                    max_tokens=other_tokens,
+                    temperature=0.0,
+                    ignore_eos=True,
+                    request_id="fresh-g8-s0",
                 )
             )
             await _wait_for_requests(client, running=1, waiting=0)
@@ -212,7 +218,7 @@ def test_cancelled_requests_are_aborted_by_vllm_and_counted(vllm_server: tuple[A
 
     counted, before, after, kept = asyncio.run(go())
     assert counted == len(stale)
-    assert len(kept.token_ids) == 512  # the other request ran to its end
+    assert len(kept.token_ids) == other_tokens  # the other request ran to its end
     log = server.log_path.read_text(errors="replace")
     aborted = set(re.findall(r"Request cmpl-(\S+?)-0 aborted", log))
     assert aborted == set(stale), aborted
