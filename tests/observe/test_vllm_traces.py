@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from telescope.core.cluster.run_secret import ENV_VAR, auth_headers
+from telescope.core.inference.settings import VllmEngineKwargs
+from telescope.core.inference.vllm_engine.engine import VllmEngine
 from telescope.core.observe import LoggerHub
 from telescope.core.observe.loggers.local import LocalLogger
 from telescope.core.observe.samplers.otlp import OtlpReceiver, request_span_events
@@ -137,7 +139,8 @@ def test_the_receiver_listens_before_the_servers_start_on_the_port_they_are_give
     session = Session()
     try:
         with pytest.raises(Stop):
-            driver._train_recovering([session], hub, None, "vllm")  # type: ignore[list-item, arg-type]
+            engine = VllmEngine(cfg, VllmEngineKwargs())  # its servers export traces
+            driver._train_recovering([session], hub, None, engine)  # type: ignore[list-item, arg-type]
     finally:
         hub.finish("finished")
         taken.close()

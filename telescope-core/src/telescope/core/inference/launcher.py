@@ -200,6 +200,12 @@ class InferenceEngine:
     #: Its servers keep a prefix cache and say its size in tokens on ``/metrics`` (vLLM's
     #: ``cache_config_info``): the ``sticky_least_loaded`` router reads it (``runtime.assemble.build_router``).
     prefix_cache_in_metrics = False
+    #: Its servers answer ``GET /metrics`` in Prometheus text (vLLM): the run scrapes them into
+    #: ``system.jsonl`` (``runtime.driver``).
+    serves_prometheus_metrics = False
+    #: Its servers export OTLP request spans to the run's receiver (vLLM, with ``enable_vllm_tracing``):
+    #: the run starts the receiver before the servers (``runtime.driver``).
+    exports_request_traces = False
 
     def __init__(self, cfg: TelescopeConfig, kwargs: Any) -> None:
         self.cfg = cfg

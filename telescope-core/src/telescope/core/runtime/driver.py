@@ -18,7 +18,7 @@ from telescope.core.health import HEALTH_PLUGIN
 from telescope.core.health.sentinel import HealthSentinel
 from telescope.core.observe import LoggerHub, build_logger_hub
 from telescope.core.observe.stdio import tail_lines
-from telescope.core.runtime.assemble import train_session
+from telescope.core.runtime.assemble import inference_engine, train_session
 from telescope.core.runtime.rundir import RunDirLock, check_run_dir_free
 from telescope.core.runtime.session import RunSession
 from telescope.core.runtime.supervision.hookcalls import HookFailure, call_each
@@ -29,6 +29,7 @@ from telescope.core.runtime.supervision.rollback import health_rollback
 if TYPE_CHECKING:
     import pluggy
 
+    from telescope.core.inference.launcher import InferenceEngine
     from telescope.core.plugins import PluginSet
     from telescope.core.registry import Registry
 
@@ -126,7 +127,7 @@ def _run_in(cfg: TelescopeConfig, pset: PluginSet, registry: Registry) -> int:
                 }
             )
             with sigterm_as_interrupt(), driver_gc():
-                _train_recovering(sessions, hub, pset, engine)
+                _train_recovering(sessions, hub, pset, inference_engine(wcfg, registry))
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"
@@ -152,9 +153,12 @@ def registered(pm: pluggy.PluginManager, plugin: object, name: str) -> Iterator[
         pm.unregister(plugin)
 
 
-def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSet, engine: str) -> None:
+def _train_recovering(
+    sessions: list[RunSession], hub: LoggerHub, pset: PluginSet, engine: InferenceEngine
+) -> None:
     """Start and train the last session; after a trainer failure, again from the latest checkpoint
-    (``max_run_restarts`` times; the same failure at the same step twice ends the run)."""
+    (``max_run_restarts`` times; the same failure at the same step twice ends the run). ``engine``:
+    the run's inference engine, for what its servers offer the run (traces, Prometheus metrics)."""
     from telescope.core.runtime.supervision.recovery import FailureSignature
 
     seen: set[FailureSignature] = set()
@@ -162,7 +166,7 @@ def _train_recovering(sessions: list[RunSession], hub: LoggerHub, pset: PluginSe
     while True:
         session = sessions[-1]
         try:
-            if len(sessions) == 1 and engine == "vllm":  # a restarted session keeps the receiver
+            if len(sessions) == 1 and engine.exports_request_traces:  # a restart keeps the receiver
                 _start_trace_receiver(hub, session)
             session.start()
             if len(sessions) == 1:
@@ -254,7 +258,9 @@ def _from_a_worker(exc: BaseException) -> bool:
     return any(isinstance(e, ray.exceptions.RayError) for e in exception_chain(exc))
 
 
-def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSession], engine: str) -> None:
+def _add_sources(
+    hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSession], engine: InferenceEngine
+) -> None:
     from telescope.core.observe.samplers.torch_memory import RayDrainFetcher
     from telescope.core.runtime.workers import torch_thread_info
 
@@ -279,7 +285,7 @@ def _add_sources(hub: LoggerHub, hook: pluggy.HookRelay, sessions: list[RunSessi
         info={"torch_threads": torch_thread_info(session.trainer_info, session.servers), **counts}
     )
     hub.add_torch_memory_source(drain)
-    if engine == "vllm":  # Prometheus /metrics exist on vLLM servers only
+    if engine.serves_prometheus_metrics:
         hub.add_prometheus_scraper(dict(enumerate(session.servers.urls)))
 
 

@@ -85,6 +85,8 @@ class VllmEngine(InferenceEngine):
 
     name = "vllm"
     prefix_cache_in_metrics = True
+    serves_prometheus_metrics = True
+    exports_request_traces = True
 
     def __init__(self, cfg: TelescopeConfig, kwargs: VllmEngineKwargs) -> None:
         check_vllm_config(cfg, kwargs)
