@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 __all__ = ["PREPACK_ENV", "choose_cpu_gemm", "prepack_disabled", "warn_if_still_prepacking"]
 
@@ -36,14 +37,21 @@ def prepack_disabled() -> bool:
     return os.environ.get(PREPACK_ENV) == "0"
 
 
-def choose_cpu_gemm() -> None:
-    """The ``vllm.general_plugins`` entry point (may run several times per process: idempotent)."""
+def _vllm_ops_still_prepacking() -> Any:
+    """vLLM's ``_custom_ops`` when this server asked for unpacked weights and vLLM would still pack
+    them for oneDNN; else None."""
     if not prepack_disabled():
-        return
+        return None
     from vllm import _custom_ops
 
-    if getattr(_custom_ops, "_supports_onednn", False):
-        _custom_ops._supports_onednn = False
+    return _custom_ops if getattr(_custom_ops, "_supports_onednn", False) else None
+
+
+def choose_cpu_gemm() -> None:
+    """The ``vllm.general_plugins`` entry point (may run several times per process: idempotent)."""
+    custom_ops = _vllm_ops_still_prepacking()
+    if custom_ops is not None:
+        custom_ops._supports_onednn = False
         logger.info("Telescope: CPU linear layers use torch's linear on unpacked weights (%s=0)", PREPACK_ENV)
 
 
@@ -51,11 +59,7 @@ def warn_if_still_prepacking() -> None:
     """In a vLLM worker: warn when this server was asked for unpacked weights but vLLM still prepacks
     them (the plugin did not run here), so every sync re-packs every layer. Called when the worker
     joins the sync group."""
-    if not prepack_disabled():
-        return
-    from vllm import _custom_ops
-
-    if getattr(_custom_ops, "_supports_onednn", False):
+    if _vllm_ops_still_prepacking() is not None:
         logger.warning(
             "%s=0 but vLLM still prepacks linear weights for oneDNN: the vllm.general_plugins entry "
             "point telescope_cpu_gemm did not run in this worker (VLLM_PLUGINS leaves it out, or "
